@@ -1,0 +1,28 @@
+// The sample publisher configuration. Every key is described in docs/config.md.
+module.exports = {
+    // The change bucket. Without redisUrl, `changefeed serve` runs an embedded redis-server
+    // under stateDir (a unix socket, .changefeed/redis.sock next to this file).
+    bucket: {
+        // redisUrl: "redis://127.0.0.1:6379/0",
+        name: "changefeed",
+    },
+    maxAge: 3600, // seconds a change item is kept in the bucket
+    stateDir: ".changefeed",
+    server: {
+        host: "127.0.0.1",
+        port: 8080,
+    },
+    resources: [
+        {resource: "vm", subResources: ["nic", "alias", "state"], bootstrapRoute: "/vms"},
+        {resource: "network", subResources: ["ips", "name"], bootstrapRoute: "/networks"},
+    ],
+    limits: {
+        registrationBytes: 65536, // largest registration frame accepted (else 1009)
+        registrationTimeout: 10,  // seconds a new socket has to send its registration
+        pageSize: 100,            // bootstrap page size without ?limit=
+        maxPageSize: 1000,        // largest ?limit=
+        window: 10000,            // items each publisher keeps for listeners catching up
+        sendBuffer: 1048576,      // bytes queued to one listener before it counts as slow
+        pingInterval: 20,         // seconds between websocket pings (no pong: disconnected)
+    },
+};

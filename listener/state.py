@@ -1,0 +1,299 @@
+"""The listener's state machine: pure code, no sockets, clocks or sleeps.
+
+The I/O layer (`listener.client`) asks the core what to do and tells it what happened:
+
+    attempt()                  -> where to connect and the registration frame to send
+    reply(frame, now)          -> a Plan: resumed, or the Resync event and the routes to bootstrap
+    item(frame)                -> the ChangeItem in a frame received after the reply
+    check_buffer(length)       -> raises BufferOverflow when the buffer holds too many items
+    bootstrap_done(resource)   -> the BootstrapDone event (with the cursor on the last one)
+    delivered(item)            -> the Change event; the cursor moves past the item
+    failed(error, now)         -> the delay before the next attempt, or raises the fatal error
+
+Phases: IDLE -> REGISTERING -> (BOOTSTRAPPING ->) STREAMING; any failure -> BACKING_OFF ->
+REGISTERING on the next URL; a fatal failure -> CLOSED.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urljoin, urlsplit, urlunsplit
+
+import orjson
+
+from listener.errors import (
+    BufferOverflow,
+    ConnectionFailed,
+    ConnectionLost,
+    RegistrationRejected,
+    RetriesExhausted,
+)
+from listener.events import BootstrapDone, Change, Resync
+from publisher.backoff import Backoff
+from publisher.errors import ChangefeedError, ProtocolError
+from publisher.protocol import (
+    HEARTBEAT,
+    ChangeItem,
+    ChangeKind,
+    CloseCode,
+    Registration,
+    Resource,
+    decode_item,
+    is_registration_reply,
+    reply_routes,
+)
+
+REJECTIONS = frozenset({CloseCode.POLICY_VIOLATION, CloseCode.MESSAGE_TOO_BIG,
+                        CloseCode.UNSUPPORTED_DATA})
+"""Close codes that answer a registration by refusing it: retrying would be refused again."""
+
+CHANGEFEEDS = "/changefeeds"
+
+
+class Phase(enum.Enum):
+    IDLE = "idle"
+    REGISTERING = "registering"
+    BOOTSTRAPPING = "bootstrapping"
+    STREAMING = "streaming"
+    BACKING_OFF = "backing off"
+    CLOSED = "closed"
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One connection attempt: the publisher's base URL, its websocket and what to send."""
+
+    number: int
+    url: str
+    ws_url: str
+    headers: Mapping[str, str]
+    registration: Registration
+
+    @property
+    def frame(self) -> str:
+        return orjson.dumps(self.registration.to_wire()).decode()
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What follows a registration reply."""
+
+    resumed: bool
+    resync: Resync | None
+    routes: tuple[Resource, ...]
+    """The resources to bootstrap, in registration order (empty when resumed)."""
+    cursor: str | None
+    """The log head the publisher reported at registration."""
+
+
+def publisher_urls(url: str) -> tuple[str, str]:
+    """(http base URL, websocket URL) of a publisher given as http(s)://, ws(s):// or .../changefeeds."""
+    parts = urlsplit(url.strip())
+    schemes = {"http": "http", "ws": "http", "https": "https", "wss": "https"}
+    if parts.scheme not in schemes or not parts.netloc:
+        raise ValueError(f"publisher URL {url!r}: expected http://host:port (or ws://, https://)")
+    path = parts.path.rstrip("/")
+    if path.endswith(CHANGEFEEDS):
+        path = path[: -len(CHANGEFEEDS)]
+    base = urlunsplit((schemes[parts.scheme], parts.netloc, path, "", ""))
+    ws_scheme = "wss" if schemes[parts.scheme] == "https" else "ws"
+    return base, urlunsplit((ws_scheme, parts.netloc, path + CHANGEFEEDS, "", ""))
+
+
+def is_retryable(error: BaseException) -> bool:
+    """True when a failure may go away by itself: reconnect after a backoff delay."""
+    return isinstance(error, ConnectionFailed | ProtocolError)
+
+
+class ListenerCore:
+    """Everything the listener decides, for publishers at `urls` and the kinds in `resources`."""
+
+    def __init__(
+        self,
+        urls: str | Sequence[str],
+        *,
+        instance: str,
+        service: str,
+        resources: Mapping[str, Sequence[str]],
+        since: str | None = None,
+        backoff: Backoff | None = None,
+        healthy_after: float = 30.0,
+        buffer_size: int = 10000,
+        rng: random.Random | None = None,
+    ) -> None:
+        listed = [urls] if isinstance(urls, str) else list(urls)
+        if not listed:
+            raise ValueError("a listener needs at least one publisher URL")
+        self.urls = tuple(publisher_urls(url) for url in listed)
+        if not instance:
+            raise ValueError("a listener needs an instance id")
+        if not resources:
+            raise ValueError("a listener needs at least one resource")
+        kinds = []
+        for name, subs in resources.items():
+            if isinstance(subs, str) or not subs:
+                raise ValueError(f"resource {name!r}: sub-resources must be a non-empty list")
+            kinds.append(ChangeKind(name, tuple(dict.fromkeys(subs))))
+        self.kinds = tuple(kinds)
+        self.instance = instance
+        self.service = service
+        self.version = 1 if len(self.kinds) == 1 else 2
+        self.backoff = backoff or Backoff()
+        self.healthy_after = healthy_after
+        self.buffer_size = buffer_size
+        self.phase = Phase.IDLE
+        self.routes: dict[str, Resource] = {}
+        """The resources of the last registration reply, by name."""
+        self.failures = 0
+        """Failed attempts since the last healthy period."""
+        self._rng = rng or random.Random()
+        self._delays: Iterator[float] = self.backoff.delays(self._rng)
+        self._cursor = since
+        self._has_view = since is not None
+        self._bootstrap_cursor: str | None = None
+        self._pending: list[str] = []
+        self._healthy_since: float | None = None
+        self._url_index = 0
+        self._attempts = 0
+
+    @property
+    def cursor(self) -> str | None:
+        """Where the application's view is: the listener resumes after it."""
+        return self._cursor
+
+    @property
+    def url(self) -> str:
+        """The base URL of the publisher of the current (or next) attempt."""
+        return self.urls[self._url_index][0]
+
+    def attempt(self) -> Attempt:
+        if self.phase not in (Phase.IDLE, Phase.BACKING_OFF):
+            raise RuntimeError(f"cannot connect while {self.phase.value}")
+        self.phase = Phase.REGISTERING
+        self._attempts += 1
+        base, ws_url = self.urls[self._url_index]
+        registration = Registration(
+            self.instance, self.service, self.kinds, self.version, self._cursor
+        )
+        headers = {"Accept-Version": f"~{self.version}"}
+        return Attempt(self._attempts, base, ws_url, headers, registration)
+
+    def reply(self, text: str | bytes, now: float) -> Plan:
+        """The registration reply arrived."""
+        self._expect(Phase.REGISTERING)
+        frame = _json_object(text)
+        if not is_registration_reply(frame):
+            raise ProtocolError(f"expected a registration reply, got {text!r:.200}")
+        routes = {resource.resource: resource for resource in reply_routes(frame)}
+        missing = [kind.resource for kind in self.kinds if kind.resource not in routes]
+        if missing:
+            raise ProtocolError(f"registration reply lacks the resources {missing}")
+        self.routes = routes
+        cursor = frame.get("cursor")
+        cursor = cursor if isinstance(cursor, str) and cursor else None
+        if frame.get("resumed") is True and self._cursor is not None:
+            self._streaming(now)
+            return Plan(True, None, (), cursor)
+        resync = None
+        if self._has_view:
+            why = "no cursor to resume from" if self._cursor is None else (
+                f"the publisher cannot resume after cursor {self._cursor}")
+            resync = Resync(why)
+        self._has_view = False
+        self._cursor = None
+        self._bootstrap_cursor = cursor
+        self._pending = [kind.resource for kind in self.kinds]
+        self.phase = Phase.BOOTSTRAPPING
+        return Plan(False, resync, tuple(routes[name] for name in self._pending), cursor)
+
+    def route_url(self, resource: str) -> str:
+        """The absolute URL of `resource`'s bootstrap route on the current publisher."""
+        return urljoin(self.url + "/", self.routes[resource].bootstrap_route.lstrip("/"))
+
+    def bootstrap_done(self, resource: str, now: float) -> BootstrapDone:
+        self._expect(Phase.BOOTSTRAPPING)
+        self._pending.remove(resource)
+        if self._pending:
+            return BootstrapDone(resource)
+        self._has_view = True
+        self._cursor = self._bootstrap_cursor
+        self._streaming(now)
+        return BootstrapDone(resource, self._cursor)
+
+    def item(self, text: str | bytes) -> ChangeItem | None:
+        """The change item in a frame received after the reply (None for a heartbeat)."""
+        if text == HEARTBEAT:
+            return None
+        frame = _json_object(text)
+        if is_registration_reply(frame):
+            raise ProtocolError("a second registration reply on one connection")
+        item = decode_item(frame)
+        if not any(kind.resource == item.resource and kind.matches(item.sub_resources)
+                   for kind in self.kinds):
+            raise ProtocolError(
+                f"change item of {item.resource} {list(item.sub_resources)}: not registered for it"
+            )
+        return item
+
+    def check_buffer(self, length: int) -> None:
+        """The buffer now holds `length` items: abort when that is more than it may hold."""
+        if length > self.buffer_size:
+            raise BufferOverflow(self.buffer_size)
+
+    def delivered(self, item: ChangeItem) -> Change:
+        """`item` goes to the application: the listener will resume after it."""
+        self._expect(Phase.STREAMING)
+        if item.cursor:
+            self._cursor = item.cursor
+        return Change(item)
+
+    def failed(self, error: ChangefeedError, now: float) -> float:
+        """The current attempt failed: the seconds to wait before the next one.
+
+        Raises RegistrationRejected when the publisher refused the registration, RetriesExhausted
+        when the backoff's retry limit is reached, and `error` itself when it is not retryable.
+        """
+        registering = self.phase is Phase.REGISTERING
+        if self._healthy_since is not None and now - self._healthy_since >= self.healthy_after:
+            self._delays = self.backoff.delays(self._rng)
+            self.failures = 0
+        self._healthy_since = None
+        if self.phase is Phase.BOOTSTRAPPING:
+            self._pending = []
+        if (registering and isinstance(error, ConnectionLost)
+                and error.close_code in REJECTIONS):
+            self.phase = Phase.CLOSED
+            raise RegistrationRejected(error.url, error.close_code or 0, error.reason) from error
+        if not is_retryable(error):
+            self.phase = Phase.CLOSED
+            raise error
+        self.failures += 1
+        delay = next(self._delays, None)
+        if delay is None:
+            self.phase = Phase.CLOSED
+            raise RetriesExhausted(self.failures, error) from error
+        self._url_index = (self._url_index + 1) % len(self.urls)
+        self.phase = Phase.BACKING_OFF
+        return delay
+
+    def _streaming(self, now: float) -> None:
+        self.phase = Phase.STREAMING
+        self._healthy_since = now
+
+    def _expect(self, phase: Phase) -> None:
+        if self.phase is not phase:
+            raise RuntimeError(f"listener is {self.phase.value}, expected {phase.value}")
+
+
+def _json_object(text: str | bytes) -> dict[str, Any]:
+    try:
+        frame = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        raise ProtocolError(f"frame is not JSON: {text!r:.200}") from None
+    if not isinstance(frame, dict):
+        raise ProtocolError(f"frame is not a JSON object: {text!r:.200}")
+    return frame

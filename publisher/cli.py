@@ -1,0 +1,182 @@
+"""The `changefeed` command: serve, publish, stats (and snoop, from the listener package)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import click
+import orjson
+import structlog
+
+from publisher.bucket import ChangeBucket, connect
+from publisher.config import Config, load_config
+from publisher.embedded import EmbeddedRedis
+from publisher.errors import ChangefeedError
+from publisher.logs import configure
+from publisher.service import Service
+
+log = structlog.get_logger("changefeed")
+
+config_option = click.option(
+    "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
+    default="config.js", show_default=True, help="The config.js to read.",
+)
+redis_option = click.option("--redis-url", help="Overrides the config's bucket.redisUrl.")
+
+
+def _load(path: Path, **overrides: Any) -> Config:
+    try:
+        return load_config(path).with_overrides(**overrides)
+    except ChangefeedError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@contextlib.contextmanager
+def bucket_redis(config: Config) -> Iterator[tuple[Config, str]]:
+    """The config with a Redis URL: the configured one, else an embedded server's."""
+    if config.bucket.redis_url is not None:
+        yield config, "configured"
+        return
+    embedded = EmbeddedRedis(config.state_dir).start()
+    try:
+        yield config.with_overrides(redis_url=embedded.url), f"embedded ({embedded.source})"
+    finally:
+        embedded.stop()
+
+
+@click.group()
+@click.option("--log-format", type=click.Choice(["auto", "json", "console"]), default="auto",
+              help="JSON lines (default when not on a terminal) or readable lines.")
+@click.option("--log-level", default="info", show_default=True)
+def main(log_format: str, log_level: str) -> None:
+    """Change feeds on Redis (RFD 5): publish changes and serve them to listeners."""
+    configure(json=None if log_format == "auto" else log_format == "json", level=log_level)
+
+
+@main.command()
+@config_option
+@click.option("--host", help="Overrides server.host.")
+@click.option("--port", type=int, help="Overrides server.port (0: any free port).")
+@redis_option
+def serve(config_path: Path, host: str | None, port: int | None, redis_url: str | None) -> None:
+    """Run a publisher: HTTP routes and websocket fan-out for the config's resources."""
+    config = _load(config_path, host=host, port=port, redis_url=redis_url)
+    with bucket_redis(config) as (config, which):
+        try:
+            asyncio.run(_serve(config, which))
+        except ChangefeedError as exc:
+            raise click.ClickException(str(exc)) from None
+
+
+async def _serve(config: Config, which: str) -> None:
+    service = Service(config)
+    await service.start()
+    log.info(
+        "listening",
+        url=service.url,
+        redis=config.bucket.redis_url,
+        redis_kind=which,
+        bucket=config.bucket.name,
+        resources=[r.resource for r in config.resources],
+        publisher=service.id,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("shutting down", listeners=len(service.hub.connections))
+    await service.stop()
+
+
+@main.command()
+@config_option
+@redis_option
+@click.argument("resource")
+@click.argument("changed_id", metavar="ID")
+@click.option("--sub", "subs", required=True, help="Comma-separated sub-resources, e.g. nic,alias.")
+@click.option("--data", help="The new state as JSON: stored with the change.")
+@click.option("--delete", is_flag=True, help="Remove the stored state with the change.")
+def publish(config_path: Path, redis_url: str | None, resource: str, changed_id: str, subs: str,
+            data: str | None, delete: bool) -> None:
+    """Commit one change and print its cursor (the last line of output).
+
+    With --data the state is stored and the item appended atomically; with --delete the state
+    is removed; with neither, only the change item is appended.
+    """
+    if data is not None and delete:
+        raise click.UsageError("--data and --delete exclude each other")
+    state: Any = None
+    if data is not None:
+        try:
+            state = orjson.loads(data)
+        except orjson.JSONDecodeError as exc:
+            raise click.BadParameter(f"not JSON: {exc}", param_hint="--data") from None
+    config = _load(config_path, redis_url=redis_url)
+    sub_resources = [s.strip() for s in subs.split(",") if s.strip()]
+    with bucket_redis(config) as (config, _):
+        assert config.bucket.redis_url is not None
+        try:
+            cursor = asyncio.run(
+                _publish(config, resource, changed_id, sub_resources, state, data is not None, delete)
+            )
+        except ChangefeedError as exc:
+            raise click.ClickException(str(exc)) from None
+    click.echo(cursor)
+
+
+async def _publish(config: Config, resource: str, changed_id: str, subs: list[str], state: Any,
+                   store: bool, delete: bool) -> str:
+    assert config.bucket.redis_url is not None
+    bucket = ChangeBucket(connect(config.bucket.redis_url), config.bucket.name, config.resources)
+    try:
+        if store or delete:
+            return await bucket.commit(resource, changed_id, subs, state, delete=delete)
+        return await bucket.publish(resource, changed_id, subs)
+    finally:
+        await bucket.aclose()
+
+
+@main.command()
+@click.argument("url")
+@click.option("--json", "as_json", is_flag=True, help="Print the raw JSON.")
+def stats(url: str, as_json: bool) -> None:
+    """Print a publisher's /changefeeds/stats readably (URL: the publisher's base URL)."""
+    try:
+        body = asyncio.run(_get_json(url.rstrip("/") + "/changefeeds/stats"))
+    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        raise click.ClickException(f"cannot read stats from {url}: {exc}") from None
+    if as_json:
+        click.echo(orjson.dumps(body, option=orjson.OPT_INDENT_2).decode())
+        return
+    click.echo(f"publisher {body.get('publisher', '?')}: {body['listeners']} listener(s)")
+    rows = [("INSTANCE", "SERVICE", "RESOURCE", "SUB-RESOURCES", "SINCE", "BEHIND", "LAST CURSOR")]
+    for reg in body["registrations"]:
+        kind = reg["changeKind"]
+        rows.append((
+            reg["instance"], reg["service"], kind["resource"], ",".join(kind["subResources"]),
+            reg.get("connectedSince", ""), str(reg.get("itemsBehindHead", "")),
+            reg.get("lastCursorSent") or "-",
+        ))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
+
+
+async def _get_json(url: str) -> Any:
+    timeout = aiohttp.ClientTimeout(total=10)
+    async with aiohttp.ClientSession(timeout=timeout) as session, session.get(url) as response:
+        if response.status != 200:
+            raise ValueError(f"HTTP {response.status}: {await response.text()}")
+        return await response.json()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

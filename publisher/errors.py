@@ -1,0 +1,67 @@
+"""Every error this package raises, in one hierarchy.
+
+    ChangefeedError
+    ├── ConfigError            a config.js key is missing, unknown or of the wrong kind (.key, .value)
+    ├── CursorError            a cursor string is malformed (.cursor)
+    ├── ChangeError            a change names an unknown resource or sub-resource, or a bad id
+    ├── BucketUnavailable      Redis cannot be reached; nothing was written (.cause)
+    ├── RegistrationError      a websocket registration was refused (.close_code, .reason)
+    └── ProtocolError          a peer sent a frame that is not of the protocol
+
+Errors of redis-py are translated into `BucketUnavailable` in exactly one place
+(`publisher.bucket.translate_redis_errors`); nothing else catches them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ChangefeedError(Exception):
+    """Base class of every error raised by the publisher and the listener."""
+
+
+class ConfigError(ChangefeedError):
+    """config.js (or a command-line override) is invalid.
+
+    The message names the key, the value found and what was expected.
+    """
+
+    def __init__(self, key: str, value: Any, expected: str) -> None:
+        self.key = key
+        self.value = value
+        self.expected = expected
+        super().__init__(f"config key {key!r}: got {value!r}, expected {expected}")
+
+
+class CursorError(ChangefeedError):
+    """A cursor string could not be decoded."""
+
+    def __init__(self, cursor: str, why: str) -> None:
+        self.cursor = cursor
+        super().__init__(f"invalid cursor {cursor!r}: {why}")
+
+
+class ChangeError(ChangefeedError):
+    """A change cannot be committed as given (unknown resource, bad id, ...)."""
+
+
+class BucketUnavailable(ChangefeedError):
+    """The change bucket (Redis) could not be reached. Nothing was committed."""
+
+    def __init__(self, message: str, cause: BaseException | None = None) -> None:
+        self.cause = cause
+        super().__init__(message)
+
+
+class RegistrationError(ChangefeedError):
+    """A listener's registration was refused; the socket is closed with `close_code`."""
+
+    def __init__(self, close_code: int, reason: str) -> None:
+        self.close_code = close_code
+        self.reason = reason
+        super().__init__(f"{close_code}: {reason}")
+
+
+class ProtocolError(ChangefeedError):
+    """A frame received from a peer does not follow the change-feed protocol."""

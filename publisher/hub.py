@@ -1,0 +1,286 @@
+"""Fan-out: route each new log entry to the connections registered for its change kind.
+
+Connections are indexed by (resource, sub-resource), so routing an entry costs in proportion to
+the connections it matches. An entry's websocket frame is built once and the same bytes are
+written to every matching connection's transport, without awaiting. A connection whose transport
+buffer passes `send_buffer` bytes stops being written to and catches up from the shared window
+in a task of its own; if the window moves past it, it is closed with 4008 (slow consumer).
+A resuming connection (registration with `since`) first reads what it missed from Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import structlog
+from aiohttp import WSMsgType, web
+
+from publisher.bucket import ChangeBucket, LogEntry
+from publisher.cursor import Cursor, StreamId
+from publisher.errors import BucketUnavailable
+from publisher.protocol import WILDCARD, CloseCode, Registration, close_frame, text_frame
+from publisher.window import Window, WindowEntry
+
+log = structlog.get_logger(__name__)
+
+CLOSE_GRACE = 2.0
+"""Seconds a congested connection gets to take its close frame before it is aborted."""
+
+
+class Transport(Protocol):
+    def write(self, data: bytes) -> None: ...
+    def get_write_buffer_size(self) -> int: ...
+    def is_closing(self) -> bool: ...
+    def close(self) -> None: ...
+    def abort(self) -> None: ...
+
+
+@dataclass(eq=False, slots=True)
+class Connection:
+    """A registered websocket: what it listens for and how far it has been sent."""
+
+    registration: Registration
+    ws: web.WebSocketResponse
+    transport: Transport
+    remote: str
+    connected_at: float = field(default_factory=time.time)
+    live: bool = True
+    """Written to directly by the fan-out; False while it catches up in its own task."""
+    position: StreamId = StreamId(0, 0)
+    """While not live: the last entry it was sent or that did not match it."""
+    last_sent: StreamId | None = None
+    replaying: bool = False
+    """Resuming from `since`: may read what it missed from Redis, not only from the window."""
+    closing: bool = False
+    task: asyncio.Task[None] | None = None
+    subs: dict[str, frozenset[str]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.subs = {k.resource: frozenset(k.sub_resources) for k in self.registration.kinds}
+
+    def wants(self, entry: WindowEntry | LogEntry) -> bool:
+        subs = self.subs.get(entry.resource)
+        if subs is None:
+            return False
+        return WILDCARD in subs or not subs.isdisjoint(entry.sub_resources)
+
+
+class Hub:
+    """The connections of this publisher process and the window they share."""
+
+    def __init__(self, window: Window, bucket: ChangeBucket, send_buffer: int) -> None:
+        self.window = window
+        self.bucket = bucket
+        self.send_buffer = send_buffer
+        self.epoch = ""
+        self.connections: set[Connection] = set()
+        self._index: dict[str, dict[str, set[Connection]]] = {}
+        self._lagging: set[Connection] = set()
+        self._advanced = asyncio.Event()
+
+    # --- membership ----------------------------------------------------------------------
+
+    def add(self, conn: Connection, since: StreamId | None = None) -> None:
+        """Register `conn`: live from the window head, or catching up from `since`."""
+        self.connections.add(conn)
+        for kind in conn.registration.kinds:
+            by_sub = self._index.setdefault(kind.resource, {})
+            for sub in kind.sub_resources:
+                by_sub.setdefault(sub, set()).add(conn)
+        if since is not None and since != self.window.head:
+            conn.replaying = True
+            self._fall_behind(conn, since)
+
+    def remove(self, conn: Connection) -> None:
+        self.connections.discard(conn)
+        self._lagging.discard(conn)
+        for kind in conn.registration.kinds:
+            by_sub = self._index.get(kind.resource, {})
+            for sub in kind.sub_resources:
+                members = by_sub.get(sub)
+                if members is not None:
+                    members.discard(conn)
+                    if not members:
+                        del by_sub[sub]
+        if conn.task is not None and conn.task is not asyncio.current_task():
+            conn.task.cancel()
+
+    def matching(self, resource: str, sub_resources: Iterable[str]) -> Iterator[Connection]:
+        """Each connection registered for an item of `resource` with `sub_resources`, once."""
+        by_sub = self._index.get(resource)
+        if not by_sub:
+            return
+        sets = [by_sub[s] for s in sub_resources if s in by_sub]
+        if WILDCARD in by_sub:
+            sets.append(by_sub[WILDCARD])
+        if len(sets) == 1:
+            yield from sets[0]
+        elif sets:
+            yield from set().union(*sets)
+
+    # --- fan-out -------------------------------------------------------------------------
+
+    def encode(self, entry: LogEntry) -> WindowEntry:
+        payload = entry.item(self.epoch).encode()
+        return WindowEntry(
+            entry.position,
+            entry.resource,
+            entry.sub_resources,
+            entry.changed_resource_id,
+            payload,
+            text_frame(payload),
+        )
+
+    def publish(self, entries: Iterable[LogEntry]) -> None:
+        """Append new log entries to the window and write them to live matching connections."""
+        window = self.window
+        for raw in entries:
+            if raw.position <= window.head:
+                continue  # already seen (a re-read after a Redis reconnect)
+            entry = self.encode(raw)
+            previous = window.head
+            window.append(entry)
+            for conn in self.matching(entry.resource, entry.sub_resources):
+                if not conn.live:
+                    continue
+                transport = conn.transport
+                if transport.is_closing():
+                    continue
+                if transport.get_write_buffer_size() > self.send_buffer:
+                    self._fall_behind(conn, previous)
+                    continue
+                transport.write(entry.frame)
+                conn.last_sent = entry.position
+        if self._lagging:
+            fallen = [c for c in self._lagging if not c.replaying and not window.covers(c.position)]
+            for conn in fallen:
+                self.close_slow(conn)
+        self._advanced.set()
+        self._advanced = asyncio.Event()
+
+    def _fall_behind(self, conn: Connection, position: StreamId) -> None:
+        conn.live = False
+        conn.position = position
+        self._lagging.add(conn)
+        conn.task = asyncio.create_task(self._catch_up(conn), name=f"catch-up {conn.remote}")
+
+    def close_slow(self, conn: Connection) -> None:
+        """Close a connection that fell out of the window with 4008, without waiting on it."""
+        behind = self.window.behind(conn.position)
+        log.warning(
+            "slow consumer closed",
+            instance=conn.registration.instance,
+            service=conn.registration.service,
+            remote=conn.remote,
+            behind=behind,
+        )
+        self.close_now(conn, CloseCode.SLOW_CONSUMER, "slow consumer: fell behind the window")
+
+    def close_now(self, conn: Connection, code: int, reason: str) -> None:
+        """Queue a close frame and drop the connection, aborting it if it cannot take the frame."""
+        if conn.closing:
+            return
+        conn.closing = True
+        self.remove(conn)
+        transport = conn.transport
+        if transport.is_closing():
+            return
+        transport.write(close_frame(code, reason))
+        transport.close()
+        asyncio.get_running_loop().call_later(CLOSE_GRACE, transport.abort)
+
+    def reset(self, epoch: str, base: StreamId) -> None:
+        """The bucket was recreated: forget the window and close every connection with 4009."""
+        self.epoch = epoch
+        self.window.reset(base)
+        for conn in list(self.connections):
+            self.close_now(conn, CloseCode.BUCKET_RESET, "bucket recreated: bootstrap again")
+
+    # --- catching up ---------------------------------------------------------------------
+
+    async def _catch_up(self, conn: Connection) -> None:
+        """Send `conn` what it missed, from Redis then from the window, then make it live."""
+        try:
+            while not conn.closing:
+                window = self.window
+                if conn.position > window.head:
+                    # A cursor from a publisher whose tail is ahead of ours: wait for ours.
+                    await self._advanced.wait()
+                    continue
+                if not window.covers(conn.position):
+                    if not conn.replaying:
+                        self.close_slow(conn)
+                        return
+                    await self._replay_from_bucket(conn, window.base)
+                    continue
+                entries = window.after(conn.position)
+                if not entries:
+                    conn.live = True
+                    conn.replaying = False
+                    self._lagging.discard(conn)
+                    conn.task = None
+                    return
+                for entry in entries:
+                    if conn.closing:
+                        return
+                    if conn.wants(entry):
+                        await conn.ws.send_frame(entry.payload, WSMsgType.TEXT)
+                        conn.last_sent = entry.position
+                    conn.position = entry.position
+        except (ConnectionError, RuntimeError) as exc:
+            log.info("catch-up ended: connection gone", remote=conn.remote, error=str(exc))
+        except BucketUnavailable as exc:
+            log.warning("catch-up failed: bucket unavailable", remote=conn.remote, error=str(exc))
+            self.close_now(conn, CloseCode.TRY_AGAIN_LATER, "bucket unavailable during replay")
+
+    async def _replay_from_bucket(self, conn: Connection, until: StreamId) -> None:
+        """Send a resuming connection the matching items in (position, until] from Redis."""
+        while conn.position < until and not conn.closing:
+            rows = await self.bucket.read(conn.position, until, count=1000)
+            if (await self.bucket.retention()).trimmed > conn.position:
+                # Trimmed while we read: what was missed may be gone. Make it bootstrap.
+                self.close_slow(conn)
+                return
+            if not rows:
+                conn.position = until
+                return
+            for row in rows:
+                if conn.wants(row):
+                    await conn.ws.send_frame(row.item(self.epoch).encode(), WSMsgType.TEXT)
+                    conn.last_sent = row.position
+                conn.position = row.position
+
+    # --- reporting -----------------------------------------------------------------------
+
+    def stats(self, publisher_id: str) -> list[dict[str, Any]]:
+        """One entry per registered (connection, resource), as /changefeeds/stats shows them."""
+        head = self.window.head
+        out = []
+        for conn in self.connections:
+            reg = conn.registration
+            if conn.live:
+                behind = 0
+            else:
+                behind = sum(1 for e in self.window.after(conn.position) if conn.wants(e))
+            last = conn.last_sent
+            for kind in reg.kinds:
+                out.append(
+                    {
+                        "instance": reg.instance,
+                        "service": reg.service,
+                        "changeKind": kind.to_wire(),
+                        "connectedSince": time.strftime(
+                            "%Y-%m-%dT%H:%M:%SZ", time.gmtime(conn.connected_at)
+                        ),
+                        "remote": conn.remote,
+                        "lastCursorSent": Cursor(self.epoch, last).encode() if last else None,
+                        "itemsBehindHead": behind,
+                        "headCursor": Cursor(self.epoch, head).encode() if self.epoch else None,
+                        "publisher": publisher_id,
+                    }
+                )
+        return out

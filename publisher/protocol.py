@@ -1,0 +1,294 @@
+"""The change-feed wire protocol, shared by the publisher and the listener.
+
+Compatible with Joyent's node-sdc-changefeed 1.5 listeners (RFD 5), plus optional extensions that
+old listeners ignore (`since`, `cursor`, `resumed`, `published`, `"*"` sub-resources).
+
+Pure code: no sockets, no clocks. See docs/protocol.md for the prose version.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any
+
+import orjson
+
+from publisher.errors import ProtocolError, RegistrationError
+
+HEARTBEAT = "heartbeat"
+"""The text frame Triton listeners send every ~28 s after registering; ignored."""
+
+WILDCARD = "*"
+"""A sub-resource in a registration that matches every item of its resource."""
+
+MAX_REASON_BYTES = 123
+"""RFC 6455 limits a close reason to 123 bytes of UTF-8."""
+
+
+class CloseCode(IntEnum):
+    """Websocket close codes the publisher sends (documented in docs/protocol.md)."""
+
+    NORMAL = 1000
+    GOING_AWAY = 1001  # publisher shutting down
+    UNSUPPORTED_DATA = 1003  # a binary frame where text was expected
+    POLICY_VIOLATION = 1008  # invalid registration; the reason says what was wrong
+    MESSAGE_TOO_BIG = 1009  # a frame over the registration size limit
+    INTERNAL_ERROR = 1011  # an unexpected publisher fault; reconnect
+    TRY_AGAIN_LATER = 1013  # the bucket (Redis) is unreachable; reconnect with backoff
+    SLOW_CONSUMER = 4008  # fell behind the publisher's window; reconnect with `since`
+    BUCKET_RESET = 4009  # the bucket was recreated (new epoch); reconnect and bootstrap
+
+
+@dataclass(frozen=True, slots=True)
+class Resource:
+    """A resource the publisher serves: its sub-resources and its bootstrap route."""
+
+    resource: str
+    sub_resources: tuple[str, ...]
+    bootstrap_route: str
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "resource": self.resource,
+            "subResources": list(self.sub_resources),
+            "bootstrapRoute": self.bootstrap_route,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeKind:
+    """What a registration listens for: one resource and some of its sub-resources."""
+
+    resource: str
+    sub_resources: tuple[str, ...]
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"resource": self.resource, "subResources": list(self.sub_resources)}
+
+    def matches(self, sub_resources: Iterable[str]) -> bool:
+        """True when an item of this resource with `sub_resources` is for this kind."""
+        if WILDCARD in self.sub_resources:
+            return True
+        return not set(self.sub_resources).isdisjoint(sub_resources)
+
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    """A listener's registration, as sent in its first websocket frame."""
+
+    instance: str
+    service: str
+    kinds: tuple[ChangeKind, ...]
+    version: int
+    since: str | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        """The registration frame a listener sends (v1 for one kind, else v2)."""
+        frame: dict[str, Any] = {"instance": self.instance, "service": self.service}
+        if self.version == 1:
+            frame["changeKind"] = self.kinds[0].to_wire()
+        else:
+            frame["resources"] = [kind.to_wire() for kind in self.kinds]
+        if self.since is not None:
+            frame["since"] = self.since
+        return frame
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeItem:
+    """One change item as listeners receive it."""
+
+    resource: str
+    sub_resources: tuple[str, ...]
+    changed_resource_id: str
+    published: int
+    """Milliseconds since the Unix epoch, as the bucket recorded it."""
+    cursor: str
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "changeKind": {"resource": self.resource, "subResources": list(self.sub_resources)},
+            "changedResourceId": self.changed_resource_id,
+            "published": str(self.published),
+            "cursor": self.cursor,
+        }
+
+    def encode(self) -> bytes:
+        return orjson.dumps(self.to_wire())
+
+
+def accept_version(header: str | None) -> int:
+    """The registration version a listener asks for with its `Accept-Version` header.
+
+    `~1`, `1`, `1.x` or no header mean v1 (node-sdc-changefeed listeners before 1.5 send none);
+    `~2`/`2`/`2.x` mean v2. Anything else raises RegistrationError (sent as HTTP 400).
+    """
+    if header is None or not header.strip() or header.strip() == "*":
+        return 1
+    text = header.strip().lstrip("~^=v").split(".", 1)[0]
+    if text in ("1", "2"):
+        return int(text)
+    raise RegistrationError(
+        CloseCode.POLICY_VIOLATION,
+        f"unsupported Accept-Version {header!r}: this publisher speaks ~1 and ~2",
+    )
+
+
+def _refuse(reason: str) -> RegistrationError:
+    return RegistrationError(CloseCode.POLICY_VIOLATION, reason)
+
+
+def _parse_kind(value: Any, where: str, resources: Mapping[str, Resource]) -> ChangeKind:
+    if not isinstance(value, dict):
+        raise _refuse(f"{where} must be an object with resource and subResources")
+    name = value.get("resource")
+    if not isinstance(name, str):
+        raise _refuse(f"{where}.resource must be a string")
+    resource = resources.get(name)
+    if resource is None:
+        known = ", ".join(sorted(resources)) or "none"
+        raise _refuse(f"unknown resource {name!r} in {where} (known: {known})")
+    subs = value.get("subResources")
+    if not isinstance(subs, list) or not subs or not all(isinstance(s, str) for s in subs):
+        raise _refuse(f"{where}.subResources must be a non-empty list of strings")
+    for sub in subs:
+        if sub != WILDCARD and sub not in resource.sub_resources:
+            raise _refuse(
+                f"unknown sub-resource {sub!r} of {name!r} "
+                f"(known: {', '.join(resource.sub_resources)}, or '*')"
+            )
+    return ChangeKind(name, tuple(dict.fromkeys(subs)))
+
+
+def parse_registration(
+    text: str | bytes, version: int, resources: Mapping[str, Resource]
+) -> Registration:
+    """Validate a registration frame against the configured resources.
+
+    Raises RegistrationError with close code 1008 and a reason naming what was wrong.
+    """
+    try:
+        frame = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        raise _refuse("registration is not valid JSON") from None
+    if not isinstance(frame, dict):
+        raise _refuse("registration must be a JSON object")
+    instance = frame.get("instance")
+    if not isinstance(instance, str) or not instance:
+        raise _refuse("registration needs instance: a non-empty string")
+    service = frame.get("service", "")
+    if not isinstance(service, str):
+        raise _refuse("registration service must be a string")
+    since = frame.get("since")
+    if since is not None and not isinstance(since, str):
+        raise _refuse("registration since must be a cursor string")
+    if version == 1:
+        if "changeKind" not in frame:
+            raise _refuse("v1 registration (Accept-Version ~1) needs changeKind")
+        kinds: tuple[ChangeKind, ...] = (_parse_kind(frame["changeKind"], "changeKind", resources),)
+    else:
+        listed = frame.get("resources")
+        if not isinstance(listed, list):
+            raise _refuse("v2 registration (Accept-Version ~2) needs resources: a list")
+        if not listed:
+            raise _refuse("registration resources is empty")
+        kinds = tuple(
+            _parse_kind(value, f"resources[{i}]", resources) for i, value in enumerate(listed)
+        )
+        names = [kind.resource for kind in kinds]
+        if len(set(names)) != len(names):
+            raise _refuse("registration lists a resource twice")
+    return Registration(instance, service, kinds, version, since)
+
+
+def registration_reply(
+    registration: Registration,
+    resources: Mapping[str, Resource],
+    cursor: str,
+    resumed: bool,
+) -> dict[str, Any]:
+    """The publisher's reply to a registration, in the registration's version."""
+    entries = [resources[kind.resource].to_wire() for kind in registration.kinds]
+    reply: dict[str, Any] = entries[0] if registration.version == 1 else {"bootstrapRoutes": entries}
+    reply["cursor"] = cursor
+    reply["resumed"] = resumed
+    return reply
+
+
+def is_registration_reply(frame: Mapping[str, Any]) -> bool:
+    """Listeners tell the reply from items by its bootstrapRoute(s) key."""
+    return "bootstrapRoute" in frame or "bootstrapRoutes" in frame
+
+
+def reply_routes(frame: Mapping[str, Any]) -> list[Resource]:
+    """The resource entries of a registration reply (either version)."""
+    entries: Sequence[Any] = frame["bootstrapRoutes"] if "bootstrapRoutes" in frame else [frame]
+    routes = []
+    for entry in entries:
+        try:
+            routes.append(
+                Resource(
+                    str(entry["resource"]),
+                    tuple(str(s) for s in entry.get("subResources", ())),
+                    str(entry["bootstrapRoute"]),
+                )
+            )
+        except (KeyError, TypeError):
+            raise ProtocolError(f"malformed registration reply entry: {entry!r}") from None
+    return routes
+
+
+def decode_item(frame: Mapping[str, Any]) -> ChangeItem:
+    """Validate a change item received by a listener. Raises ProtocolError."""
+    try:
+        kind = frame["changeKind"]
+        resource = kind["resource"]
+        subs = kind["subResources"]
+        changed = frame["changedResourceId"]
+        if not (
+            isinstance(resource, str)
+            and isinstance(subs, list)
+            and all(isinstance(s, str) for s in subs)
+            and isinstance(changed, str)
+        ):
+            raise TypeError
+        published = int(frame.get("published") or 0)
+        cursor = frame.get("cursor") or ""
+        if not isinstance(cursor, str):
+            raise TypeError
+    except (KeyError, TypeError, ValueError):
+        raise ProtocolError(f"malformed change item: {dict(frame)!r:.200}") from None
+    return ChangeItem(resource, tuple(subs), changed, published, cursor)
+
+
+def close_reason(text: str) -> str:
+    """`text` cut to fit a websocket close frame."""
+    data = text.encode()
+    if len(data) <= MAX_REASON_BYTES:
+        return text
+    return data[: MAX_REASON_BYTES - 3].decode(errors="ignore") + "..."
+
+
+def text_frame(payload: bytes) -> bytes:
+    """An unmasked, final websocket text frame (server to client) carrying `payload`.
+
+    The fan-out builds it once per item and writes the same bytes to every matching connection.
+    """
+    length = len(payload)
+    if length < 126:
+        header = struct.pack("!BB", 0x81, length)
+    elif length < 1 << 16:
+        header = struct.pack("!BBH", 0x81, 126, length)
+    else:
+        header = struct.pack("!BBQ", 0x81, 127, length)
+    return header + payload
+
+
+def close_frame(code: int, reason: str) -> bytes:
+    """A websocket close frame (server to client), for closing a connection whose writer is
+    congested without waiting on it."""
+    payload = struct.pack("!H", code) + close_reason(reason).encode()
+    return struct.pack("!BB", 0x88, len(payload)) + payload

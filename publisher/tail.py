@@ -1,0 +1,78 @@
+"""The tail: one blocking read loop per publisher process, feeding the hub.
+
+It reads the log with XREAD BLOCK (no polling interval) from the last position it delivered, so
+after a Redis outage it resumes exactly there and skips nothing. While Redis is unreachable it
+retries with exponential backoff and jitter and reports itself unhealthy (new registrations are
+refused with 1013). A changed epoch means the bucket was recreated: the hub is reset.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import structlog
+
+from publisher.backoff import Backoff
+from publisher.bucket import ChangeBucket
+from publisher.cursor import ZERO
+from publisher.errors import BucketUnavailable
+from publisher.hub import Hub
+
+log = structlog.get_logger(__name__)
+
+BLOCK_MS = 5000
+"""Longest single XREAD wait; the read returns at once when an item arrives."""
+BATCH = 1000
+
+
+class Tail:
+    def __init__(self, bucket: ChangeBucket, hub: Hub, backoff: Backoff | None = None) -> None:
+        self.bucket = bucket
+        self.hub = hub
+        self.backoff = backoff or Backoff(initial=0.05, maximum=5.0)
+        self.healthy = False
+        self.started = asyncio.Event()
+
+    async def start(self) -> None:
+        """Learn the epoch and the log head; the window starts there."""
+        epoch = await self.bucket.ensure_epoch()
+        retention = await self.bucket.retention()
+        self.hub.reset(epoch, retention.head)
+        self.healthy = True
+        self.started.set()
+        log.info("tail started", epoch=epoch, head=str(retention.head))
+
+    async def run(self) -> None:
+        delays = None
+        while True:
+            try:
+                if not self.started.is_set():
+                    await self.start()
+                elif not self.healthy:
+                    await self._recheck_epoch()
+                entries = await self.bucket.tail(self.hub.window.head, BLOCK_MS, BATCH)
+                if not self.healthy:
+                    log.info("bucket reachable again", position=str(self.hub.window.head))
+                self.healthy = True
+                delays = None
+                if entries:
+                    self.hub.publish(entries)
+            except BucketUnavailable as exc:
+                if delays is None:
+                    delays = self.backoff.delays()
+                delay = next(delays)
+                if self.healthy or delay >= self.backoff.maximum / 2:
+                    log.warning("bucket unreachable, retrying", error=str(exc), delay=round(delay, 3))
+                self.healthy = False
+                await asyncio.sleep(delay)
+
+    async def _recheck_epoch(self) -> None:
+        epoch = await self.bucket.ensure_epoch()
+        if epoch != self.hub.epoch:
+            log.warning(
+                "bucket recreated: new epoch, closing every listener",
+                old=self.hub.epoch,
+                new=epoch,
+                listeners=len(self.hub.connections),
+            )
+            self.hub.reset(epoch, ZERO)

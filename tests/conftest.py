@@ -1,0 +1,72 @@
+"""Fixtures: a private redis-server per test, config files, and in-process publishers."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from publisher.config import Config, load_config
+from publisher.service import Service
+from tests.servers import RedisServer, write_config
+
+
+@pytest.fixture
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A private redis-server on a unix socket (short path: sockets allow ~100 bytes)."""
+    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def tcp_redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A private redis-server on a fixed free TCP port, so a test can kill and restart it."""
+    server = RedisServer(tmp_path_factory.mktemp("redis"), tcp=True).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def make_config(tmp_path: Path) -> Callable[..., Config]:
+    """make_config(redis_url, **extra) writes a config.js and loads it."""
+    counter = iter(range(1000))
+
+    def make(redis_url: str | None, **extra: Any) -> Config:
+        path = write_config(tmp_path / f"config{next(counter)}.js", redis_url, **extra)
+        return load_config(path)
+
+    return make
+
+
+@pytest.fixture
+def config(redis_server: RedisServer, make_config: Callable[..., Config]) -> Config:
+    return make_config(redis_server.url)
+
+
+PublisherFactory = Callable[..., AbstractAsyncContextManager[Service]]
+
+
+@pytest.fixture
+def start_publisher() -> PublisherFactory:
+    """`async with start_publisher(config) as service:` runs a publisher on a free port."""
+
+    @asynccontextmanager
+    async def start(config: Config) -> AsyncIterator[Service]:
+        service = Service(config)
+        await service.start()
+        try:
+            yield service
+        finally:
+            await service.stop()
+
+    return start
+
+
+@pytest.fixture
+async def publisher(config: Config, start_publisher: PublisherFactory) -> AsyncIterator[Service]:
+    async with start_publisher(config) as service:
+        yield service
