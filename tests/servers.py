@@ -2,7 +2,7 @@
 
 No fixed ports and no sleeps as readiness: redis-server is started with `--port 0` plus a unix
 socket (or a free TCP port when a test must stop and restart it on the same address) and is ready
-when it logs "Ready to accept connections"; a publisher subprocess is ready when it logs the URL it
+when it logs that it is ready to accept connections; a publisher subprocess is ready when it logs the URL it
 listens on.
 """
 
@@ -83,7 +83,7 @@ class RedisServer:
         while time.monotonic() < deadline:
             line = self.process.stdout.readline().decode(errors="replace")
             output.append(line)
-            if "Ready to accept connections" in line:
+            if "ready to accept connections" in line.lower():
                 # Keep draining output so the server never blocks on a full pipe.
                 os.set_blocking(self.process.stdout.fileno(), False)
                 return self

@@ -1,0 +1,23 @@
+"""Spark jobs as publishers and listeners of the change feed (PySpark 4's Python Data Source API).
+
+    from publisher.spark import publish_dataset_changes, register
+
+    register(spark)                     # format("changefeed") for read, write and streams
+    counts = publish_dataset_changes(before, after, key="id", resource="vm", config="config.js")
+
+docs/spark.md describes the options, the dataset diff and how the package reaches executors.
+"""
+
+from publisher.spark.datasource import ChangefeedDataSource, register
+from publisher.spark.diff import CREATED, DELETED, DiffCounts, publish_dataset_changes
+from publisher.spark.options import OptionError
+
+__all__ = [
+    "CREATED",
+    "DELETED",
+    "ChangefeedDataSource",
+    "DiffCounts",
+    "OptionError",
+    "publish_dataset_changes",
+    "register",
+]

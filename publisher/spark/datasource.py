@@ -1,0 +1,189 @@
+"""The `changefeed` data source: Spark's Python Data Source API over the bucket.
+
+Thin: the Spark classes check their options on the driver (`options`), hand rows to the executors'
+writer (`sink`) and ranges of the log to the executors' reader (`log`), and log what a failed
+write did and did not commit.
+
+    df.write.format("changefeed").mode("append").option("config", "config.js")
+        .option("resource", "vm").option("subResources", "nic").save()
+    spark.read.format("changefeed").option("config", "config.js").load()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pyarrow as pa
+import structlog
+from pyspark import TaskContext
+from pyspark.sql import SparkSession
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceReader,
+    DataSourceStreamArrowWriter,
+    DataSourceStreamReader,
+    InputPartition,
+    WriterCommitMessage,
+)
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+from pyspark.sql.types import StructType
+
+from publisher.spark import log as changelog
+from publisher.spark import sink
+from publisher.spark.options import OptionError, SinkOptions, sink_options, source_options
+
+logger = structlog.get_logger(__name__)
+
+
+class ChangefeedDataSource(DataSource):
+    """`format("changefeed")`: write rows as changes, read the change log as rows."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "changefeed"
+
+    def schema(self) -> str:
+        return changelog.SCHEMA
+
+    def writer(self, schema: StructType, overwrite: bool) -> ChangefeedWriter:
+        return ChangefeedWriter(_checked(self.options, schema, overwrite, streaming=False))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> ChangefeedStreamWriter:
+        return ChangefeedStreamWriter(_checked(self.options, schema, overwrite, streaming=True))
+
+    def reader(self, schema: StructType) -> ChangefeedReader:
+        return ChangefeedReader(self.options)
+
+    def streamReader(self, schema: StructType) -> ChangefeedStreamReader:
+        return ChangefeedStreamReader(self.options)
+
+
+def register(spark: SparkSession) -> None:
+    """Make `format("changefeed")` available in `spark`."""
+    spark.dataSource.register(ChangefeedDataSource)
+
+
+def _checked(
+    options: dict[str, str], schema: StructType, overwrite: bool, streaming: bool
+) -> SinkOptions:
+    """Every option checked, and the bucket's Redis reached, before any task runs."""
+    if overwrite:
+        raise OptionError("mode", "overwrite", "append: a change feed only grows")
+    checked = sink_options(options, schema, streaming)
+    asyncio.run(sink.ping(checked.target))
+    return checked
+
+
+def _task_id() -> int:
+    context = TaskContext.get()
+    return context.partitionId() if context else 0
+
+
+def _write(
+    options: SinkOptions, record: str, batch_id: int, batches: Iterator[pa.RecordBatch]
+) -> sink.TaskWritten:
+    return sink.write_task(batches, options, record, batch_id, _task_id())
+
+
+def _messages(messages: Sequence[WriterCommitMessage | None]) -> list[sink.TaskWritten | None]:
+    return [m if isinstance(m, sink.TaskWritten) else None for m in messages]
+
+
+class ChangefeedWriter(DataSourceArrowWriter):
+    """A batch write: each task commits its rows; retried tasks publish nothing twice."""
+
+    def __init__(self, options: SinkOptions) -> None:
+        self.options = options
+        self.record = sink.record_key(options.target.name, f"job:{uuid.uuid4().hex}")
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> sink.TaskWritten:
+        return _write(self.options, self.record, 0, iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        asyncio.run(sink.forget(self.options.target, self.record))
+        logger.info(
+            "spark write committed", resource=self.options.resource,
+            written=str(sink.total(_messages(messages))),
+        )
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        logger.error(
+            "spark write aborted", resource=self.options.resource,
+            **sink.abort_report(_messages(messages)),
+        )
+        asyncio.run(sink.forget(self.options.target, self.record))
+
+
+class ChangefeedStreamWriter(DataSourceStreamArrowWriter):
+    """A streaming write: one commit per micro-batch, recorded under the query's name."""
+
+    def __init__(self, options: SinkOptions) -> None:
+        self.options = options
+        assert options.query is not None
+        self.record = sink.record_key(options.target.name, options.query)
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> sink.TaskWritten:
+        context = TaskContext.get()
+        batch_id = int(context.getLocalProperty("streaming.sql.batchId") or -1) if context else -1
+        if batch_id < 0:
+            raise RuntimeError("a streaming write task without a micro-batch id")
+        return _write(self.options, self.record, batch_id, iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        found = _messages(messages)
+        asyncio.run(sink.finish_batch(self.options.target, self.record, batchId, found))
+        logger.info(
+            "spark micro-batch committed", resource=self.options.resource, batch=batchId,
+            query=self.options.query, written=str(sink.total(found)),
+        )
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        logger.error(
+            "spark micro-batch aborted", resource=self.options.resource, batch=batchId,
+            query=self.options.query, **sink.abort_report(_messages(messages)),
+        )
+
+
+class ChangefeedReader(DataSourceReader):
+    """A batch read of the retained change log."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        self.options = source_options(options)
+
+    def partitions(self) -> Sequence[InputPartition]:
+        return changelog.plan_batch_read(self.options)
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        assert isinstance(partition, changelog.LogRange)
+        return changelog.read_range(self.options.target, partition)
+
+
+class ChangefeedStreamReader(DataSourceStreamReader):
+    """The change log as a stream; offsets are cursors, checkpointed by Spark."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        self.options = source_options(options)
+
+    def initialOffset(self) -> dict[str, str]:
+        return changelog.offset(changelog.starting_cursor(self.options))
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        limit = self.options.max_items_per_trigger
+        return ReadAllAvailable() if limit is None else ReadMaxRows(limit)
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, str]:
+        max_items = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        cursor = changelog.cursor_of(start)
+        return changelog.offset(changelog.latest(self.options, cursor, max_items))
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        first, last = changelog.cursor_of(start), changelog.cursor_of(end)
+        return changelog.split(first.epoch, first.position, last.position, self.options.partitions)
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        assert isinstance(partition, changelog.LogRange)
+        return changelog.read_range(self.options.target, partition)

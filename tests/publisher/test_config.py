@@ -1,0 +1,85 @@
+"""config.js parsing: the JavaScript forms and one clear message per mistake."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from publisher.config import load_config, parse_config
+from publisher.errors import ConfigError
+
+VM = '{resource: "vm", subResources: ["nic", "alias"], bootstrapRoute: "/vms"}'
+
+
+def test_the_sample_config_loads() -> None:
+    config = load_config(Path(__file__).parents[2] / "config.js")
+    assert [r.resource for r in config.resources] == ["vm", "network"]
+    assert config.bucket.redis_url is None
+    assert config.state_dir.is_absolute()
+
+
+def test_javascript_forms() -> None:
+    text = f"""
+    /* a block comment */
+    // a line comment
+    module.exports = {{
+        resources: [{VM},],   // trailing commas
+        maxAge: 30,
+        bucket: {{redisUrl: 'redis://127.0.0.1:6379/2', name: "vms"}},
+        limits: {{window: 50}},
+    }};
+    """
+    config = parse_config(text, base=Path("/srv"))
+    assert config.max_age == 30 and config.bucket.name == "vms" and config.limits.window == 50
+    assert config.state_dir == Path("/srv/.changefeed")
+    assert config.trim_every == 3
+    plain = parse_config("{resources: [" + VM + "]}")
+    assert plain.server.port == 8080
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "expected"),
+    [
+        ("{resources: [" + VM + "], colour: 1}", "colour", "one of the known keys"),
+        ("{resources: [" + VM + "], maxAge: '1h'}", "maxAge", "a positive number"),
+        ("{resources: [" + VM + "], maxAge: -1}", "maxAge", "a positive number"),
+        ("{resources: [" + VM + ", " + VM + "]}", "resources[1].resource", "not already listed"),
+        ("{resources: [" + VM + "], bucket: {redisUrl: 'http://x'}}", "bucket.redisUrl", "redis://"),
+        ("{resources: [" + VM + "], bucket: {redisUrl: 'redis://h:99999'}}", "bucket.redisUrl", "port"),
+        ("{resources: [" + VM + "], server: {port: 70000}}", "server.port", "port number"),
+        ("{resources: [" + VM + "], limits: {window: 0}}", "limits.window", "positive integer"),
+        ("{resources: [" + VM + "], limits: {pageSize: 5000}}", "limits.pageSize", "maxPageSize"),
+        ("{resources: []}", "resources", "non-empty list"),
+        ("{}", "resources", "a list of"),
+        ("{resources: [{resource: 'vm', subResources: 'nic', bootstrapRoute: '/v'}]}",
+         "resources[0].subResources", "non-empty list of names"),
+        ("{resources: [{resource: 'vm', subResources: ['nic'], bootstrapRoute: 'vms'}]}",
+         "resources[0].bootstrapRoute", "absolute path"),
+        ("{resources: [{resource: 'vm', subResources: ['nic'], bootstrapRoute: '/changefeeds/x'}]}",
+         "resources[0].bootstrapRoute", "outside /changefeeds"),
+        ("{resources: [{resource: 'vm', subResources: ['nic']}]}",
+         "resources[0].bootstrapRoute", "present"),
+        ("{resources: [" + VM + "]", "<file>", "JavaScript object literal"),
+    ],
+)
+def test_invalid_config_names_key_value_and_expectation(text: str, key: str, expected: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(text)
+    assert info.value.key == key
+    assert expected in str(info.value)
+    assert f"config key {key!r}" in str(info.value)
+
+
+def test_overrides_are_validated() -> None:
+    config = parse_config("{resources: [" + VM + "]}")
+    changed = config.with_overrides(host="0.0.0.0", port=0, redis_url="unix:///tmp/r.sock")
+    assert (changed.server.host, changed.server.port) == ("0.0.0.0", 0)
+    assert changed.bucket.redis_url == "unix:///tmp/r.sock"
+    with pytest.raises(ConfigError, match="--redis-url"):
+        config.with_overrides(redis_url="mysql://x")
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="readable config.js"):
+        load_config(tmp_path / "absent.js")
