@@ -349,6 +349,12 @@ class ChangeBucket:
             epoch = await self.redis.get(self.keys.epoch)
         return epoch.decode() if epoch else await self.ensure_epoch()
 
+    async def current_epoch(self) -> str | None:
+        """The bucket's epoch, or None when the bucket does not exist (yet, or any more)."""
+        async with translate_redis_errors("epoch"):
+            epoch = await self.redis.get(self.keys.epoch)
+        return epoch.decode() if epoch else None
+
     async def retention(self) -> Retention:
         async with translate_redis_errors("retention"):
             epoch, trimmed, head, oldest = await self._retention(

@@ -48,14 +48,17 @@ class Tail:
             try:
                 if not self.started.is_set():
                     await self.start()
-                elif not self.healthy:
-                    await self._recheck_epoch()
                 entries = await self.bucket.tail(self.hub.window.head, BLOCK_MS, BATCH)
+                # Checked after every read: entries of a recreated bucket must never be
+                # labelled with the old epoch.
+                epoch = await self.bucket.current_epoch()
                 if not self.healthy:
                     log.info("bucket reachable again", position=str(self.hub.window.head))
                 self.healthy = True
                 delays = None
-                if entries:
+                if epoch != self.hub.epoch:
+                    await self._bucket_recreated(epoch)
+                elif entries:
                     self.hub.publish(entries)
             except BucketUnavailable as exc:
                 if delays is None:
@@ -66,13 +69,13 @@ class Tail:
                 self.healthy = False
                 await asyncio.sleep(delay)
 
-    async def _recheck_epoch(self) -> None:
-        epoch = await self.bucket.ensure_epoch()
-        if epoch != self.hub.epoch:
-            log.warning(
-                "bucket recreated: new epoch, closing every listener",
-                old=self.hub.epoch,
-                new=epoch,
-                listeners=len(self.hub.connections),
-            )
-            self.hub.reset(epoch, ZERO)
+    async def _bucket_recreated(self, epoch: str | None) -> None:
+        if epoch is None:
+            epoch = await self.bucket.ensure_epoch()
+        log.warning(
+            "bucket recreated: new epoch, closing every listener",
+            old=self.hub.epoch,
+            new=epoch,
+            listeners=len(self.hub.connections),
+        )
+        self.hub.reset(epoch, ZERO)

@@ -1,0 +1,173 @@
+"""The bucket and the store in a real Redis: atomic commits, cursors, trimming, bootstrap pages."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable
+
+import aiohttp
+import pytest
+
+from publisher.bucket import Change, ChangeBucket, connect
+from publisher.config import Config
+from publisher.cursor import Cursor
+from publisher.errors import ChangeError
+from publisher.service import Service
+from tests.servers import RedisServer
+
+
+@pytest.fixture
+async def bucket(config: Config) -> ChangeBucket:
+    assert config.bucket.redis_url
+    return ChangeBucket(connect(config.bucket.redis_url), "test", config.resources)
+
+
+async def test_concurrent_commits_leave_store_and_bucket_in_agreement(bucket: ChangeBucket) -> None:
+    rng = random.Random(7)
+    ids = [f"vm-{i:03d}" for i in range(40)]
+
+    async def writer(n: int) -> list[str]:
+        cursors = []
+        for _ in range(50):
+            vm = rng.choice(ids)
+            if rng.random() < 0.25:
+                cursors.append(await bucket.commit("vm", vm, ["state"], delete=True))
+            else:
+                cursors.append(await bucket.commit("vm", vm, ["nic"], {"uuid": vm, "writer": n}))
+        return cursors
+
+    results = await asyncio.gather(*(writer(n) for n in range(8)))
+    batch = await bucket.commit_many(
+        [Change.put("vm", f"batch-{i}", ["alias"], {"uuid": f"batch-{i}"}) for i in range(1200)]
+    )
+    cursors = [c for result in results for c in result] + batch
+    assert len(set(cursors)) == len(cursors) == 1600
+    assert batch == sorted(batch), "a batch's cursors follow its order"
+
+    log = await bucket.read(Cursor.decode(cursors[0]).position.__class__(0, 0), count=10_000)
+    assert len(log) == 1600
+    # Replay the log: the last change of each id decides whether it is stored.
+    last: dict[str, str] = {}
+    for entry in log:
+        last[entry.changed_resource_id] = entry.sub_resources[0]
+    stored = await bucket.redis.hgetall(bucket.keys.state("vm"))
+    indexed = await bucket.redis.zrange(bucket.keys.index("vm"), 0, -1)
+    expected = {vm for vm, sub in last.items() if sub != "state"}
+    assert {k.decode() for k in stored} == expected
+    assert {k.decode() for k in indexed} == expected
+
+
+async def test_unknown_resources_and_bad_ids_are_refused_before_writing(bucket: ChangeBucket) -> None:
+    for change, message in [
+        (Change.put("disk", "d", ["nic"], {}), "unknown resource 'disk'"),
+        (Change.put("vm", "v", ["cpu"], {}), "unknown sub-resource"),
+        (Change.put("vm", "", ["nic"], {}), "non-empty string"),
+        (Change.put("vm", "v", [], {}), "at least one sub-resource"),
+    ]:
+        with pytest.raises(ChangeError, match=message):
+            await bucket.commit_many([Change.put("vm", "ok", ["nic"], {}), change])
+    assert await bucket.redis.xlen(bucket.keys.log) == 0, "a refused batch writes nothing"
+
+
+async def test_trim_removes_old_items_and_records_the_horizon(bucket: ChangeBucket) -> None:
+    old = await bucket.publish_many([("vm", f"old-{i}", ["nic"]) for i in range(5)])
+    await asyncio.sleep(0.3)
+    new = await bucket.publish("vm", "new", ["nic"])
+    assert await bucket.trim(0.2) == 5
+    assert await bucket.trim(0.2) == 0, "trimming is idempotent"
+    retention = await bucket.retention()
+    assert retention.trimmed == Cursor.decode(old[-1]).position
+    assert retention.oldest == retention.head == Cursor.decode(new).position
+    await asyncio.sleep(0.3)
+    assert await bucket.trim(0.2) == 1
+    retention = await bucket.retention()
+    assert retention.oldest is None
+    assert retention.trimmed == retention.head == Cursor.decode(new).position
+
+
+async def test_publisher_trims_by_max_age(
+    redis_server: RedisServer, make_config: Callable[..., Config], start_publisher: Callable[..., object]
+) -> None:
+    config = make_config(redis_server.url, maxAge=0.3, gcInterval=0.1)
+    async with start_publisher(config) as service:  # type: ignore[attr-defined]
+        await service.bucket.publish("vm", "a", ["nic"])
+        for _ in range(100):
+            if await service.bucket.redis.xlen(service.bucket.keys.log) == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert await service.bucket.redis.xlen(service.bucket.keys.log) == 0
+
+
+async def test_bootstrap_pages_under_concurrent_writes(publisher: Service) -> None:
+    bucket = publisher.bucket
+    initial = [f"vm-{i:04d}" for i in range(0, 1000, 2)]
+    await bucket.commit_many([Change.put("vm", i, ["state"], {"uuid": i}) for i in initial])
+    deleted = set(initial[100:150])
+    stop = asyncio.Event()
+
+    async def churn() -> None:
+        n = 1
+        while not stop.is_set():
+            await bucket.commit("vm", f"vm-{n:04d}", ["state"], {"uuid": f"vm-{n:04d}"})
+            n += 2
+        for vm in deleted:
+            await bucket.commit("vm", vm, ["state"], delete=True)
+
+    writer = asyncio.create_task(churn())
+    seen: list[str] = []
+    pages = 0
+    url: str | None = "/vms?limit=37"
+    async with aiohttp.ClientSession(publisher.url) as http:
+        while url:
+            async with http.get(url) as response:
+                assert response.status == 200
+                page = await response.json()
+            seen += [item["uuid"] for item in page["items"]]
+            assert Cursor.decode(page["cursor"])
+            url = page["next"]
+            pages += 1
+            await asyncio.sleep(0)
+    stop.set()
+    await writer
+    assert seen == sorted(seen) and len(seen) == len(set(seen)), "no item skipped or repeated"
+    assert set(initial) - deleted <= set(seen), "every item present throughout is on some page"
+    assert pages > 10
+
+
+@pytest.mark.parametrize(
+    ("path", "status", "code"),
+    [
+        ("/vms?limit=0", 400, "InvalidLimit"),
+        ("/vms?limit=1001", 400, "InvalidLimit"),
+        ("/vms?limit=abc", 400, "InvalidLimit"),
+        ("/vms?marker=%%%", 400, "InvalidMarker"),
+        ("/vms?marker=A", 400, "InvalidMarker"),
+        ("/vms?colour=red", 400, "InvalidQuery"),
+        ("/vms/absent", 404, "ResourceNotFound"),
+        ("/nowhere", 404, "NotFound"),
+    ],
+)
+async def test_bad_requests_get_json_4xx(publisher: Service, path: str, status: int, code: str) -> None:
+    async with aiohttp.ClientSession(publisher.url) as http, http.get(path) as response:
+        assert response.status == status
+        assert response.content_type == "application/json"
+        body = await response.json()
+    assert body["code"] == code and body["message"]
+
+
+async def test_post_is_405_json(publisher: Service) -> None:
+    async with aiohttp.ClientSession(publisher.url) as http, http.post("/vms") as response:
+        assert response.status == 405
+        assert (await response.json())["code"] == "MethodNotAllowed"
+
+
+async def test_single_object_route(publisher: Service) -> None:
+    await publisher.bucket.commit("vm", "a/b c", ["nic"], {"uuid": "a/b c", "n": 1})
+    async with aiohttp.ClientSession(publisher.url) as http:
+        async with http.get("/vms/a%2Fb%20c") as response:
+            assert response.status == 200
+            assert await response.json() == {"uuid": "a/b c", "n": 1}
+        async with http.get("/vms?limit=1") as response:
+            page = await response.json()
+    assert page["items"] == [{"uuid": "a/b c", "n": 1}] and page["next"].startswith("/vms?limit=1&marker=")

@@ -1,0 +1,85 @@
+"""Registrations with `since`: resumed inside the retained log, refused outside it or across epochs."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from publisher.bucket import Change
+from publisher.config import Config
+from publisher.cursor import Cursor
+from publisher.service import Service
+from tests.conftest import PublisherFactory
+from tests.servers import RedisServer, scaled
+from tests.wsclient import register, v1, v2
+
+
+async def _commit(service: Service, n: int, prefix: str, subs: list[str] | None = None) -> list[str]:
+    return await service.bucket.commit_many(
+        Change.put("vm", f"{prefix}-{i}", subs or ["nic"], {"uuid": f"{prefix}-{i}"}) for i in range(n)
+    )
+
+
+async def test_resume_from_the_window_and_from_redis_has_no_gap_and_no_duplicate(
+    redis_server: RedisServer, make_config: Callable[..., Config], start_publisher: PublisherFactory
+) -> None:
+    # A window of 20 items: resuming 200 items back must read from Redis, then join the window.
+    config = make_config(redis_server.url, limits={"window": 20})
+    async with start_publisher(config) as service:
+        first = await register(service.ws_url, v1("vm", ["nic"]))
+        seen = await _commit(service, 5, "a")
+        assert [i["cursor"] for i in await first.take(5)] == seen
+        await first.close()
+
+        missed = await _commit(service, 200, "b") + await _commit(service, 30, "skip", ["state"])
+        nic_missed = missed[:200]
+        # Items keep arriving while the listener replays.
+        later = asyncio.create_task(_commit(service, 50, "c"))
+        resumed = await register(service.ws_url, v1("vm", ["nic"], since=seen[-1]))
+        assert resumed.reply["resumed"] is True
+        got = [i["cursor"] for i in await resumed.take(250)]
+        assert got == nic_missed + await later
+        assert await resumed.quiet()
+
+        # From the head exactly: nothing to replay, then live items.
+        head = await register(service.ws_url, v1("vm", ["*"], since=got[-1]))
+        assert head.reply["resumed"] is True
+        tail = await _commit(service, 3, "d")
+        assert [i["cursor"] for i in await head.take(3)] == tail
+
+
+async def test_since_outside_the_retained_log_is_not_resumed(publisher: Service) -> None:
+    old = await _commit(publisher, 3, "old")
+    await asyncio.sleep(0.2)
+    await publisher.bucket.trim(0.1)
+    fresh = await register(publisher.ws_url, v1("vm", ["nic"], since=old[0]))
+    assert fresh.reply["resumed"] is False
+    new = await _commit(publisher, 1, "new")
+    assert [i["cursor"] for i in await fresh.take(1)] == new, "a non-resumed listener gets live items"
+
+    # The newest trimmed item is the horizon: resuming from it loses nothing.
+    edge = await register(publisher.ws_url, v1("vm", ["nic"], since=old[-1]))
+    assert edge.reply["resumed"] is True
+    assert [i["cursor"] for i in await edge.take(1)] == new
+
+    future = Cursor(publisher.hub.epoch, Cursor.decode(new[0]).position.__class__(2**46, 0))
+    ahead = await register(publisher.ws_url, v1("vm", ["nic"], since=future.encode()))
+    assert ahead.reply["resumed"] is False, "a cursor beyond the log head is not of this log"
+
+
+async def test_recreated_bucket_is_a_new_epoch(publisher: Service) -> None:
+    cursors = await _commit(publisher, 2, "e")
+    feed = await register(publisher.ws_url, v2({"vm": ["nic"]}), "~2")
+    old_epoch = publisher.hub.epoch
+    await publisher.bucket.redis.flushall()  # the bucket is lost
+    await asyncio.wait_for(feed.ws.wait_closed(), scaled(10))
+    assert feed.ws.close_code == 4009
+    assert publisher.hub.epoch != old_epoch
+
+    again = await register(publisher.ws_url, v1("vm", ["nic"], since=cursors[-1]))
+    assert again.reply["resumed"] is False, "a cursor of the old epoch is foreign"
+    assert not again.reply["cursor"].startswith(old_epoch)
+    new = await _commit(publisher, 2, "f")
+    items = await again.take(2)
+    assert [i["cursor"] for i in items] == new
+    assert all(Cursor.decode(c).epoch == publisher.hub.epoch for c in new)
