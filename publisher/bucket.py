@@ -325,7 +325,7 @@ class ChangeBucket:
         *,
         delete: bool = False,
     ) -> str:
-        """Store `state` (or delete it) and append the change item, atomically. Returns the cursor."""
+        """Store `state` (or delete it) and append the change item atomically; return its cursor."""
         change = (
             Change.delete(resource, id, sub_resources)
             if delete

@@ -25,8 +25,12 @@ from publisher.service import Service
 log = structlog.get_logger("changefeed")
 
 config_option = click.option(
-    "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
-    default="config.js", show_default=True, help="The config.js to read.",
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default="config.js",
+    show_default=True,
+    help="The config.js to read.",
 )
 redis_option = click.option("--redis-url", help="Overrides the config's bucket.redisUrl.")
 
@@ -52,8 +56,12 @@ def bucket_redis(config: Config) -> Iterator[tuple[Config, str]]:
 
 
 @click.group()
-@click.option("--log-format", type=click.Choice(["auto", "json", "console"]), default="auto",
-              help="JSON lines (default when not on a terminal) or readable lines.")
+@click.option(
+    "--log-format",
+    type=click.Choice(["auto", "json", "console"]),
+    default="auto",
+    help="JSON lines (default when not on a terminal) or readable lines.",
+)
 @click.option("--log-level", default="info", show_default=True)
 def main(log_format: str, log_level: str) -> None:
     """Change feeds on Redis (RFD 5): publish changes and serve them to listeners."""
@@ -104,8 +112,15 @@ async def _serve(config: Config, which: str) -> None:
 @click.option("--sub", "subs", required=True, help="Comma-separated sub-resources, e.g. nic,alias.")
 @click.option("--data", help="The new state as JSON: stored with the change.")
 @click.option("--delete", is_flag=True, help="Remove the stored state with the change.")
-def publish(config_path: Path, redis_url: str | None, resource: str, changed_id: str, subs: str,
-            data: str | None, delete: bool) -> None:
+def publish(
+    config_path: Path,
+    redis_url: str | None,
+    resource: str,
+    changed_id: str,
+    subs: str,
+    data: str | None,
+    delete: bool,
+) -> None:
     """Commit one change and print its cursor (the last line of output).
 
     With --data the state is stored and the item appended atomically; with --delete the state
@@ -125,15 +140,24 @@ def publish(config_path: Path, redis_url: str | None, resource: str, changed_id:
         assert config.bucket.redis_url is not None
         try:
             cursor = asyncio.run(
-                _publish(config, resource, changed_id, sub_resources, state, data is not None, delete)
+                _publish(
+                    config, resource, changed_id, sub_resources, state, data is not None, delete
+                )
             )
         except ChangefeedError as exc:
             raise click.ClickException(str(exc)) from None
     click.echo(cursor)
 
 
-async def _publish(config: Config, resource: str, changed_id: str, subs: list[str], state: Any,
-                   store: bool, delete: bool) -> str:
+async def _publish(
+    config: Config,
+    resource: str,
+    changed_id: str,
+    subs: list[str],
+    state: Any,
+    store: bool,
+    delete: bool,
+) -> str:
     assert config.bucket.redis_url is not None
     bucket = ChangeBucket(connect(config.bucket.redis_url), config.bucket.name, config.resources)
     try:
@@ -160,11 +184,17 @@ def stats(url: str, as_json: bool) -> None:
     rows = [("INSTANCE", "SERVICE", "RESOURCE", "SUB-RESOURCES", "SINCE", "BEHIND", "LAST CURSOR")]
     for reg in body["registrations"]:
         kind = reg["changeKind"]
-        rows.append((
-            reg["instance"], reg["service"], kind["resource"], ",".join(kind["subResources"]),
-            reg.get("connectedSince", ""), str(reg.get("itemsBehindHead", "")),
-            reg.get("lastCursorSent") or "-",
-        ))
+        rows.append(
+            (
+                reg["instance"],
+                reg["service"],
+                kind["resource"],
+                ",".join(kind["subResources"]),
+                reg.get("connectedSince", ""),
+                str(reg.get("itemsBehindHead", "")),
+                reg.get("lastCursorSent") or "-",
+            )
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
@@ -176,6 +206,42 @@ async def _get_json(url: str) -> Any:
         if response.status != 200:
             raise ValueError(f"HTTP {response.status}: {await response.text()}")
         return await response.json()
+
+
+@main.command()
+@click.argument("url")
+@click.argument("resource")
+@click.option(
+    "--sub",
+    "subs",
+    default="*",
+    show_default=True,
+    help="Comma-separated sub-resources to hear about ('*': all).",
+)
+@click.option("--since", help="A cursor: start with the changes after it.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    default=None,
+    help="JSON lines (the default when stdout is not a terminal).",
+)
+def snoop(url: str, resource: str, subs: str, since: str | None, as_json: bool | None) -> None:
+    """Print RESOURCE's change items from the publisher at URL as they arrive; Ctrl-C stops.
+
+    URL may be repeated with commas to rotate between publishers on failure.
+    """
+    from listener.errors import RegistrationRejected, RetriesExhausted
+    from listener.snoop import run_snoop
+
+    sub_resources = [s.strip() for s in subs.split(",") if s.strip()]
+    urls = [u.strip() for u in url.split(",") if u.strip()]
+    try:
+        asyncio.run(run_snoop(urls, resource, sub_resources, since, as_json or None))
+    except KeyboardInterrupt:
+        pass
+    except (RegistrationRejected, RetriesExhausted, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 if __name__ == "__main__":

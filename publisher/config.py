@@ -106,7 +106,9 @@ def parse_config(text: str, base: Path | None = None) -> Config:
     try:
         raw = json5.loads(body)
     except ValueError as exc:
-        raise ConfigError("<file>", text[:40] + "...", f"a JavaScript object literal ({exc})") from None
+        raise ConfigError(
+            "<file>", text[:40] + "...", f"a JavaScript object literal ({exc})"
+        ) from None
     obj = _section(raw, "<top level>")
     _only(obj, "", {"resources", "maxAge", "bucket", "server", "limits", "stateDir", "gcInterval"})
 
@@ -126,30 +128,41 @@ def parse_config(text: str, base: Path | None = None) -> Config:
     _only(limits_obj, "limits.", _LIMIT_KEYS)
 
     defaults = Limits()
-    limits = Limits(**{attr: _get(limits_obj, "limits.", key, getattr(defaults, attr), check)
-                       for key, (attr, check) in _LIMIT_KEYS.items()})
+    limits = Limits(
+        **{
+            attr: _get(limits_obj, "limits.", key, getattr(defaults, attr), check)
+            for key, (attr, check) in _LIMIT_KEYS.items()
+        }
+    )
     if limits.page_size > limits.max_page_size:
-        raise ConfigError("limits.pageSize", limits.page_size,
-                          f"at most limits.maxPageSize ({limits.max_page_size})")
+        raise ConfigError(
+            "limits.pageSize",
+            limits.page_size,
+            f"at most limits.maxPageSize ({limits.max_page_size})",
+        )
 
     name = _get(bucket_obj, "bucket.", "name", "changefeed", _name)
     redis_url = bucket_obj.get("redisUrl")
     return Config(
         resources=resources,
         max_age=_get(obj, "", "maxAge", 3600.0, _positive),
-        bucket=Bucket(None if redis_url is None else _redis_url("bucket.redisUrl", redis_url), name),
+        bucket=Bucket(
+            None if redis_url is None else _redis_url("bucket.redisUrl", redis_url), name
+        ),
         server=Server(
             _get(server_obj, "server.", "host", "127.0.0.1", _host),
             _get(server_obj, "server.", "port", 8080, _port),
         ),
         limits=limits,
         state_dir=state_dir,
-        gc_interval=None if obj.get("gcInterval") is None
+        gc_interval=None
+        if obj.get("gcInterval") is None
         else _positive("gcInterval", obj["gcInterval"]),
     )
 
 
 # --- validators: each takes (key, value) and returns the value or raises ConfigError ---
+
 
 def _section(value: Any, key: str) -> dict[str, Any]:
     if not isinstance(value, dict):
@@ -160,11 +173,14 @@ def _section(value: Any, key: str) -> dict[str, Any]:
 def _only(obj: Mapping[str, Any], prefix: str, allowed: set[str] | Mapping[str, Any]) -> None:
     for key in obj:
         if key not in allowed:
-            raise ConfigError(prefix + key, obj[key], f"one of the known keys: {', '.join(sorted(allowed))}")
+            raise ConfigError(
+                prefix + key, obj[key], f"one of the known keys: {', '.join(sorted(allowed))}"
+            )
 
 
-def _get(obj: Mapping[str, Any], prefix: str, key: str, default: T,
-         check: Callable[[str, Any], T]) -> T:
+def _get(
+    obj: Mapping[str, Any], prefix: str, key: str, default: T, check: Callable[[str, Any], T]
+) -> T:
     return check(prefix + key, obj[key]) if key in obj else default
 
 
@@ -233,7 +249,9 @@ _LIMIT_KEYS: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
 
 def _resources(value: Any) -> tuple[Resource, ...]:
     if not isinstance(value, list) or not value:
-        raise ConfigError("resources", value, "a non-empty list of {resource, subResources, bootstrapRoute}")
+        raise ConfigError(
+            "resources", value, "a non-empty list of {resource, subResources, bootstrapRoute}"
+        )
     seen: dict[str, str] = {}
     routes: dict[str, str] = {}
     out = []
@@ -246,11 +264,16 @@ def _resources(value: Any) -> tuple[Resource, ...]:
                 raise ConfigError(f"{where}.{key}", None, "present")
         name = _name(f"{where}.resource", entry["resource"])
         if name in seen:
-            raise ConfigError(f"{where}.resource", name, f"a resource not already listed at {seen[name]}")
+            raise ConfigError(
+                f"{where}.resource", name, f"a resource not already listed at {seen[name]}"
+            )
         seen[name] = where
         subs = entry["subResources"]
-        if (not isinstance(subs, list) or not subs
-                or not all(isinstance(s, str) and _NAME.match(s) for s in subs)):
+        if (
+            not isinstance(subs, list)
+            or not subs
+            or not all(isinstance(s, str) and _NAME.match(s) for s in subs)
+        ):
             raise ConfigError(f"{where}.subResources", subs, "a non-empty list of names")
         if len(set(subs)) != len(subs) or WILDCARD in subs:
             raise ConfigError(f"{where}.subResources", subs, "names without duplicates or '*'")
@@ -261,7 +284,9 @@ def _resources(value: Any) -> tuple[Resource, ...]:
         if route == "/changefeeds" or route.startswith("/changefeeds/"):
             raise ConfigError(f"{where}.bootstrapRoute", route, "a path outside /changefeeds")
         if route in routes:
-            raise ConfigError(f"{where}.bootstrapRoute", route, f"a route not already used by {routes[route]}")
+            raise ConfigError(
+                f"{where}.bootstrapRoute", route, f"a route not already used by {routes[route]}"
+            )
         routes[route] = where
         out.append(Resource(name, tuple(subs), route))
     return tuple(out)

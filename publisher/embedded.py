@@ -54,8 +54,10 @@ class EmbeddedRedis:
         self.socket = state_dir / "redis.sock"
         if len(str(self.socket)) > MAX_SOCKET_PATH:
             raise ConfigError(
-                "stateDir", str(state_dir), f"a path short enough for a unix socket "
-                f"(at most {MAX_SOCKET_PATH - len('/redis.sock')} characters)"
+                "stateDir",
+                str(state_dir),
+                f"a path short enough for a unix socket "
+                f"(at most {MAX_SOCKET_PATH - len('/redis.sock')} characters)",
             )
         self.process: subprocess.Popen[bytes] | None = None
         self.source = ""
@@ -78,14 +80,22 @@ class EmbeddedRedis:
             self.process = subprocess.Popen(
                 [
                     binary,
-                    "--port", "0",
-                    "--unixsocket", str(self.socket),
-                    "--unixsocketperm", "700",
-                    "--dir", str(self.state_dir),
-                    "--appendonly", "yes",
-                    "--appendfsync", "everysec",
-                    "--save", "",
-                    "--logfile", str(logfile),
+                    "--port",
+                    "0",
+                    "--unixsocket",
+                    str(self.socket),
+                    "--unixsocketperm",
+                    "700",
+                    "--dir",
+                    str(self.state_dir),
+                    "--appendonly",
+                    "yes",
+                    "--appendfsync",
+                    "everysec",
+                    "--save",
+                    "",
+                    "--logfile",
+                    str(logfile),
                 ],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
@@ -96,7 +106,9 @@ class EmbeddedRedis:
                 if self.process.poll() is not None or time.monotonic() > deadline:
                     self.stop()
                     tail = logfile.read_text()[-2000:] if logfile.exists() else ""
-                    raise ChangefeedError(f"embedded redis-server ({binary}) did not start:\n{tail}")
+                    raise ChangefeedError(
+                        f"embedded redis-server ({binary}) did not start:\n{tail}"
+                    )
                 time.sleep(0.02)
             log.info(
                 "embedded redis started",

@@ -1,7 +1,7 @@
 """Every error this package raises, in one hierarchy.
 
     ChangefeedError
-    ├── ConfigError            a config.js key is missing, unknown or of the wrong kind (.key, .value)
+    ├── ConfigError            a config.js key is missing, unknown or wrong (.key, .value)
     ├── CursorError            a cursor string is malformed (.cursor)
     ├── ChangeError            a change names an unknown resource or sub-resource, or a bad id
     ├── BucketUnavailable      Redis cannot be reached; nothing was written (.cause)

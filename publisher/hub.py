@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import structlog
-from aiohttp import WSMsgType, web
+from aiohttp import web
 
 from publisher.bucket import ChangeBucket, LogEntry
-from publisher.cursor import Cursor, StreamId
+from publisher.cursor import ZERO, Cursor, StreamId
 from publisher.errors import BucketUnavailable
 from publisher.protocol import WILDCARD, CloseCode, Registration, close_frame, text_frame
 from publisher.window import Window, WindowEntry
@@ -33,6 +33,7 @@ CLOSE_GRACE = 2.0
 
 class Transport(Protocol):
     def write(self, data: bytes) -> None: ...
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None: ...
     def get_write_buffer_size(self) -> int: ...
     def is_closing(self) -> bool: ...
     def close(self) -> None: ...
@@ -46,11 +47,13 @@ class Connection:
     registration: Registration
     ws: web.WebSocketResponse
     transport: Transport
+    protocol: Any
+    """aiohttp's protocol of the connection: its drain waits for the transport buffer."""
     remote: str
     connected_at: float = field(default_factory=time.time)
     live: bool = True
     """Written to directly by the fan-out; False while it catches up in its own task."""
-    position: StreamId = StreamId(0, 0)
+    position: StreamId = ZERO
     """While not live: the last entry it was sent or that did not match it."""
     last_sent: StreamId | None = None
     replaying: bool = False
@@ -225,10 +228,10 @@ class Hub:
                     conn.task = None
                     return
                 for entry in entries:
-                    if conn.closing:
-                        return
                     if conn.wants(entry):
-                        await conn.ws.send_frame(entry.payload, WSMsgType.TEXT)
+                        if not await self._writable(conn):
+                            return
+                        conn.transport.write(entry.frame)
                         conn.last_sent = entry.position
                     conn.position = entry.position
         except (ConnectionError, RuntimeError) as exc:
@@ -250,9 +253,20 @@ class Hub:
                 return
             for row in rows:
                 if conn.wants(row):
-                    await conn.ws.send_frame(row.item(self.epoch).encode(), WSMsgType.TEXT)
+                    if not await self._writable(conn):
+                        return
+                    conn.transport.write(text_frame(row.item(self.epoch).encode()))
                     conn.last_sent = row.position
                 conn.position = row.position
+
+    async def _writable(self, conn: Connection) -> bool:
+        """Wait until `conn` can take another frame without passing `send_buffer`; False when
+        it is closing instead."""
+        if conn.transport.get_write_buffer_size() > self.send_buffer:
+            # The transport pauses its protocol above `send_buffer` (set at registration);
+            # this is aiohttp's own wait for it to drain below the low-water mark.
+            await conn.protocol._drain_helper()
+        return not (conn.closing or conn.transport.is_closing())
 
     # --- reporting -----------------------------------------------------------------------
 

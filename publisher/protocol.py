@@ -212,7 +212,9 @@ def registration_reply(
 ) -> dict[str, Any]:
     """The publisher's reply to a registration, in the registration's version."""
     entries = [resources[kind.resource].to_wire() for kind in registration.kinds]
-    reply: dict[str, Any] = entries[0] if registration.version == 1 else {"bootstrapRoutes": entries}
+    reply: dict[str, Any] = (
+        entries[0] if registration.version == 1 else {"bootstrapRoutes": entries}
+    )
     reply["cursor"] = cursor
     reply["resumed"] = resumed
     return reply
@@ -225,7 +227,7 @@ def is_registration_reply(frame: Mapping[str, Any]) -> bool:
 
 def reply_routes(frame: Mapping[str, Any]) -> list[Resource]:
     """The resource entries of a registration reply (either version)."""
-    entries: Sequence[Any] = frame["bootstrapRoutes"] if "bootstrapRoutes" in frame else [frame]
+    entries: Sequence[Any] = frame.get("bootstrapRoutes", [frame])
     routes = []
     for entry in entries:
         try:

@@ -96,7 +96,9 @@ def add_routes(app: web.Application, service: Service) -> None:
                 return json_error(400, "InvalidMarker", f"marker: {exc}")
             unknown = set(request.query) - {"limit", "marker"}
             if unknown:
-                return json_error(400, "InvalidQuery", f"unknown parameter(s): {', '.join(sorted(unknown))}")
+                return json_error(
+                    400, "InvalidQuery", f"unknown parameter(s): {', '.join(sorted(unknown))}"
+                )
             result = await service.bucket.page(resource.resource, after, limit)
             next_url = None
             if len(result.ids) == limit:

@@ -30,7 +30,7 @@ READY_TIMEOUT = 10.0
 
 
 class Service:
-    """A publisher process. `await start()`, then `url`; `await stop()` closes listeners with 1001."""
+    """A publisher process: `await start()`, then `url`; `await stop()` closes listeners (1001)."""
 
     def __init__(self, config: Config, publisher_id: str | None = None) -> None:
         if config.bucket.redis_url is None:
@@ -88,13 +88,14 @@ class Service:
             asyncio.create_task(self._trim_forever(), name="trim"),
         ]
         yield
-        for task in tasks:
-            task.cancel()
+        self.tail.stop()
+        tasks[1].cancel()
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self.bucket.aclose()
-        await self._tail_bucket.aclose()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._tail_bucket.aclose(), 1.0)
 
     async def _trim_forever(self) -> None:
         interval = self.config.trim_every

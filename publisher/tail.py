@@ -9,11 +9,12 @@ refused with 1013). A changed epoch means the bucket was recreated: the hub is r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import structlog
 
 from publisher.backoff import Backoff
-from publisher.bucket import ChangeBucket
+from publisher.bucket import ChangeBucket, LogEntry
 from publisher.cursor import ZERO
 from publisher.errors import BucketUnavailable
 from publisher.hub import Hub
@@ -32,6 +33,24 @@ class Tail:
         self.backoff = backoff or Backoff(initial=0.05, maximum=5.0)
         self.healthy = False
         self.started = asyncio.Event()
+        self._stopping = asyncio.Event()
+
+    def stop(self) -> None:
+        """Make run() return. A blocked XREAD is abandoned, not awaited: redis-py does not
+        always give up a blocked read promptly when cancelled."""
+        self._stopping.set()
+
+    async def _read(self) -> list[LogEntry] | None:
+        """The next entries, or None when stopping."""
+        read = asyncio.ensure_future(self.bucket.tail(self.hub.window.head, BLOCK_MS, BATCH))
+        stopping = asyncio.ensure_future(self._stopping.wait())
+        await asyncio.wait({read, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if read.done():
+            stopping.cancel()
+            return read.result()
+        read.cancel()
+        read.add_done_callback(lambda task: task.cancelled() or task.exception())
+        return None
 
     async def start(self) -> None:
         """Learn the epoch and the log head; the window starts there."""
@@ -44,18 +63,24 @@ class Tail:
 
     async def run(self) -> None:
         delays = None
-        while True:
+        while not self._stopping.is_set():
             try:
                 if not self.started.is_set():
                     await self.start()
-                entries = await self.bucket.tail(self.hub.window.head, BLOCK_MS, BATCH)
+                    delays = None
+                elif not self.healthy:
+                    epoch = await self.bucket.current_epoch()
+                    log.info("bucket reachable again", position=str(self.hub.window.head))
+                    self.healthy = True
+                    delays = None
+                    if epoch != self.hub.epoch:
+                        await self._bucket_recreated(epoch)
+                entries = await self._read()
+                if entries is None:
+                    return
                 # Checked after every read: entries of a recreated bucket must never be
                 # labelled with the old epoch.
                 epoch = await self.bucket.current_epoch()
-                if not self.healthy:
-                    log.info("bucket reachable again", position=str(self.hub.window.head))
-                self.healthy = True
-                delays = None
                 if epoch != self.hub.epoch:
                     await self._bucket_recreated(epoch)
                 elif entries:
@@ -65,9 +90,12 @@ class Tail:
                     delays = self.backoff.delays()
                 delay = next(delays)
                 if self.healthy or delay >= self.backoff.maximum / 2:
-                    log.warning("bucket unreachable, retrying", error=str(exc), delay=round(delay, 3))
+                    log.warning(
+                        "bucket unreachable, retrying", error=str(exc), delay=round(delay, 3)
+                    )
                 self.healthy = False
-                await asyncio.sleep(delay)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), delay)
 
     async def _bucket_recreated(self, epoch: str | None) -> None:
         if epoch is None:

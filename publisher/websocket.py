@@ -66,12 +66,16 @@ async def handle_websocket(request: web.Request, service: Service) -> web.WebSoc
         )
         return ws
     if message.type is WSMsgType.ERROR:
-        log.info("registration refused", remote=remote, code=ws.close_code, reason=str(message.data))
+        log.info(
+            "registration refused", remote=remote, code=ws.close_code, reason=str(message.data)
+        )
         return ws
     if message.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED):
         return ws
     if message.type is not WSMsgType.TEXT:
-        await _refuse(ws, CloseCode.UNSUPPORTED_DATA, "registration must be a text frame", remote=remote)
+        await _refuse(
+            ws, CloseCode.UNSUPPORTED_DATA, "registration must be a text frame", remote=remote
+        )
         return ws
     try:
         registration = parse_registration(message.data, version, service.resources)
@@ -88,7 +92,10 @@ async def handle_websocket(request: web.Request, service: Service) -> web.WebSoc
     hub = service.hub
     if not service.tail.healthy:
         await _refuse(
-            ws, CloseCode.TRY_AGAIN_LATER, "change bucket unavailable, try again later", remote=remote
+            ws,
+            CloseCode.TRY_AGAIN_LATER,
+            "change bucket unavailable, try again later",
+            remote=remote,
         )
         return ws
 
@@ -103,7 +110,9 @@ async def handle_websocket(request: web.Request, service: Service) -> web.WebSoc
             since = await service.resume_position(cursor)
         except BucketUnavailable:
             await _refuse(
-                ws, CloseCode.TRY_AGAIN_LATER, "change bucket unavailable, try again later",
+                ws,
+                CloseCode.TRY_AGAIN_LATER,
+                "change bucket unavailable, try again later",
                 remote=remote,
             )
             return ws
@@ -121,7 +130,9 @@ async def handle_websocket(request: web.Request, service: Service) -> web.WebSoc
         resumed=since is not None,
     )
     transport.write(text_frame(orjson.dumps(reply)))
-    conn = Connection(registration, ws, transport, remote)
+    # The protocol pauses (and drains) above the send buffer: what the hub counts as slow.
+    transport.set_write_buffer_limits(high=limits.send_buffer)
+    conn = Connection(registration, ws, transport, request.protocol, remote)
     hub.add(conn, start)
     bound.info(
         "listener registered",
@@ -143,7 +154,9 @@ async def handle_websocket(request: web.Request, service: Service) -> web.WebSoc
                 break
             if message.type is WSMsgType.BINARY:
                 reason = "binary frame"
-                await ws.close(code=CloseCode.UNSUPPORTED_DATA, message=b"binary frames are not used")
+                await ws.close(
+                    code=CloseCode.UNSUPPORTED_DATA, message=b"binary frames are not used"
+                )
                 break
             if message.type is WSMsgType.ERROR:
                 reason = f"error: {message.data}"

@@ -2,12 +2,13 @@
 
 No fixed ports and no sleeps as readiness: redis-server is started with `--port 0` plus a unix
 socket (or a free TCP port when a test must stop and restart it on the same address) and is ready
-when it logs that it is ready to accept connections; a publisher subprocess is ready when it logs the URL it
-listens on.
+when it logs that it is ready to accept connections; a publisher subprocess is ready when it
+logs the URL it listens on.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import shutil
@@ -16,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -66,15 +68,24 @@ class RedisServer:
     def start(self) -> RedisServer:
         args = [
             redis_binary(),
-            "--port", str(self.port),
-            "--unixsocket", str(self.socket),
-            "--unixsocketperm", "700",
-            "--bind", "127.0.0.1",
-            "--dir", str(self.directory),
-            "--save", "",
-            "--appendonly", "yes" if self.persist else "no",
-            "--appendfsync", "always",
-            "--logfile", "",
+            "--port",
+            str(self.port),
+            "--unixsocket",
+            str(self.socket),
+            "--unixsocketperm",
+            "700",
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(self.directory),
+            "--save",
+            "",
+            "--appendonly",
+            "yes" if self.persist else "no",
+            "--appendfsync",
+            "always",
+            "--logfile",
+            "",
         ]
         self.process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         assert self.process.stdout is not None
@@ -195,3 +206,14 @@ class PublisherProcess:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+
+
+async def eventually(predicate: Callable[[], bool], what: str, within: float = 5.0) -> None:
+    """Wait until `predicate()` holds, for in-process state that offers no event to wait on
+    (e.g. a publisher's tail noticing that Redis went away). Checks every few milliseconds and
+    fails with `what` after the scaled `within` seconds."""
+    deadline = time.monotonic() + scaled(within)
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting until {what}")
+        await asyncio.sleep(0.005)

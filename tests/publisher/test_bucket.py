@@ -58,7 +58,9 @@ async def test_concurrent_commits_leave_store_and_bucket_in_agreement(bucket: Ch
     assert {k.decode() for k in indexed} == expected
 
 
-async def test_unknown_resources_and_bad_ids_are_refused_before_writing(bucket: ChangeBucket) -> None:
+async def test_unknown_resources_and_bad_ids_are_refused_before_writing(
+    bucket: ChangeBucket,
+) -> None:
     for change, message in [
         (Change.put("disk", "d", ["nic"], {}), "unknown resource 'disk'"),
         (Change.put("vm", "v", ["cpu"], {}), "unknown sub-resource"),
@@ -87,7 +89,9 @@ async def test_trim_removes_old_items_and_records_the_horizon(bucket: ChangeBuck
 
 
 async def test_publisher_trims_by_max_age(
-    redis_server: RedisServer, make_config: Callable[..., Config], start_publisher: Callable[..., object]
+    redis_server: RedisServer,
+    make_config: Callable[..., Config],
+    start_publisher: Callable[..., object],
 ) -> None:
     config = make_config(redis_server.url, maxAge=0.3, gcInterval=0.1)
     async with start_publisher(config) as service:  # type: ignore[attr-defined]
@@ -148,7 +152,9 @@ async def test_bootstrap_pages_under_concurrent_writes(publisher: Service) -> No
         ("/nowhere", 404, "NotFound"),
     ],
 )
-async def test_bad_requests_get_json_4xx(publisher: Service, path: str, status: int, code: str) -> None:
+async def test_bad_requests_get_json_4xx(
+    publisher: Service, path: str, status: int, code: str
+) -> None:
     async with aiohttp.ClientSession(publisher.url) as http, http.get(path) as response:
         assert response.status == status
         assert response.content_type == "application/json"
@@ -170,4 +176,6 @@ async def test_single_object_route(publisher: Service) -> None:
             assert await response.json() == {"uuid": "a/b c", "n": 1}
         async with http.get("/vms?limit=1") as response:
             page = await response.json()
-    assert page["items"] == [{"uuid": "a/b c", "n": 1}] and page["next"].startswith("/vms?limit=1&marker=")
+    assert page["items"] == [{"uuid": "a/b c", "n": 1}] and page["next"].startswith(
+        "/vms?limit=1&marker="
+    )

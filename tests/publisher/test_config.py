@@ -45,21 +45,42 @@ def test_javascript_forms() -> None:
         ("{resources: [" + VM + "], maxAge: '1h'}", "maxAge", "a positive number"),
         ("{resources: [" + VM + "], maxAge: -1}", "maxAge", "a positive number"),
         ("{resources: [" + VM + ", " + VM + "]}", "resources[1].resource", "not already listed"),
-        ("{resources: [" + VM + "], bucket: {redisUrl: 'http://x'}}", "bucket.redisUrl", "redis://"),
-        ("{resources: [" + VM + "], bucket: {redisUrl: 'redis://h:99999'}}", "bucket.redisUrl", "port"),
+        (
+            "{resources: [" + VM + "], bucket: {redisUrl: 'http://x'}}",
+            "bucket.redisUrl",
+            "redis://",
+        ),
+        (
+            "{resources: [" + VM + "], bucket: {redisUrl: 'redis://h:99999'}}",
+            "bucket.redisUrl",
+            "port",
+        ),
         ("{resources: [" + VM + "], server: {port: 70000}}", "server.port", "port number"),
         ("{resources: [" + VM + "], limits: {window: 0}}", "limits.window", "positive integer"),
         ("{resources: [" + VM + "], limits: {pageSize: 5000}}", "limits.pageSize", "maxPageSize"),
         ("{resources: []}", "resources", "non-empty list"),
         ("{}", "resources", "a list of"),
-        ("{resources: [{resource: 'vm', subResources: 'nic', bootstrapRoute: '/v'}]}",
-         "resources[0].subResources", "non-empty list of names"),
-        ("{resources: [{resource: 'vm', subResources: ['nic'], bootstrapRoute: 'vms'}]}",
-         "resources[0].bootstrapRoute", "absolute path"),
-        ("{resources: [{resource: 'vm', subResources: ['nic'], bootstrapRoute: '/changefeeds/x'}]}",
-         "resources[0].bootstrapRoute", "outside /changefeeds"),
-        ("{resources: [{resource: 'vm', subResources: ['nic']}]}",
-         "resources[0].bootstrapRoute", "present"),
+        (
+            "{resources: [{resource: 'vm', subResources: 'nic', bootstrapRoute: '/v'}]}",
+            "resources[0].subResources",
+            "non-empty list of names",
+        ),
+        (
+            "{resources: [{resource: 'vm', subResources: ['nic'], bootstrapRoute: 'vms'}]}",
+            "resources[0].bootstrapRoute",
+            "absolute path",
+        ),
+        (
+            "{resources: [{resource: 'vm', subResources: ['nic'],"
+            " bootstrapRoute: '/changefeeds/x'}]}",
+            "resources[0].bootstrapRoute",
+            "outside /changefeeds",
+        ),
+        (
+            "{resources: [{resource: 'vm', subResources: ['nic']}]}",
+            "resources[0].bootstrapRoute",
+            "present",
+        ),
         ("{resources: [" + VM + "]", "<file>", "JavaScript object literal"),
     ],
 )
@@ -81,5 +102,5 @@ def test_overrides_are_validated() -> None:
 
 
 def test_missing_file(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="readable config.js"):
+    with pytest.raises(ConfigError, match=r"readable config\.js"):
         load_config(tmp_path / "absent.js")

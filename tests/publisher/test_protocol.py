@@ -26,7 +26,11 @@ RESOURCES = {
     "vm": Resource("vm", ("nic", "alias"), "/vms"),
     "network": Resource("network", ("ips",), "/networks"),
 }
-V1 = {"instance": "i-1", "service": "tcns", "changeKind": {"resource": "vm", "subResources": ["nic"]}}
+V1 = {
+    "instance": "i-1",
+    "service": "tcns",
+    "changeKind": {"resource": "vm", "subResources": ["nic"]},
+}
 
 
 @pytest.mark.parametrize(
@@ -46,10 +50,16 @@ def test_v1_and_v2_registrations_parse() -> None:
     reg = parse_registration(orjson.dumps({**V1, "since": "x"}), 1, RESOURCES)
     assert reg.kinds == (ChangeKind("vm", ("nic",)),) and reg.since == "x"
     reg2 = parse_registration(
-        orjson.dumps({"instance": "i", "service": "s", "resources": [
-            {"resource": "vm", "subResources": ["*"]},
-            {"resource": "network", "subResources": ["ips"]},
-        ]}),
+        orjson.dumps(
+            {
+                "instance": "i",
+                "service": "s",
+                "resources": [
+                    {"resource": "vm", "subResources": ["*"]},
+                    {"resource": "network", "subResources": ["ips"]},
+                ],
+            }
+        ),
         2,
         RESOURCES,
     )
@@ -69,16 +79,30 @@ def test_v1_and_v2_registrations_parse() -> None:
         (b"[1, 2]", 1, "must be a JSON object"),
         (orjson.dumps({**V1, "instance": 7}), 1, "instance: a non-empty string"),
         (orjson.dumps({k: v for k, v in V1.items() if k != "instance"}), 1, "instance"),
-        (orjson.dumps({**V1, "changeKind": {"resource": "disk", "subResources": ["a"]}}), 1,
-         "unknown resource 'disk'"),
-        (orjson.dumps({**V1, "changeKind": {"resource": "vm", "subResources": ["cpu"]}}), 1,
-         "unknown sub-resource 'cpu'"),
-        (orjson.dumps({**V1, "changeKind": {"resource": "vm", "subResources": []}}), 1,
-         "non-empty list"),
+        (
+            orjson.dumps({**V1, "changeKind": {"resource": "disk", "subResources": ["a"]}}),
+            1,
+            "unknown resource 'disk'",
+        ),
+        (
+            orjson.dumps({**V1, "changeKind": {"resource": "vm", "subResources": ["cpu"]}}),
+            1,
+            "unknown sub-resource 'cpu'",
+        ),
+        (
+            orjson.dumps({**V1, "changeKind": {"resource": "vm", "subResources": []}}),
+            1,
+            "non-empty list",
+        ),
         (orjson.dumps({"instance": "i", "resources": []}), 2, "resources is empty"),
         (orjson.dumps(V1), 2, "needs resources"),
-        (orjson.dumps({"instance": "i", "resources": [{"resource": "vm", "subResources": ["nic"]}]}),
-         1, "needs changeKind"),
+        (
+            orjson.dumps(
+                {"instance": "i", "resources": [{"resource": "vm", "subResources": ["nic"]}]}
+            ),
+            1,
+            "needs changeKind",
+        ),
         (orjson.dumps({**V1, "since": 5}), 1, "since must be a cursor string"),
     ],
 )
@@ -105,18 +129,33 @@ def test_frames() -> None:
 
 
 def test_cursor_round_trip_and_order() -> None:
-    ids = [StreamId(0, 0), StreamId(1, 0), StreamId(1, 15), StreamId(1, 16), StreamId(1, 2**40),
-           StreamId(1730000000000, 3), StreamId(1730000000001, 0)]
+    ids = [
+        StreamId(0, 0),
+        StreamId(1, 0),
+        StreamId(1, 15),
+        StreamId(1, 16),
+        StreamId(1, 2**40),
+        StreamId(1730000000000, 3),
+        StreamId(1730000000001, 0),
+    ]
     cursors = [Cursor("abcdefgh", sid).encode() for sid in ids]
     assert cursors == sorted(cursors), "cursors of one epoch sort as strings in log order"
     assert [Cursor.decode(c).position for c in cursors] == ids
-    for bad in ("", "nope", "abcdefgh.0192f3a4b5c6", "abcdefgh.0192f3a4b5c6b1", "ABCDEFGH.0192f3a4b5c6a1"):
+    for bad in (
+        "",
+        "nope",
+        "abcdefgh.0192f3a4b5c6",
+        "abcdefgh.0192f3a4b5c6b1",
+        "ABCDEFGH.0192f3a4b5c6a1",
+    ):
         with pytest.raises(CursorError):
             Cursor.decode(bad)
 
 
 def test_backoff_grows_to_its_maximum_with_jitter() -> None:
-    delays = list(Backoff(initial=1, maximum=8, factor=2, jitter=0.5, retries=6).delays(random.Random(1)))
+    delays = list(
+        Backoff(initial=1, maximum=8, factor=2, jitter=0.5, retries=6).delays(random.Random(1))
+    )
     assert len(delays) == 6
     for delay, ceiling in zip(delays, [1, 2, 4, 8, 8, 8], strict=True):
         assert ceiling / 2 <= delay <= ceiling

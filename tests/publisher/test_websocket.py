@@ -24,7 +24,10 @@ async def test_v1_and_v2_listeners_get_matching_items_only(publisher: Service) -
     assert nic.reply["bootstrapRoute"] == "/vms" and nic.reply["resumed"] is False
     assert set(nic.reply) == {"resource", "subResources", "bootstrapRoute", "cursor", "resumed"}
     everything = await register(publisher.ws_url, v2({"vm": ["*"], "network": ["ips"]}), "~2")
-    assert [r["bootstrapRoute"] for r in everything.reply["bootstrapRoutes"]] == ["/vms", "/networks"]
+    assert [r["bootstrapRoute"] for r in everything.reply["bootstrapRoutes"]] == [
+        "/vms",
+        "/networks",
+    ]
     legacy = await register(publisher.ws_url, v1("vm", ["alias"]), version=None)
 
     bucket = publisher.bucket
@@ -54,17 +57,21 @@ async def test_heartbeats_are_accepted_and_stats_count_listeners(publisher: Serv
     cursor = await publisher.bucket.commit("vm", "a", ["nic"], {})
     assert (await first.next())["cursor"] == cursor
 
-    async with aiohttp.ClientSession() as http:
-        async with http.get(publisher.url + "/changefeeds/stats") as response:
-            stats = await response.json()
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(publisher.url + "/changefeeds/stats") as response,
+    ):
+        stats = await response.json()
     assert stats["listeners"] == 2
     assert stats["publisher"] == publisher.id
     kinds = sorted((r["instance"], r["changeKind"]["resource"]) for r in stats["registrations"])
-    assert kinds == sorted([
-        ("de1aac97-6f85-4ba9-b51e-514f48a6a46c", "vm"),
-        ("7b0a1c2d-0000-4000-8000-000000000002", "vm"),
-        ("7b0a1c2d-0000-4000-8000-000000000002", "network"),
-    ])
+    assert kinds == sorted(
+        [
+            ("de1aac97-6f85-4ba9-b51e-514f48a6a46c", "vm"),
+            ("7b0a1c2d-0000-4000-8000-000000000002", "vm"),
+            ("7b0a1c2d-0000-4000-8000-000000000002", "network"),
+        ]
+    )
     by_instance = {r["instance"]: r for r in stats["registrations"]}
     first_stats = by_instance["de1aac97-6f85-4ba9-b51e-514f48a6a46c"]
     assert first_stats["lastCursorSent"] == cursor
@@ -83,17 +90,38 @@ async def test_heartbeats_are_accepted_and_stats_count_listeners(publisher: Serv
 INVALID = [
     ("not json", "~1", 1008, "not valid JSON"),
     ("[1]", "~1", 1008, "must be a JSON object"),
-    ('{"service": "tcns", "changeKind": {"resource": "vm", "subResources": ["nic"]}}', "~1", 1008,
-     "needs instance"),
-    ('{"instance": 5, "changeKind": {"resource": "vm", "subResources": ["nic"]}}', "~1", 1008,
-     "needs instance"),
-    ('{"instance": "i", "changeKind": {"resource": "disk", "subResources": ["nic"]}}', "~1", 1008,
-     "unknown resource 'disk'"),
-    ('{"instance": "i", "changeKind": {"resource": "vm", "subResources": ["cpu"]}}', "~1", 1008,
-     "unknown sub-resource 'cpu'"),
+    (
+        '{"service": "tcns", "changeKind": {"resource": "vm", "subResources": ["nic"]}}',
+        "~1",
+        1008,
+        "needs instance",
+    ),
+    (
+        '{"instance": 5, "changeKind": {"resource": "vm", "subResources": ["nic"]}}',
+        "~1",
+        1008,
+        "needs instance",
+    ),
+    (
+        '{"instance": "i", "changeKind": {"resource": "disk", "subResources": ["nic"]}}',
+        "~1",
+        1008,
+        "unknown resource 'disk'",
+    ),
+    (
+        '{"instance": "i", "changeKind": {"resource": "vm", "subResources": ["cpu"]}}',
+        "~1",
+        1008,
+        "unknown sub-resource 'cpu'",
+    ),
     ('{"instance": "i", "resources": []}', "~2", 1008, "resources is empty"),
-    ('{"instance": "i", "changeKind": {"resource": "vm", "subResources": ["nic"]}, "since": "zz"}',
-     "~1", 1008, "since: invalid cursor"),
+    (
+        '{"instance": "i", "changeKind": {"resource": "vm", "subResources": ["nic"]},'
+        ' "since": "zz"}',
+        "~1",
+        1008,
+        "since: invalid cursor",
+    ),
 ]
 
 

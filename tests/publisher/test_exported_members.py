@@ -1,0 +1,31 @@
+import publisher
+
+
+def test_exported_members() -> None:
+    exported = set(publisher.__all__)
+    assert publisher.__all__ == sorted(publisher.__all__, key=str)
+    assert exported == {
+        "Backoff",
+        "BucketUnavailable",
+        "Change",
+        "ChangeBucket",
+        "ChangeError",
+        "ChangeItem",
+        "ChangeKind",
+        "ChangefeedError",
+        "CloseCode",
+        "Config",
+        "ConfigError",
+        "Cursor",
+        "CursorError",
+        "ProtocolError",
+        "Registration",
+        "RegistrationError",
+        "Resource",
+        "Service",
+        "connect",
+        "load_config",
+        "parse_config",
+    }
+    for name in exported:
+        assert getattr(publisher, name).__module__.startswith("publisher.")
