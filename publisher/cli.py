@@ -89,7 +89,7 @@ async def _serve(config: Config, which: str) -> None:
     log.info(
         "listening",
         url=service.url,
-        redis=config.bucket.redis_url,
+        redis=config.bucket.display_url,
         redis_kind=which,
         bucket=config.bucket.name,
         resources=[r.resource for r in config.resources],

@@ -42,6 +42,17 @@ class Bucket:
     name: str = "changefeed"
     """Key prefix of every Redis key of this bucket."""
 
+    @property
+    def display_url(self) -> str | None:
+        """The Redis URL with any password masked, for logs."""
+        if self.redis_url is None:
+            return None
+        parts = urlsplit(self.redis_url)
+        if parts.password is None:
+            return self.redis_url
+        netloc = parts.netloc.replace(":" + parts.password + "@", ":***@", 1)
+        return parts._replace(netloc=netloc).geturl()
+
 
 @dataclass(frozen=True, slots=True)
 class Limits:
@@ -104,7 +115,7 @@ def parse_config(text: str, base: Path | None = None) -> Config:
     """Build a Config from the text of a config.js; relative paths resolve against `base`."""
     body = _MODULE_EXPORTS.sub(r"\1", text, count=1).rstrip().rstrip(";")
     try:
-        raw = json5.loads(body)
+        raw = json5.loads(body, allow_duplicate_keys=False)
     except ValueError as exc:
         raise ConfigError(
             "<file>", text[:40] + "...", f"a JavaScript object literal ({exc})"

@@ -132,4 +132,4 @@ def add_routes(app: web.Application, service: Service) -> None:
     for resource in config.resources:
         page, one = bootstrap(resource)
         app.router.add_get(resource.bootstrap_route, page)
-        app.router.add_get(resource.bootstrap_route + "/{id}", one)
+        app.router.add_get(resource.bootstrap_route + "/{id:.+}", one)

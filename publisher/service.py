@@ -49,6 +49,8 @@ class Service:
         add_routes(self.app, self)
         self.app.cleanup_ctx.append(self._background)
         self.app.on_shutdown.append(self._close_listeners)
+        self.unregistered: set[web.WebSocketResponse] = set()
+        """Sockets still expected to send their registration."""
         self._runner: web.AppRunner | None = None
         self.url = ""
 
@@ -66,7 +68,7 @@ class Service:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.tail.started.wait(), READY_TIMEOUT)
         if not self.tail.started.is_set():
-            log.warning("bucket not reachable yet; serving, registrations wait for it")
+            log.warning("bucket not reachable yet; serving, registrations are refused (1013)")
 
     async def stop(self) -> None:
         if self._runner is not None:
@@ -106,7 +108,9 @@ class Service:
             except BucketUnavailable as exc:
                 log.warning("gc skipped: bucket unavailable", error=str(exc))
                 continue
-            log.info("gc run", removed=removed, max_age=self.config.max_age)
+            (log.info if removed else log.debug)(
+                "gc run", removed=removed, max_age=self.config.max_age
+            )
 
     async def _close_listeners(self, app: web.Application) -> None:
         conns = list(self.hub.connections)
@@ -114,3 +118,6 @@ class Service:
             log.info("closing listeners: shutting down", listeners=len(conns))
         for conn in conns:
             self.hub.close_now(conn, CloseCode.GOING_AWAY, "publisher shutting down")
+        for ws in list(self.unregistered):
+            await ws.close(code=CloseCode.GOING_AWAY, message=b"publisher shutting down")
+        self.unregistered.clear()
