@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -68,7 +68,7 @@ def register(spark: SparkSession) -> None:
 
 
 def _checked(
-    options: dict[str, str], schema: StructType, overwrite: bool, streaming: bool
+    options: Mapping[str, str], schema: StructType, overwrite: bool, streaming: bool
 ) -> SinkOptions:
     """Every option checked, and the bucket's Redis reached, before any task runs."""
     if overwrite:
@@ -105,9 +105,10 @@ class ChangefeedWriter(DataSourceArrowWriter):
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         asyncio.run(sink.forget(self.options.target, self.record))
+        found = _messages(messages)
         logger.info(
             "spark write committed", resource=self.options.resource,
-            written=str(sink.total(_messages(messages))),
+            written=str(sink.total(found)), retried=sink.skipped(found),
         )
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
@@ -135,10 +136,10 @@ class ChangefeedStreamWriter(DataSourceStreamArrowWriter):
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         found = _messages(messages)
-        asyncio.run(sink.finish_batch(self.options.target, self.record, batchId, found))
+        span = asyncio.run(sink.finish_batch(self.options.target, self.record, batchId, found))
         logger.info(
             "spark micro-batch committed", resource=self.options.resource, batch=batchId,
-            query=self.options.query, written=str(sink.total(found)),
+            query=self.options.query, written=str(span), retried=sink.skipped(found),
         )
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
@@ -151,21 +152,22 @@ class ChangefeedStreamWriter(DataSourceStreamArrowWriter):
 class ChangefeedReader(DataSourceReader):
     """A batch read of the retained change log."""
 
-    def __init__(self, options: dict[str, str]) -> None:
+    def __init__(self, options: Mapping[str, str]) -> None:
         self.options = source_options(options)
 
     def partitions(self) -> Sequence[InputPartition]:
         return changelog.plan_batch_read(self.options)
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
-        assert isinstance(partition, changelog.LogRange)
+        if not isinstance(partition, changelog.LogRange):
+            return iter(())  # Spark reads one InputPartition(None) when none were planned
         return changelog.read_range(self.options.target, partition)
 
 
 class ChangefeedStreamReader(DataSourceStreamReader):
     """The change log as a stream; offsets are cursors, checkpointed by Spark."""
 
-    def __init__(self, options: dict[str, str]) -> None:
+    def __init__(self, options: Mapping[str, str]) -> None:
         self.options = source_options(options)
 
     def initialOffset(self) -> dict[str, str]:

@@ -120,7 +120,10 @@ def _diff(
         .otherwise(changed)
     )
     state = F.when(
-        _col("new", key).isNotNull(), F.to_json(F.struct(*[_col("new", c) for c in after.columns]))
+        _col("new", key).isNotNull(),
+        F.to_json(
+            F.struct(*[_col("new", c) for c in after.columns]), {"ignoreNullFields": "false"}
+        ),
     )
     return (
         old.join(new, _col("old", key) == _col("new", key), "full_outer")

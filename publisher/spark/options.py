@@ -74,7 +74,7 @@ class SinkOptions:
     state: StateSource
     state_column: str | None
     state_columns: tuple[str, ...]
-    """With state "row": the columns making up the stored object."""
+    """With state "row": the columns making up the stored object (the id's among them)."""
     op_column: str | None
     default_op: Op
     batch_size: int
@@ -194,7 +194,7 @@ def sink_options(options: Mapping[str, str], schema: StructType, streaming: bool
         raise OptionError(
             "state", state, "none, row, or column (with stateColumn naming a JSON column)"
         )
-    control = {id_column, subs_column, op_column} - {None}
+    control = {subs_column, op_column} - {None}
     state_columns = tuple(name for name in columns if name not in control)
     if state == "row":
         for name in state_columns:

@@ -87,7 +87,8 @@ def _json(options: SinkOptions, id: str, text: str | None) -> Any:
 
 def _column(batch: pa.RecordBatch, name: str | None) -> list[Any]:
     assert name is not None
-    return batch.column(batch.schema.get_field_index(name)).to_pylist()
+    values: list[Any] = batch.column(batch.schema.get_field_index(name)).to_pylist()
+    return values
 
 
 def _sub_resources(value: list[str] | str | None) -> tuple[str, ...]:

@@ -72,11 +72,16 @@ class Span:
     last: str | None = None
 
     def __add__(self, other: Span) -> Span:
+        """The changes of both, from the smaller first cursor to the greater last one."""
         if not other.count:
             return self
         if not self.count:
             return other
-        return Span(self.count + other.count, self.first, other.last)
+        return Span(
+            self.count + other.count,
+            min(self.first or "", other.first or ""),
+            max(self.last or "", other.last or ""),
+        )
 
     def __str__(self) -> str:
         return f"{self.count} changes ({self.first} .. {self.last})" if self.count else "nothing"
@@ -160,14 +165,12 @@ def _tally(done: TaskWritten, sizes: Sequence[int], replies: list[list[bytes]]) 
 
 def total(messages: Sequence[TaskWritten | None]) -> Span:
     """All the changes the tasks committed, with the first and the last cursor among them."""
-    spans = [m.written for m in messages if m is not None and m.written.count]
-    if not spans:
-        return Span()
-    return Span(
-        sum(s.count for s in spans),
-        min(s.first for s in spans if s.first),
-        max(s.last for s in spans if s.last),
-    )
+    return sum((m.written for m in messages if m is not None), Span())
+
+
+def skipped(messages: Sequence[TaskWritten | None]) -> int:
+    """Changes the tasks found already committed (by an earlier attempt) and did not send."""
+    return sum(m.skipped for m in messages if m is not None)
 
 
 def abort_report(messages: Sequence[TaskWritten | None]) -> dict[str, object]:
@@ -184,26 +187,32 @@ def abort_report(messages: Sequence[TaskWritten | None]) -> dict[str, object]:
 
 async def finish_batch(
     target: Target, record: str, batch_id: int, messages: Sequence[TaskWritten | None]
-) -> None:
-    """Record micro-batch `batch_id` as committed and forget its chunks and old batches."""
-    span = total(messages)
+) -> Span:
+    """Record micro-batch `batch_id` as committed (once) and forget its chunks and old batches.
+
+    Returns what the micro-batch committed, over all the attempts of its tasks.
+    """
     chunk_fields = [
         f"{batch_id}:{m.task}:{number}" for m in messages if m for number in range(m.chunks)
     ]
     client = connect(target.redis_url)
     try:
-        async with (
-            translate_redis_errors("spark commit"),
-            client.pipeline(transaction=True) as pipe,
-        ):
-            pipe.hset(record, str(batch_id), f"{span.count} {span.first} {span.last}")
-            if chunk_fields:
-                pipe.hdel(record, *chunk_fields)
-            if batch_id >= RETAIN_BATCHES:
-                pipe.hdel(record, str(batch_id - RETAIN_BATCHES))
-            await pipe.execute()
+        async with translate_redis_errors("spark commit"):
+            summaries = await client.hmget(record, chunk_fields) if chunk_fields else []
+            span = Span()
+            for summary in summaries:
+                if isinstance(summary, bytes):
+                    span = span + Span.parse(summary.decode())
+            async with client.pipeline(transaction=True) as pipe:
+                pipe.hsetnx(record, str(batch_id), f"{span.count} {span.first} {span.last}")
+                if chunk_fields:
+                    pipe.hdel(record, *chunk_fields)
+                if batch_id >= RETAIN_BATCHES:
+                    pipe.hdel(record, str(batch_id - RETAIN_BATCHES))
+                await pipe.execute()
     finally:
         await client.aclose()
+    return span
 
 
 async def forget(target: Target, record: str) -> None:

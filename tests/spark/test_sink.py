@@ -1,0 +1,200 @@
+"""Batch writes: rows reach listeners and the store, retried tasks publish once, bad options
+write nothing."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import orjson
+import pytest
+import redis
+from pyspark.errors import PySparkException
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from websockets.asyncio.client import connect
+
+from publisher.config import load_config
+from publisher.spark.sink import Span, TaskWritten, abort_report, total
+from tests.conftest import PublisherFactory
+from tests.servers import RedisServer, scaled
+
+
+def write(df: DataFrame, options: dict[str, str], **extra: str) -> None:
+    # Spark finds data sources through the JVM thread's active session; tests write from threads.
+    session = df.sparkSession
+    session._jvm.org.apache.spark.sql.SparkSession.setActiveSession(session._jsparkSession)  # type: ignore[union-attr]
+    df.write.format("changefeed").mode("append").options(**options).options(**extra).save()
+
+
+def log_of(url: str) -> list[tuple[str, list[str], str]]:
+    """(resource, sub-resources, id) of every item in the test bucket's log, oldest first."""
+    client = redis.Redis.from_url(url)
+    try:
+        return [
+            (f[b"r"].decode(), orjson.loads(f[b"s"]), f[b"i"].decode())
+            for _, f in client.xrange("{test}:log")
+        ]
+    finally:
+        client.close()
+
+
+def vms(spark: SparkSession, count: int) -> DataFrame:
+    return spark.range(count).select(
+        F.format_string("vm-%04d", "id").alias("uuid"),
+        F.col("id").cast("int").alias("ram"),
+        F.lit("running").alias("status"),
+    )
+
+
+async def test_batch_write_reaches_a_listener_on_a_publisher(
+    spark: SparkSession,
+    config_options: Callable[..., dict[str, str]],
+    start_publisher: PublisherFactory,
+) -> None:
+    options = config_options()
+    async with (
+        start_publisher(load_config(options["config"])) as service,
+        connect(service.ws_url, additional_headers={"Accept-Version": "~1"}) as ws,
+    ):
+        registration = {"instance": "i-1", "service": "spark-test",
+                        "changeKind": {"resource": "vm", "subResources": ["nic"]}}
+        await ws.send(orjson.dumps(registration).decode())
+        reply = orjson.loads(await asyncio.wait_for(ws.recv(), scaled(5)))
+        assert reply["bootstrapRoute"] == "/vms"
+
+        await asyncio.to_thread(
+            write, vms(spark, 300), options, resource="vm", idColumn="uuid",
+            subResources="nic,alias", state="row",
+        )
+        items = [orjson.loads(await asyncio.wait_for(ws.recv(), scaled(10))) for _ in range(300)]
+
+        assert sorted(item["changedResourceId"] for item in items) == [
+            f"vm-{n:04d}" for n in range(300)
+        ]
+        assert {tuple(item["changeKind"]["subResources"]) for item in items} == {("nic", "alias")}
+        cursors = [item["cursor"] for item in items]
+        assert cursors == sorted(cursors) and len(set(cursors)) == 300
+        stored = await service.bucket.get("vm", "vm-0042")
+        assert stored is not None
+        assert orjson.loads(stored) == {"uuid": "vm-0042", "ram": 42, "status": "running"}
+
+
+def test_the_store_holds_the_rows_puts_and_deletes(
+    spark: SparkSession, redis_server: RedisServer, config_options: Callable[..., dict[str, str]]
+) -> None:
+    options = config_options()
+    rows = spark.createDataFrame(
+        [("a", "put", '{"n": 1}', ["nic"]), ("b", "put", '{"n": 2}', ["alias"]),
+         ("c", "put", '{"n": 3}', ["nic", "state"])],
+        "id string, op string, doc string, subs array<string>",
+    )
+    write(rows, options, resource="vm", subResourcesColumn="subs", stateColumn="doc",
+          opColumn="op")
+    write(spark.createDataFrame([("b", "delete", None, "state")], "id string, op string, "
+          "doc string, subs string"), options, resource="vm", subResourcesColumn="subs",
+          stateColumn="doc", opColumn="op")
+
+    client = redis.Redis.from_url(redis_server.url)
+    assert client.hgetall("{test}:state:vm") == {b"a": b'{"n":1}', b"c": b'{"n":3}'}
+    assert client.zrange("{test}:index:vm", 0, -1) == [b"a", b"c"]
+    assert log_of(redis_server.url)[-1] == ("vm", ["state"], "b")
+    assert sorted(log_of(redis_server.url)[:3]) == [
+        ("vm", ["alias"], "b"), ("vm", ["nic"], "a"), ("vm", ["nic", "state"], "c")
+    ]
+    assert client.keys("{test}:spark:*") == []  # the job's record is gone with the job
+
+
+def test_a_retried_task_publishes_each_row_once(
+    spark: SparkSession,
+    redis_server: RedisServer,
+    options: dict[str, str],
+) -> None:
+    """The first attempt of each task meets a bad row after committing some chunks and fails;
+    the second attempt sends only the rest."""
+
+    @F.udf("string", useArrow=False)
+    def op(n: int) -> str:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        first = context is not None and context.attemptNumber() == 0
+        return "upsert" if first and n % 2000 == 1500 else "publish"
+
+    rows = spark.range(4000).repartitionByRange(2, "id").sortWithinPartitions("id")
+    rows = rows.select(F.format_string("vm-%04d", "id").alias("uuid"), op("id").alias("op"))
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "100")
+    try:
+        write(rows, options, resource="vm", idColumn="uuid", subResources="nic", opColumn="op",
+              batchSize="50", pipeline="1")
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+
+    ids = [id for _, _, id in log_of(redis_server.url)]
+    assert sorted(ids) == [f"vm-{n:04d}" for n in range(4000)]
+    stats = redis.Redis.from_url(redis_server.url).info("commandstats")
+    assert stats["cmdstat_xadd"]["calls"] == 4000
+    assert stats["cmdstat_evalsha"]["calls"] >= 4000 // 50 + 2 * 1400 // 50  # chunks sent twice
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"resource": "vm", "subResources": "nic"},
+         "option 'idColumn': got 'id', expected a column"),
+        ({"resource": "disk", "idColumn": "uuid", "subResources": "nic"},
+         "option 'resource': got 'disk', expected a resource of the config (vm, network)"),
+        ({"resource": "vm", "idColumn": "uuid", "subResources": "nic,disks"},
+         "option 'subResources': got 'nic,disks', expected sub-resources of 'vm'"),
+        ({"resource": "vm", "idColumn": "uuid"}, "either subResources (names) or "
+         "subResourcesColumn"),
+        ({"resource": "vm", "idColumn": "uuid", "subResources": "nic", "batchSize": "0"},
+         "option 'batchSize': got '0', expected a positive integer"),
+        ({"resource": "vm", "idColumn": "ram", "subResources": "nic", "state": "all"},
+         "option 'state': got 'all'"),
+    ],
+)
+def test_bad_options_fail_before_writing(
+    spark: SparkSession,
+    redis_server: RedisServer,
+    config_options: Callable[..., dict[str, str]],
+    extra: dict[str, str],
+    message: str,
+) -> None:
+    with pytest.raises(PySparkException, match="OptionError") as failure:
+        write(vms(spark, 10), config_options(), **extra)
+    assert message in str(failure.value)
+    assert log_of(redis_server.url) == []
+
+
+def test_unreachable_redis_fails_before_any_task(
+    spark: SparkSession, redis_server: RedisServer
+) -> None:
+    url = f"unix://{redis_server.directory}/nothing-here.sock"
+    with pytest.raises(PySparkException, match="BucketUnavailable") as failure:
+        write(vms(spark, 10), {"redisUrl": url, "bucket": "test"}, resource="vm",
+              idColumn="uuid", subResources="nic")
+    assert f"bucket 'test' at {url}: Redis unreachable" in str(failure.value)
+
+
+def test_overwrite_and_missing_bucket_are_refused(spark: SparkSession) -> None:
+    with pytest.raises(PySparkException, match="option 'config': got None"):
+        write(vms(spark, 1), {}, resource="vm", idColumn="uuid", subResources="nic")
+    with pytest.raises(PySparkException, match="expected append: a change feed only grows"):
+        vms(spark, 1).write.format("changefeed").mode("overwrite").save()
+
+
+def test_a_bad_row_fails_the_job_and_the_abort_says_what_was_written(
+    spark: SparkSession, redis_server: RedisServer, options: dict[str, str]
+) -> None:
+    rows = spark.createDataFrame([("a", "put"), ("b", "upsert")], "id string, op string")
+    with pytest.raises(PySparkException, match="'op' is 'upsert', expected one of put, delete"):
+        write(rows.coalesce(1), options, resource="vm", subResources="nic", opColumn="op",
+              state="row")
+    assert log_of(redis_server.url) == []  # the chunk with the bad row was not sent
+
+    first = TaskWritten(0, 2, Span(3, "e.01", "e.03"), 0)
+    second = TaskWritten(1, 1, Span(2, "e.02", "e.05"), 1)
+    assert total([first, None, second]) == Span(5, "e.01", "e.05")
+    assert abort_report([first, None, second])["written"] == "5 changes (e.01 .. e.05)"
+    assert abort_report([first, None, second])["tasks_failed"] == 1
