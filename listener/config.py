@@ -83,7 +83,9 @@ def parse_listener_config(text: str, section: str | None = None) -> ListenerConf
     try:
         raw = json5.loads(body)
     except ValueError as exc:
-        raise ConfigError("<file>", text[:40] + "...", f"a JavaScript object literal ({exc})") from None
+        raise ConfigError(
+            "<file>", text[:40] + "...", f"a JavaScript object literal ({exc})"
+        ) from None
     obj = _section(raw, "<top level>")
     prefix = ""
     if section is not None:
@@ -116,6 +118,7 @@ def _optional_positive(key: str, value: Any) -> float | None:
 
 def _buffer(obj: dict[str, Any], prefix: str) -> BufferConfig:
     _only(obj, prefix, {"kind", "size", "redisUrl", "key"})
+    default = BufferConfig()
     kind = obj.get("kind", "memory")
     if kind not in ("memory", "redis"):
         raise ConfigError(prefix + "kind", kind, '"memory" or "redis"')
@@ -126,7 +129,7 @@ def _buffer(obj: dict[str, Any], prefix: str) -> BufferConfig:
         raise ConfigError(prefix + "redisUrl", None, 'a Redis URL when buffer.kind is "redis"')
     return BufferConfig(
         kind=kind,
-        size=_get(obj, prefix, "size", BufferConfig.size, _positive_int),
+        size=_get(obj, prefix, "size", default.size, _positive_int),
         redis_url=redis_url,
         key=_get(obj, prefix, "key", None, _name),
     )

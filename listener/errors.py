@@ -1,17 +1,18 @@
 """The errors the listener raises, in the package's one hierarchy.
 
-    ChangefeedError                       (publisher.errors)
-    ├── ProtocolError                     a publisher sent a frame that is not of the protocol; retried
+    ChangefeedError                     (publisher.errors)
+    ├── ProtocolError                   a publisher sent a frame not of the protocol; retried
     └── ListenerError
-        ├── RegistrationRejected          the publisher refused the registration (.close_code, .reason);
-        │                                 not retried: raised to the application
-        ├── RetriesExhausted              the backoff's retry limit was reached (.last: the last failure)
-        └── ConnectionFailed              one attempt failed; retried with backoff
-            ├── ConnectionLost            could not connect, or the websocket closed (.url, .close_code,
-            │                             .reason)
-            ├── BootstrapFailed           a bootstrap page could not be fetched or read (.url, .status)
-            ├── BufferOverflow            more change items waited than the buffer holds (.size)
-            └── BufferUnavailable         the Redis buffer could not be reached (.cause)
+        ├── RegistrationRejected        the publisher refused the registration
+        │                               (.close_code, .reason); raised, not retried
+        ├── RetriesExhausted            the backoff's retry limit was reached (.last)
+        ├── FetchFailed                 Listener.fetch could not get an object (.url, .status)
+        └── ConnectionFailed            one attempt failed; retried with backoff
+            ├── ConnectionLost          could not connect, or the websocket closed
+            │                           (.url, .close_code, .reason, .status)
+            ├── BootstrapFailed         a bootstrap page could not be fetched (.url, .status)
+            ├── BufferOverflow          more items waited than the buffer holds (.size)
+            └── BufferUnavailable       the Redis buffer could not be reached (.cause)
 
 Errors of websockets and aiohttp are translated into these in exactly one place
 (`listener.connection.translate_errors`); errors of redis-py in `listener.buffer`.
@@ -48,6 +49,15 @@ class RetriesExhausted(ListenerError):
         self.attempts = attempts
         self.last = last
         super().__init__(f"gave up after {attempts} failed attempts; last: {last}")
+
+
+class FetchFailed(ListenerError):
+    """`Listener.fetch` got neither the object nor a 404 (`status` is None when no response)."""
+
+    def __init__(self, url: str, why: str, status: int | None = None) -> None:
+        self.url = url
+        self.status = status
+        super().__init__(f"fetching {url}: {why}")
 
 
 class ConnectionFailed(ListenerError):

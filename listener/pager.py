@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
-from urllib.parse import urlencode, urljoin, urlsplit, urlunsplit, parse_qsl
+from urllib.parse import parse_qsl, urlencode, urljoin, urlsplit, urlunsplit
 
 import orjson
 

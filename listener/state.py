@@ -47,9 +47,15 @@ from publisher.protocol import (
     reply_routes,
 )
 
-REJECTIONS = frozenset({CloseCode.POLICY_VIOLATION, CloseCode.MESSAGE_TOO_BIG,
-                        CloseCode.UNSUPPORTED_DATA})
-"""Close codes that answer a registration by refusing it: retrying would be refused again."""
+REJECTIONS = frozenset({1002, CloseCode.UNSUPPORTED_DATA, 1007, CloseCode.POLICY_VIOLATION,
+                        CloseCode.MESSAGE_TOO_BIG})
+"""Close codes that answer a registration by refusing it: retrying would be refused again
+(docs/protocol.md, "Close codes"), except for the two 1008 reasons below."""
+
+SINCE_REFUSED = "since:"
+"""The start of a 1008 reason refusing the `since` cursor: drop it and bootstrap."""
+REGISTRATION_TIMEOUT = "no registration within"
+"""The start of a 1008 reason for a registration that came too late: just reconnect."""
 
 CHANGEFEEDS = "/changefeeds"
 
@@ -91,7 +97,7 @@ class Plan:
 
 
 def publisher_urls(url: str) -> tuple[str, str]:
-    """(http base URL, websocket URL) of a publisher given as http(s)://, ws(s):// or .../changefeeds."""
+    """(http base URL, websocket URL) of a publisher at http(s)://, ws(s):// or .../changefeeds."""
     parts = urlsplit(url.strip())
     schemes = {"http": "http", "ws": "http", "https": "https", "wss": "https"}
     if parts.scheme not in schemes or not parts.netloc:
@@ -123,6 +129,7 @@ class ListenerCore:
         backoff: Backoff | None = None,
         healthy_after: float = 30.0,
         buffer_size: int = 10000,
+        bootstrap: bool = True,
         rng: random.Random | None = None,
     ) -> None:
         listed = [urls] if isinstance(urls, str) else list(urls)
@@ -145,6 +152,8 @@ class ListenerCore:
         self.backoff = backoff or Backoff()
         self.healthy_after = healthy_after
         self.buffer_size = buffer_size
+        self.bootstrap = bootstrap
+        """False: stream changes only, never bootstrap (for `changefeed snoop`)."""
         self.phase = Phase.IDLE
         self.routes: dict[str, Resource] = {}
         """The resources of the last registration reply, by name."""
@@ -206,6 +215,11 @@ class ListenerCore:
         self._has_view = False
         self._cursor = None
         self._bootstrap_cursor = cursor
+        if not self.bootstrap:
+            self._has_view = True
+            self._cursor = cursor
+            self._streaming(now)
+            return Plan(False, resync, (), cursor)
         self._pending = [kind.resource for kind in self.kinds]
         self.phase = Phase.BOOTSTRAPPING
         return Plan(False, resync, tuple(routes[name] for name in self._pending), cursor)
@@ -226,7 +240,7 @@ class ListenerCore:
 
     def item(self, text: str | bytes) -> ChangeItem | None:
         """The change item in a frame received after the reply (None for a heartbeat)."""
-        if text == HEARTBEAT:
+        if text in (HEARTBEAT, HEARTBEAT.encode()):
             return None
         frame = _json_object(text)
         if is_registration_reply(frame):
@@ -266,8 +280,13 @@ class ListenerCore:
             self._pending = []
         if (registering and isinstance(error, ConnectionLost)
                 and error.close_code in REJECTIONS):
-            self.phase = Phase.CLOSED
-            raise RegistrationRejected(error.url, error.close_code or 0, error.reason) from error
+            if error.reason.startswith(SINCE_REFUSED) and self._cursor is not None:
+                self._cursor = None  # a cursor the publisher cannot read: bootstrap
+            elif not error.reason.startswith(REGISTRATION_TIMEOUT):
+                self.phase = Phase.CLOSED
+                raise RegistrationRejected(
+                    error.url, error.close_code or 0, error.reason
+                ) from error
         if not is_retryable(error):
             self.phase = Phase.CLOSED
             raise error

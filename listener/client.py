@@ -1,0 +1,216 @@
+"""`Listener`: the asyncio face of the listener, as an async iterator or with callbacks.
+
+    async with Listener(url, instance=..., service="tcns", resources={"vm": ["nic"]}) as feed:
+        async for event in feed:
+            ...
+
+The decisions (what to send, resume or bootstrap, overflow, retry or give up, which URL next)
+are `listener.state.ListenerCore`'s; this module only connects, fetches, sleeps and logs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
+from types import TracebackType
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+import orjson
+import structlog
+
+from listener.buffer import Buffer, make_buffer
+from listener.config import ListenerConfig
+from listener.connection import Connection, fetch_page, translate_errors
+from listener.errors import FetchFailed
+from listener.events import BootstrapRecords, BootstrapStart, Change, Event
+from listener.pager import Pager, PublisherPager
+from listener.state import ListenerCore, Phase
+from publisher.errors import ChangefeedError
+
+log = structlog.get_logger(__name__)
+
+Handler = Callable[[Any], Awaitable[None] | None]
+
+
+class Listener:
+    """A change-feed listener for the publisher(s) at `url`.
+
+    `resources` maps each resource to the sub-resources to hear about (``"*"``: all of them).
+    `since` is a cursor the application stored: the listener resumes after it when the publisher
+    still can, else it delivers a `Resync` and bootstraps. With `bootstrap=False` it never
+    bootstraps: only changes (and Resync when some may have been missed) are delivered.
+    See docs/listener.md.
+    """
+
+    def __init__(
+        self,
+        url: str | Sequence[str],
+        *,
+        instance: str,
+        service: str,
+        resources: Mapping[str, Sequence[str]],
+        since: str | None = None,
+        config: ListenerConfig | None = None,
+        pager: Pager | None = None,
+        buffer: Buffer | None = None,
+        bootstrap: bool = True,
+    ) -> None:
+        self.config = config or ListenerConfig()
+        self._core = ListenerCore(
+            url,
+            instance=instance,
+            service=service,
+            resources=resources,
+            since=since,
+            backoff=self.config.backoff,
+            healthy_after=self.config.healthy_after,
+            buffer_size=self.config.buffer.size,
+            bootstrap=bootstrap,
+        )
+        self._pager = pager or PublisherPager(self.config.page_size)
+        self._buffer = buffer if buffer is not None else make_buffer(self.config.buffer, instance)
+        self._session: aiohttp.ClientSession | None = None
+        self._events: AsyncGenerator[Event, None] | None = None
+        self._on_error: Handler | None = None
+        self._log = log.bind(instance=instance, service=service,
+                             resources=[kind.resource for kind in self._core.kinds])
+
+    @property
+    def cursor(self) -> str | None:
+        """The cursor of the last change delivered (or of the last complete bootstrap)."""
+        return self._core.cursor
+
+    @property
+    def phase(self) -> Phase:
+        return self._core.phase
+
+    @property
+    def url(self) -> str:
+        """The publisher the listener is (or will next be) connected to."""
+        return self._core.url
+
+    async def __aenter__(self) -> Listener:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, error: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def __aiter__(self) -> AsyncGenerator[Event, None]:
+        if self._events is None:
+            self._events = self._run()
+        return self._events
+
+    async def aclose(self) -> None:
+        """Close the connection and release the buffer and the HTTP session."""
+        if self._events is not None:
+            await self._events.aclose()
+        await self._buffer.aclose()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def run(
+        self,
+        *,
+        on_bootstrap: Handler | None = None,
+        on_change: Handler | None = None,
+        on_error: Handler | None = None,
+    ) -> None:
+        """The callback style: runs until cancelled or a fatal error (which it raises).
+
+        `on_bootstrap` gets Resync, BootstrapStart, BootstrapRecords and BootstrapDone events,
+        `on_change` each Change, `on_error` each failure the listener retries after. Handlers may
+        be plain functions or coroutine functions; the next event waits for the handler.
+        """
+        self._on_error = on_error
+        async for event in self:
+            handler = on_change if isinstance(event, Change) else on_bootstrap
+            if handler is not None:
+                await _call(handler, event)
+
+    async def fetch(self, resource: str, id: str) -> Any:
+        """GET `<bootstrap route>/<id>` from the current publisher: the object, or None if absent.
+
+        Raises FetchFailed on any other answer. Needs one registration reply first.
+        """
+        url = self._core.route_url(resource) + "/" + quote(id, safe="")
+        async with translate_errors(url, "fetch"), self._http().get(url) as response:
+            body = await response.read()
+        if response.status == 404:
+            return None
+        if response.status != 200:
+            raise FetchFailed(url, f"HTTP {response.status}: {body[:200]!r}", response.status)
+        return orjson.loads(body)
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            timeout = aiohttp.ClientTimeout(total=self.config.http_timeout)
+            self._session = aiohttp.ClientSession(timeout=timeout)
+        return self._session
+
+    async def _run(self) -> AsyncGenerator[Event, None]:
+        core = self._core
+        await self._buffer.clear()
+        while True:
+            attempt = core.attempt()
+            attempt_log = self._log.bind(url=attempt.url, attempt=attempt.number)
+            attempt_log.info("connecting", since=attempt.registration.since)
+            try:
+                async with Connection.open(attempt, core, self._buffer, self.config) as connection:
+                    plan = core.reply(connection.reply, time.monotonic())
+                    attempt_log.info("registered", resumed=plan.resumed, cursor=plan.cursor,
+                                     bootstrap=[route.resource for route in plan.routes])
+                    if plan.resync is not None:
+                        attempt_log.warning("resync", reason=plan.resync.reason)
+                        yield plan.resync
+                    for route in plan.routes:
+                        async for event in self._bootstrap(connection, route.resource, attempt_log):
+                            yield event
+                    while True:
+                        item = await connection.next_item()
+                        yield core.delivered(item)
+            except ChangefeedError as error:
+                delay = core.failed(error, time.monotonic())  # raises when fatal
+                await self._buffer.clear()
+                attempt_log.warning("connection failed; backing off", error=str(error),
+                                    error_type=type(error).__name__, delay=round(delay, 3),
+                                    failures=core.failures, next_url=core.url)
+                if self._on_error is not None:
+                    await _call(self._on_error, error)
+                await asyncio.sleep(delay)
+
+    async def _bootstrap(
+        self, connection: Connection, resource: str, attempt_log: Any
+    ) -> AsyncGenerator[Event, None]:
+        core = self._core
+        yield BootstrapStart(resource)
+        url: str | None = self._pager.first(core.route_url(resource))
+        pages = objects = 0
+        while url is not None:
+            page = await fetch_page(self._http(), self._pager, url)
+            connection.check()
+            pages += 1
+            objects += len(page.objects)
+            attempt_log.debug("bootstrap page", resource=resource, page=pages,
+                              objects=len(page.objects))
+            yield BootstrapRecords(resource, page.objects)
+            connection.check()
+            url = page.next_url
+        done = core.bootstrap_done(resource, time.monotonic())
+        attempt_log.info("bootstrap done", resource=resource, pages=pages, objects=objects,
+                         cursor=done.cursor, buffered=await self._buffer.length(),
+                         buffer_size=core.buffer_size)
+        yield done
+
+
+async def _call(handler: Handler, argument: Any) -> None:
+    result = handler(argument)
+    if inspect.isawaitable(result):
+        await result

@@ -1,0 +1,66 @@
+"""`changefeed snoop`: print a publisher's change items as they arrive (Triton's changefeedsnoop).
+
+It registers without bootstrapping, prints one line per change item on stdout (JSON lines with
+--json or when stdout is not a terminal), reports reconnects and resyncs on stderr, and stops
+cleanly on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import TextIO
+
+import orjson
+
+from listener.client import Listener
+from listener.config import ListenerConfig
+from listener.events import Change, Event, Resync
+from publisher.errors import ChangefeedError
+
+
+def format_change(event: Change, as_json: bool) -> str:
+    """One output line for a change item."""
+    if as_json:
+        return orjson.dumps(event.item.to_wire()).decode()
+    when = datetime.fromtimestamp(event.item.published / 1000, UTC)
+    stamp = when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return (f"{stamp}  {event.resource:<10} {event.id}  "
+            f"{','.join(event.sub_resources)}  {event.cursor}")
+
+
+async def run_snoop(
+    url: str | Sequence[str],
+    resource: str,
+    subs: Sequence[str] = ("*",),
+    since: str | None = None,
+    as_json: bool | None = None,
+    out: TextIO = sys.stdout,
+    err: TextIO = sys.stderr,
+    config: ListenerConfig | None = None,
+) -> None:
+    """Print every change item of `resource` (and `subs`) until cancelled."""
+    if as_json is None:
+        as_json = not out.isatty()
+    instance = f"snoop-{uuid.uuid4()}"
+
+    def note(text: str) -> None:
+        print(text, file=err, flush=True)
+
+    def on_error(error: ChangefeedError) -> None:
+        note(f"snoop: connection failed ({error}); reconnecting")
+
+    def on_resync(event: Event) -> None:
+        if isinstance(event, Resync):
+            note(f"snoop: resync: {event.reason}; changes may have been missed")
+
+    def on_change(event: Change) -> None:
+        print(format_change(event, as_json), file=out, flush=True)
+
+    listener = Listener(url, instance=instance, service="snoop",
+                        resources={resource: list(subs)}, since=since, config=config,
+                        bootstrap=False)
+    async with listener:
+        await listener.run(on_bootstrap=on_resync, on_change=on_change, on_error=on_error)

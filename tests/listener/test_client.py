@@ -1,0 +1,213 @@
+"""The listener against a real publisher on a real redis-server."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
+
+import pytest
+import structlog
+
+from listener import (
+    Backoff,
+    BootstrapRecords,
+    BufferConfig,
+    BufferOverflow,
+    Listener,
+    ListenerConfig,
+    RegistrationRejected,
+)
+from publisher.bucket import Change
+from publisher.config import Config
+from publisher.service import Service
+from tests.listener.app import View, WatchedBuffer, store_objects
+from tests.servers import RedisServer
+
+PublisherFactory = Callable[[Config], AbstractAsyncContextManager[Service]]
+
+FAST = ListenerConfig(backoff=Backoff(initial=0.02, maximum=0.2), page_size=100,
+                      ping_interval=1, ping_timeout=2)
+
+
+def vm(id: str, **fields: object) -> dict[str, object]:
+    return {"uuid": id, **fields}
+
+
+@contextlib.asynccontextmanager
+async def consuming(view: View) -> AsyncIterator[asyncio.Task[None]]:
+    """Run the view's consumer; on exit, close the feed and re-raise what the consumer raised."""
+    task = asyncio.create_task(view.consume())
+    try:
+        yield task
+    finally:
+        if not task.done():
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await view.feed.aclose()
+
+
+async def test_bootstrap_under_concurrent_commits_gives_the_exact_view(
+    publisher: Service,
+) -> None:
+    bucket = publisher.bucket
+    await bucket.commit_many(
+        [Change.put("vm", f"vm-{i:05}", ["nic"], vm(f"vm-{i:05}", n=0)) for i in range(3000)]
+    )
+    await bucket.commit("network", "net-1", ["ips"], vm("net-1"))
+    feed = Listener(publisher.url, instance="i-1", service="tcns",
+                    resources={"vm": ["nic", "alias"]}, config=FAST)
+    view = View(feed)
+    rng = random.Random(5)
+    async with consuming(view):
+        async with view._updated:  # the first page is on its way: start writing meanwhile
+            await view._updated.wait_for(lambda: view.counts["BootstrapRecords"] > 0)
+        for n in range(1, 301):
+            id = f"vm-{rng.randrange(3500):05}"
+            if n % 7 == 0:
+                await bucket.commit("vm", id, ["alias"], None, delete=True)
+            else:
+                await bucket.commit("vm", id, [rng.choice(["nic", "alias"])], vm(id, n=n))
+            await bucket.commit("network", "net-1", ["ips"], vm("net-1", n=n))
+            await bucket.commit("vm", "vm-00000", ["state"], vm("vm-00000", n=-n))
+        last = await bucket.commit("vm", "vm-final", ["nic"], vm("vm-final"))
+        await view.wait_for(lambda: view.cursor == last)
+    expected = await store_objects(bucket, "vm")
+    # vm-00000's "state" changes were not listened for: the view may hold an older copy.
+    view.objects["vm"].pop("vm-00000")
+    expected.pop("vm-00000")
+    assert view.objects == {"vm": expected}
+    assert view.counts["BootstrapStart"] == 1 and view.counts["Resync"] == 0
+    assert all(item.resource == "vm" and "state" not in item.sub_resources
+               for item in view.changes)
+
+
+async def test_buffer_overflow_during_bootstrap_aborts_and_bootstraps_again(
+    publisher: Service,
+) -> None:
+    bucket = publisher.bucket
+    await bucket.commit_many(
+        [Change.put("vm", f"vm-{i:04}", ["nic"], vm(f"vm-{i:04}")) for i in range(500)]
+    )
+    buffer = WatchedBuffer(limit=5)
+    config = ListenerConfig(buffer=BufferConfig(size=5), backoff=FAST.backoff, page_size=50)
+    feed = Listener(publisher.url, instance="i-1", service="tcns", resources={"vm": ["nic"]},
+                    config=config, buffer=buffer)
+    view = View(feed)
+    errors: list[BaseException] = []
+
+    async def on_bootstrap(event: object) -> None:
+        await view.apply(event)  # type: ignore[arg-type]
+        if isinstance(event, BootstrapRecords) and view.counts["BootstrapRecords"] == 1:
+            for n in range(20):  # more than the buffer holds, while the bootstrap goes on
+                await bucket.commit("vm", f"new-{n}", ["nic"], vm(f"new-{n}"))
+            await buffer.overflowed.wait()
+
+    with structlog.testing.capture_logs() as logs:
+        task = asyncio.create_task(
+            feed.run(on_bootstrap=on_bootstrap, on_change=view.apply, on_error=errors.append)
+        )
+        try:
+            await view.wait_for(lambda: view.counts["BootstrapDone"] == 1)
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await feed.aclose()
+    assert [type(error) for error in errors] == [BufferOverflow]
+    assert view.objects == {"vm": await store_objects(bucket, "vm")}
+    assert len(view.objects["vm"]) == 520
+    assert view.counts["BootstrapStart"] == 2 and view.counts["Resync"] == 0
+    backoffs = [entry for entry in logs if entry["event"] == "connection failed; backing off"]
+    assert [entry["error_type"] for entry in backoffs] == ["BufferOverflow"]
+    assert backoffs[0]["delay"] <= 0.02
+    assert len(buffer) == 0
+
+
+async def test_a_slow_application_overflows_then_resumes_without_loss(
+    publisher: Service,
+) -> None:
+    bucket = publisher.bucket
+    buffer = WatchedBuffer(limit=5)
+    config = ListenerConfig(buffer=BufferConfig(size=5), backoff=FAST.backoff)
+    feed = Listener(publisher.url, instance="i-1", service="tcns", resources={"vm": ["nic"]},
+                    config=config, buffer=buffer)
+    view = View(feed)
+    release = asyncio.Event()
+    errors: list[BaseException] = []
+
+    async def on_change(event: object) -> None:
+        await release.wait()  # the application is busy
+        await view.apply(event)  # type: ignore[arg-type]
+
+    task = asyncio.create_task(
+        feed.run(on_bootstrap=view.apply, on_change=on_change, on_error=errors.append)
+    )
+    try:
+        await view.wait_for(lambda: view.counts["BootstrapDone"] == 1)
+        cursors = [await bucket.commit("vm", f"vm-{n}", ["nic"], vm(f"vm-{n}"))
+                   for n in range(50)]
+        await buffer.overflowed.wait()
+        release.set()
+        await view.wait_for(lambda: view.cursor == cursors[-1])
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await feed.aclose()
+    assert [item.cursor for item in view.changes] == cursors  # each once, in order
+    # Each overflow delivers what was buffered, then resumes after it: progress every time.
+    assert errors and all(isinstance(error, BufferOverflow) for error in errors)
+    assert view.counts["BootstrapStart"] == 1  # resumed after the overflow: no bootstrap
+
+
+async def test_the_redis_buffer(publisher: Service, redis_server: RedisServer) -> None:
+    config = ListenerConfig(
+        buffer=BufferConfig(kind="redis", size=100, redis_url=redis_server.url, key="buf"),
+        backoff=FAST.backoff,
+    )
+    feed = Listener(publisher.url, instance="i-1", service="tcns",
+                    resources={"vm": ["*"], "network": ["name"]}, config=config)
+    view = View(feed)
+    async with consuming(view):
+        await view.wait_for(lambda: view.counts["BootstrapDone"] == 2)
+        await publisher.bucket.commit("vm", "vm-1", ["state"], vm("vm-1"))
+        await publisher.bucket.commit("network", "net-1", ["ips"], vm("net-1"))
+        last = await publisher.bucket.commit("network", "net-2", ["name"], vm("net-2"))
+        await view.wait_for(lambda: view.cursor == last)
+        assert await publisher.bucket.redis.llen("buf") == 0
+    assert view.objects == {"vm": {"vm-1": vm("vm-1")}, "network": {"net-2": vm("net-2")}}
+
+
+@pytest.mark.parametrize(("resources", "reason"), [
+    ({"disk": ["size"]}, "unknown resource 'disk'"),
+    ({"vm": ["size"]}, "unknown sub-resource 'size'"),
+    ({"vm": ["nic"], "network": ["mtu"]}, "unknown sub-resource 'mtu'"),
+])
+async def test_a_rejected_registration_raises_with_the_reason(
+    publisher: Service, resources: dict[str, list[str]], reason: str
+) -> None:
+    errors: list[BaseException] = []
+    async with Listener(publisher.url, instance="i-1", service="tcns", resources=resources,
+                        config=FAST) as feed:
+        with pytest.raises(RegistrationRejected) as caught:
+            await feed.run(on_error=errors.append)
+    assert caught.value.close_code == 1008
+    assert reason in caught.value.reason
+    assert errors == []  # not retried
+
+
+async def test_a_stored_cursor_the_publisher_cannot_read_means_resync_and_bootstrap(
+    publisher: Service,
+) -> None:
+    await publisher.bucket.commit("vm", "a", ["nic"], vm("a"))
+    feed = Listener(publisher.url, instance="i-1", service="tcns", resources={"vm": ["nic"]},
+                    since="not-a-cursor", config=FAST)
+    view = View(feed)
+    async with consuming(view):
+        await view.wait_for(lambda: view.counts["BootstrapDone"] == 1)
+    assert view.counts["Resync"] == 1
+    assert view.objects == {"vm": {"a": vm("a")}}
