@@ -36,6 +36,7 @@ from listener.events import (
     Resync,
 )
 from listener.pager import LinkHeaderPager, OffsetPager, Page, Pager, PublisherPager
+from listener.state import Phase
 from publisher.backoff import Backoff
 from publisher.protocol import ChangeItem
 
@@ -63,6 +64,7 @@ __all__ = [
     "OffsetPager",
     "Page",
     "Pager",
+    "Phase",
     "PublisherPager",
     "RedisBuffer",
     "RegistrationRejected",

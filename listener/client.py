@@ -11,6 +11,7 @@ are `listener.state.ListenerCore`'s; this module only connects, fetches, sleeps 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
@@ -138,8 +139,10 @@ class Listener:
     async def fetch(self, resource: str, id: str) -> Any:
         """GET `<bootstrap route>/<id>` from the current publisher: the object, or None if absent.
 
-        Raises FetchFailed on any other answer. Needs one registration reply first.
+        Raises FetchFailed on any other answer, or before a registration reply named the route.
         """
+        if resource not in self._core.routes:
+            raise FetchFailed(resource, "no registration reply has named its bootstrap route yet")
         url = self._core.route_url(resource) + "/" + quote(id, safe="")
         async with translate_errors(url, "fetch"), self._http().get(url) as response:
             body = await response.read()
@@ -171,13 +174,20 @@ class Listener:
                         attempt_log.warning("resync", reason=plan.resync.reason)
                         yield plan.resync
                     for route in plan.routes:
-                        async for event in self._bootstrap(connection, route.resource, attempt_log):
-                            yield event
+                        bootstrap = self._bootstrap(connection, route.resource, attempt_log)
+                        async with contextlib.aclosing(bootstrap) as events:
+                            async for event in events:
+                                yield event
                     while True:
                         item = await connection.next_item()
                         yield core.delivered(item)
             except ChangefeedError as error:
-                delay = core.failed(error, time.monotonic())  # raises when fatal
+                try:
+                    delay = core.failed(error, time.monotonic())
+                except BaseException as fatal:
+                    attempt_log.error("giving up", error=str(fatal),
+                                      error_type=type(fatal).__name__)
+                    raise
                 await self._buffer.clear()
                 attempt_log.warning("connection failed; backing off", error=str(error),
                                     error_type=type(error).__name__, delay=round(delay, 3),

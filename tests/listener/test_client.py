@@ -14,10 +14,13 @@ import structlog
 from listener import (
     Backoff,
     BootstrapRecords,
+    BootstrapStart,
     BufferConfig,
     BufferOverflow,
+    FetchFailed,
     Listener,
     ListenerConfig,
+    Phase,
     RegistrationRejected,
 )
 from publisher.bucket import Change
@@ -211,3 +214,16 @@ async def test_a_stored_cursor_the_publisher_cannot_read_means_resync_and_bootst
         await view.wait_for(lambda: view.counts["BootstrapDone"] == 1)
     assert view.counts["Resync"] == 1
     assert view.objects == {"vm": {"a": vm("a")}}
+
+
+async def test_fetch_needs_a_registration_then_gets_objects_or_none(publisher: Service) -> None:
+    await publisher.bucket.commit("vm", "a b/c", ["nic"], vm("a b/c"))
+    async with Listener(publisher.url, instance="i-1", service="tcns",
+                        resources={"vm": ["nic"]}, config=FAST) as feed:
+        with pytest.raises(FetchFailed):
+            await feed.fetch("vm", "a b/c")
+        assert feed.phase is Phase.IDLE
+        assert isinstance(await anext(aiter(feed)), BootstrapStart)
+        assert await feed.fetch("vm", "a b/c") == vm("a b/c")
+        assert await feed.fetch("vm", "absent") is None
+        assert feed.phase is Phase.BOOTSTRAPPING

@@ -39,6 +39,7 @@ def test_exported_members() -> None:
         "OffsetPager",
         "Page",
         "Pager",
+        "Phase",
         "PublisherPager",
         "RedisBuffer",
         "RegistrationRejected",
