@@ -30,7 +30,7 @@ import redis.exceptions
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from publisher.cursor import ZERO, Cursor, StreamId, new_epoch
+from publisher.cursor import Cursor, StreamId, new_epoch
 from publisher.errors import BucketUnavailable, ChangeError, ChangefeedError
 from publisher.protocol import ChangeItem, Resource
 
@@ -377,19 +377,6 @@ class ChangeBucket:
             )
         return [parse_entry(entry_id, fields) for entry_id, fields in rows]
 
-    async def read_newest(
-        self, before: StreamId | None = None, after: StreamId | None = None, count: int = 100
-    ) -> list[LogEntry]:
-        """Entries strictly between `after` and `before`, newest first."""
-        async with translate_redis_errors("read"):
-            rows = await self.redis.xrevrange(
-                self.keys.log,
-                f"({before}" if before else "+",
-                f"({after}" if after else "-",
-                count=count,
-            )
-        return [parse_entry(entry_id, fields) for entry_id, fields in rows]
-
     async def tail(self, after: StreamId, block_ms: int, count: int = 1000) -> list[LogEntry]:
         """Entries after `after`, waiting up to `block_ms` for the first (XREAD BLOCK)."""
         async with translate_redis_errors("tail"):
@@ -435,4 +422,4 @@ class ChangeBucket:
         await self.redis.aclose()
 
 
-__all__ = ["ZERO", "Change", "ChangeBucket", "LogEntry", "Page", "Retention"]
+__all__ = ["Change", "ChangeBucket", "LogEntry", "Page", "Retention"]

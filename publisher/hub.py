@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import structlog
-from aiohttp import web
 
 from publisher.bucket import ChangeBucket, LogEntry
 from publisher.cursor import ZERO, Cursor, StreamId
@@ -45,7 +44,6 @@ class Connection:
     """A registered websocket: what it listens for and how far it has been sent."""
 
     registration: Registration
-    ws: web.WebSocketResponse
     transport: Transport
     protocol: Any
     """aiohttp's protocol of the connection: its drain waits for the transport buffer."""

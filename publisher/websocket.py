@@ -73,7 +73,7 @@ async def handle_websocket(request: web.Request, service: Service) -> web.WebSoc
     transport.write(text_frame(orjson.dumps(reply)))
     # The protocol pauses (and drains) above the send buffer: what the hub counts as slow.
     transport.set_write_buffer_limits(high=limits.send_buffer)
-    conn = Connection(registration, ws, transport, request.protocol, remote)
+    conn = Connection(registration, transport, request.protocol, remote)
     hub.add(conn, since if since is not None else head)
     bound = log.bind(
         instance=registration.instance,

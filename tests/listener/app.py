@@ -25,6 +25,11 @@ from publisher.bucket import ChangeBucket
 from tests.servers import scaled
 
 
+def vm(id: str, **fields: object) -> dict[str, object]:
+    """A stored VM object as the tests commit it."""
+    return {"uuid": id, **fields}
+
+
 class View:
     """id -> object per resource, kept correct from a listener's events."""
 

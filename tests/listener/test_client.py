@@ -5,8 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator
 
 import pytest
 import structlog
@@ -24,19 +23,14 @@ from listener import (
     RegistrationRejected,
 )
 from publisher.bucket import Change
-from publisher.config import Config
 from publisher.service import Service
-from tests.listener.app import View, WatchedBuffer, store_objects
+from tests.listener.app import View, WatchedBuffer, store_objects, vm
 from tests.servers import RedisServer
-
-PublisherFactory = Callable[[Config], AbstractAsyncContextManager[Service]]
 
 FAST = ListenerConfig(backoff=Backoff(initial=0.02, maximum=0.2), page_size=100,
                       ping_interval=1, ping_timeout=2)
 
 
-def vm(id: str, **fields: object) -> dict[str, object]:
-    return {"uuid": id, **fields}
 
 
 @contextlib.asynccontextmanager

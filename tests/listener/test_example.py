@@ -7,7 +7,6 @@ import contextlib
 import re
 import types
 from collections.abc import Callable
-from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +14,10 @@ import structlog
 
 from publisher.bucket import Change
 from publisher.config import Config
-from publisher.service import Service
+from tests.conftest import PublisherFactory
 from tests.listener.app import store_objects
 from tests.servers import RedisServer, free_port, scaled
 
-PublisherFactory = Callable[[Config], AbstractAsyncContextManager[Service]]
 DOC = Path(__file__).parents[2] / "docs" / "listener.md"
 
 

@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import signal
 from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
@@ -26,18 +25,14 @@ from listener import (
 from publisher.bucket import ChangeBucket, connect
 from publisher.config import Config, load_config
 from publisher.errors import ProtocolError
-from publisher.service import Service
-from tests.listener.app import View, store_objects
+from tests.conftest import PublisherFactory
+from tests.listener.app import View, store_objects, vm
 from tests.servers import PublisherProcess, RedisServer, free_port, scaled, write_config
-
-PublisherFactory = Callable[[Config], AbstractAsyncContextManager[Service]]
 
 FAST = ListenerConfig(backoff=Backoff(initial=0.02, maximum=0.2), ping_interval=0.25,
                       ping_timeout=0.5, open_timeout=2)
 
 
-def vm(id: str) -> dict[str, str]:
-    return {"uuid": id}
 
 
 @contextlib.asynccontextmanager
