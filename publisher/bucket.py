@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import AsyncIterator, Iterable, Sequence
+import hashlib
+import heapq
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -31,12 +33,14 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from publisher.cursor import Cursor, StreamId, new_epoch
-from publisher.errors import BucketUnavailable, ChangeError, ChangefeedError
+from publisher.errors import BucketUnavailable, ChangeError, ChangefeedError, PartitionMismatch
 from publisher.protocol import ChangeItem, Resource
 
 MAX_ID_BYTES = 512
 BATCH = 500
 """Changes per Lua call in commit_many: keeps Redis responsive between calls."""
+TRIM_BATCH = 10000
+"""Most items one trim call removes for `maxItems` (the rest go in the next call)."""
 
 Op = Literal["put", "delete", "publish"]
 
@@ -110,9 +114,21 @@ class Keys:
     def __init__(self, name: str) -> None:
         tag = "{" + name + "}"
         self.log = f"{tag}:log"
+        """The log (one partition), or the prefix of the partition streams `log:<p>`."""
         self.epoch = f"{tag}:epoch"
+        self.partitions = f"{tag}:partitions"
+        self.last = f"{tag}:last"
         self.trimmed = f"{tag}:trimmed"
         self._tag = tag
+
+    @property
+    def common(self) -> list[str]:
+        """The first KEYS of every script: log, epoch, partitions, last, trimmed."""
+        return [self.log, self.epoch, self.partitions, self.last, self.trimmed]
+
+    def stream(self, partition: int, partitions: int) -> str:
+        """The stream holding partition `partition` of a log split into `partitions`."""
+        return self.log if partitions == 1 else f"{self.log}:{partition}"
 
     def state(self, resource: str) -> str:
         return f"{self._tag}:state:{resource}"
@@ -120,73 +136,183 @@ class Keys:
     def index(self, resource: str) -> str:
         return f"{self._tag}:index:{resource}"
 
+    def cursorset(self, consumer: str) -> str:
+        return f"{self._tag}:cursorset:{consumer}"
 
-# KEYS: log, epoch, then (state, index) per change.
-# ARGV: candidate epoch, then (op, resource, sub-resources as JSON, id, state JSON) per change.
-# Returns {epoch, id1, id2, ...}.
-COMMIT_LUA = """
-redis.call('SET', KEYS[2], ARGV[1], 'NX')
-local out = {redis.call('GET', KEYS[2])}
-local n = (#ARGV - 1) / 5
-for j = 0, n - 1 do
-  local a = 2 + j * 5
-  local op, id = ARGV[a], ARGV[a + 3]
-  local state_key, index_key = KEYS[3 + j * 2], KEYS[4 + j * 2]
-  if op == 'put' then
-    redis.call('HSET', state_key, id, ARGV[a + 4])
-    redis.call('ZADD', index_key, 0, id)
-  elseif op == 'delete' then
-    redis.call('HDEL', state_key, id)
-    redis.call('ZREM', index_key, id)
-  end
-  out[#out + 1] = redis.call('XADD', KEYS[1], '*', 'r', ARGV[a + 1], 's', ARGV[a + 2], 'i', id)
+
+def partition_of(changed_resource_id: str, partitions: int) -> int:
+    """The partition of a change: the first 32 bits of SHA-1(id) mod `partitions`, exactly as
+    COMMIT_LUA computes it, so every publisher and Spark job agrees."""
+    digest = hashlib.sha1(changed_resource_id.encode()).hexdigest()
+    return int(digest[:8], 16) % partitions
+
+
+# Functions every script starts with. KEYS[1..5] are Keys.common. The partition streams are
+# derived from KEYS[1] (all in the bucket's hash slot).
+LUA_LIB = """
+local function parse(id)
+  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
+  return tonumber(ms), tonumber(seq)
 end
+local function less(a, b)
+  local am, as = parse(a)
+  local bm, bs = parse(b)
+  return am < bm or (am == bm and as < bs)
+end
+local function stream(n, p)
+  if n == 1 then return KEYS[1] end
+  return KEYS[1] .. ':' .. p
+end
+local function partitions()
+  return tonumber(redis.call('GET', KEYS[3]) or '1')
+end
+local function head(n)
+  local last = redis.call('GET', KEYS[4])
+  if last then return last end
+  local best = redis.call('GET', KEYS[5]) or '0-0'
+  for p = 0, n - 1 do
+    local top = redis.call('XREVRANGE', stream(n, p), '+', '-', 'COUNT', 1)
+    if #top > 0 and less(best, top[1][1]) then best = top[1][1] end
+  end
+  return best
+end
+-- The partition count, created with the bucket (ARGV wanted: a number, or '' for the bucket's).
+-- Returns nil and an error when the bucket was created with another count.
+local function ensure(candidate_epoch, wanted)
+  wanted = tonumber(wanted)
+  local n = tonumber(redis.call('GET', KEYS[3]) or '0')
+  if n == 0 then
+    n = wanted or 1
+    if redis.call('EXISTS', KEYS[2]) == 1 then n = 1 end
+  end
+  if wanted and wanted ~= n then
+    return nil, 'PARTITIONS the bucket has ' .. n .. ' partition(s), not ' .. wanted
+  end
+  if redis.call('EXISTS', KEYS[3]) == 0 then redis.call('SET', KEYS[3], n) end
+  redis.call('SET', KEYS[2], candidate_epoch, 'NX')
+  if not redis.call('GET', KEYS[4]) then redis.call('SET', KEYS[4], head(n)) end
+  return n
+end
+"""
+
+# KEYS: common, then (state, index) per change.
+# ARGV: candidate epoch, wanted partitions, then (op, resource, sub-resources as JSON, id, state
+# JSON) per change. Returns {epoch, id1, id2, ...}. Ids come from one sequence for every
+# partition (`last`), so they order every change of the bucket, whatever its partition.
+COMMIT_LUA = LUA_LIB + """
+local n, problem = ensure(ARGV[1], ARGV[2])
+if not n then return redis.error_reply(problem) end
+local out = {redis.call('GET', KEYS[2])}
+local lms, lseq = parse(redis.call('GET', KEYS[4]))
+local t = redis.call('TIME')
+local ms, seq = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), -1
+if ms <= lms then ms, seq = lms, lseq end
+local id
+for j = 0, (#ARGV - 2) / 5 - 1 do
+  local a = 3 + j * 5
+  local op, changed = ARGV[a], ARGV[a + 3]
+  local state_key, index_key = KEYS[6 + j * 2], KEYS[7 + j * 2]
+  if op == 'put' then
+    redis.call('HSET', state_key, changed, ARGV[a + 4])
+    redis.call('ZADD', index_key, 0, changed)
+  elseif op == 'delete' then
+    redis.call('HDEL', state_key, changed)
+    redis.call('ZREM', index_key, changed)
+  end
+  local target = KEYS[1]
+  if n > 1 then
+    target = target .. ':' .. (tonumber(string.sub(redis.sha1hex(changed), 1, 8), 16) % n)
+  end
+  seq = seq + 1
+  id = string.format('%d-%d', ms, seq)
+  redis.call('XADD', target, id, 'r', ARGV[a + 1], 's', ARGV[a + 2], 'i', changed)
+  out[#out + 1] = id
+end
+if id then redis.call('SET', KEYS[4], id) end
 return out
 """
 
-# KEYS: log, trimmed. ARGV: max age in ms. Trims entries older than max age by Redis' own clock
-# and raises the trimmed horizon to the newest id removed. Returns the number removed.
-TRIM_LUA = """
-local t = redis.call('TIME')
-local min_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) - tonumber(ARGV[1])
-if min_ms <= 0 then return 0 end
-local last = redis.call('XREVRANGE', KEYS[1], '(' .. min_ms .. '-0', '-', 'COUNT', 1)
-if #last == 0 then return 0 end
-local removed = redis.call('XTRIM', KEYS[1], 'MINID', min_ms .. '-0')
-local newest = last[1][1]
-local old = redis.call('GET', KEYS[2])
-if old then
-  local oms, oseq = string.match(old, '(%d+)-(%d+)')
-  local nms, nseq = string.match(newest, '(%d+)-(%d+)')
-  oms, oseq, nms, nseq = tonumber(oms), tonumber(oseq), tonumber(nms), tonumber(nseq)
-  if oms > nms or (oms == nms and oseq >= nseq) then newest = old end
+# KEYS: common. ARGV: candidate epoch, wanted partitions. Returns {epoch, partitions}.
+ENSURE_LUA = LUA_LIB + """
+local n, problem = ensure(ARGV[1], ARGV[2])
+if not n then return redis.error_reply(problem) end
+return {redis.call('GET', KEYS[2]), n}
+"""
+
+# KEYS: common. ARGV: max age in ms (0: none), max items (0: none), most items to remove for the
+# count in one call. Removes the items older than max age by Redis' own clock and the oldest
+# beyond max items, across every partition, and raises the trimmed horizon to the newest id
+# removed. Returns {removed, 1 when more must go for the count else 0}.
+TRIM_LUA = LUA_LIB + """
+local n = partitions()
+local max_age, max_items, most = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local cutoff = nil
+if max_age > 0 then
+  local t = redis.call('TIME')
+  local min_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) - max_age
+  if min_ms > 0 then
+    for p = 0, n - 1 do
+      local last = redis.call('XREVRANGE', stream(n, p), '(' .. min_ms .. '-0', '-', 'COUNT', 1)
+      if #last > 0 and (cutoff == nil or less(cutoff, last[1][1])) then cutoff = last[1][1] end
+    end
+  end
 end
-redis.call('SET', KEYS[2], newest)
-return removed
+local more = 0
+if max_items > 0 then
+  local total = 0
+  for p = 0, n - 1 do total = total + redis.call('XLEN', stream(n, p)) end
+  local excess = total - max_items
+  if excess > most then excess, more = most, 1 end
+  if excess > 0 then
+    local heads, at = {}, {}
+    for p = 0, n - 1 do
+      heads[p] = redis.call('XRANGE', stream(n, p), '-', '+', 'COUNT', excess)
+      at[p] = 1
+    end
+    local oldest
+    for _ = 1, excess do
+      local pick = nil
+      for p = 0, n - 1 do
+        local entry = heads[p][at[p]]
+        if entry and (pick == nil or less(entry[1], heads[pick][at[pick]][1])) then pick = p end
+      end
+      oldest = heads[pick][at[pick]][1]
+      at[pick] = at[pick] + 1
+    end
+    if cutoff == nil or less(cutoff, oldest) then cutoff = oldest end
+  end
+end
+if cutoff == nil then return {0, more} end
+local ms, seq = parse(cutoff)
+local minid = string.format('%d-%d', ms, seq + 1)
+local removed = 0
+for p = 0, n - 1 do
+  removed = removed + redis.call('XTRIM', stream(n, p), 'MINID', minid)
+end
+local old = redis.call('GET', KEYS[5])
+if old == false or less(old, cutoff) then redis.call('SET', KEYS[5], cutoff) end
+return {removed, more}
 """
 
-# KEYS: log, trimmed, epoch. Returns {epoch, trimmed, head id, oldest id}.
-RETENTION_LUA = """
-local first = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', 1)
-local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
-local trimmed = redis.call('GET', KEYS[2]) or '0-0'
-local head = trimmed
-if #last > 0 then head = last[1][1] end
+# KEYS: common. Returns {epoch, trimmed, head id, oldest id, partitions}.
+RETENTION_LUA = LUA_LIB + """
+local n = partitions()
 local oldest = ''
-if #first > 0 then oldest = first[1][1] end
-return {redis.call('GET', KEYS[3]) or '', trimmed, head, oldest}
+for p = 0, n - 1 do
+  local first = redis.call('XRANGE', stream(n, p), '-', '+', 'COUNT', 1)
+  if #first > 0 and (oldest == '' or less(first[1][1], oldest)) then oldest = first[1][1] end
+end
+local trimmed = redis.call('GET', KEYS[5]) or '0-0'
+return {redis.call('GET', KEYS[2]) or '', trimmed, head(n), oldest, n}
 """
 
-# KEYS: index, state, log, trimmed, epoch. ARGV: ZRANGEBYLEX start, limit.
+# KEYS: common, index, state. ARGV: ZRANGEBYLEX start, limit.
 # Returns {ids, states, head id, epoch}: one consistent snapshot.
-PAGE_LUA = """
-local ids = redis.call('ZRANGEBYLEX', KEYS[1], ARGV[1], '+', 'LIMIT', 0, tonumber(ARGV[2]))
+PAGE_LUA = LUA_LIB + """
+local ids = redis.call('ZRANGEBYLEX', KEYS[6], ARGV[1], '+', 'LIMIT', 0, tonumber(ARGV[2]))
 local states = {}
-if #ids > 0 then states = redis.call('HMGET', KEYS[2], unpack(ids)) end
-local last = redis.call('XREVRANGE', KEYS[3], '+', '-', 'COUNT', 1)
-local head = redis.call('GET', KEYS[4]) or '0-0'
-if #last > 0 then head = last[1][1] end
-return {ids, states, head, redis.call('GET', KEYS[5]) or ''}
+if #ids > 0 then states = redis.call('HMGET', KEYS[7], unpack(ids)) end
+return {ids, states, head(partitions()), redis.call('GET', KEYS[2]) or ''}
 """
 
 
@@ -197,6 +323,10 @@ async def translate_redis_errors(what: str) -> AsyncIterator[None]:
         yield
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
         raise BucketUnavailable(f"{what}: Redis unreachable ({exc})", exc) from exc
+    except redis.exceptions.ResponseError as exc:
+        if str(exc).startswith("PARTITIONS "):
+            raise PartitionMismatch(str(exc).removeprefix("PARTITIONS ")) from None
+        raise ChangefeedError(f"{what}: Redis error ({exc})") from exc
     except redis.exceptions.RedisError as exc:
         raise ChangefeedError(f"{what}: Redis error ({exc})") from exc
 
@@ -241,20 +371,56 @@ def parse_entry(entry_id: bytes, fields: dict[bytes, bytes]) -> LogEntry:
     )
 
 
+def merge_partitions(
+    parts: Sequence[Sequence[LogEntry]], count: int, *, newest_first: bool = False
+) -> list[LogEntry]:
+    """Up to `count` entries of the partitions' reads in id order, never past a gap.
+
+    Each part is one partition's read of at most `count` entries, in the given order. A part that
+    came back full may have more entries beyond its last, so the merge stops there: what it
+    returns is exactly the first `count` entries (or all) of the log in that order.
+    """
+    full = [part[-1].position for part in parts if len(part) >= count]
+    bound = (max(full) if newest_first else min(full)) if full else None
+    merged = heapq.merge(*parts, key=_position, reverse=newest_first)
+    out: list[LogEntry] = []
+    for entry in merged:
+        if bound is not None and (
+            entry.position < bound if newest_first else entry.position > bound
+        ):
+            break
+        out.append(entry)
+        if len(out) == count:
+            break
+    return out
+
+
+def _position(entry: LogEntry) -> StreamId:
+    return entry.position
+
+
 class ChangeBucket:
-    """Commits changes, reads the log and the store, and trims: one bucket in one Redis."""
+    """Commits changes, reads the log and the store, and trims: one bucket in one Redis.
+
+    `partitions` is the partition count the bucket must have (the configured one); None accepts
+    whatever the bucket was created with (1 for a new bucket).
+    """
 
     def __init__(
         self,
         client: aioredis.Redis,
         name: str,
         resources: Iterable[Resource] | None = None,
+        partitions: int | None = None,
     ) -> None:
         self.redis = client
         self.keys = Keys(name)
         self.name = name
         self.resources = {r.resource: r for r in resources} if resources is not None else None
+        self.partitions = partitions
+        self._known_partitions: int | None = None
         self._commit = client.register_script(COMMIT_LUA)
+        self._ensure = client.register_script(ENSURE_LUA)
         self._trim = client.register_script(TRIM_LUA)
         self._retention = client.register_script(RETENTION_LUA)
         self._page = client.register_script(PAGE_LUA)
@@ -284,8 +450,8 @@ class ChangeBucket:
 
     def commit_arguments(self, changes: Sequence[Change]) -> tuple[list[str], list[Any]]:
         """KEYS and ARGV of COMMIT_LUA for `changes` (validated). Shared with the Spark sink."""
-        keys = [self.keys.log, self.keys.epoch]
-        args: list[Any] = [new_epoch()]
+        keys = self.keys.common
+        args: list[Any] = [new_epoch(), self.partitions or ""]
         for change in changes:
             self.validate(change)
             keys += [self.keys.state(change.resource), self.keys.index(change.resource)]
@@ -340,26 +506,46 @@ class ChangeBucket:
     async def publish_many(self, changes: Iterable[tuple[str, str, Sequence[str]]]) -> list[str]:
         return await self.commit_many(Change.publish(r, i, s) for r, i, s in changes)
 
-    # --- reading the log -----------------------------------------------------------------
+    # --- the bucket's identity -----------------------------------------------------------
 
-    async def ensure_epoch(self) -> str:
-        """The bucket's epoch, creating the bucket's epoch if it has none yet."""
+    async def ensure(self) -> str:
+        """The bucket's epoch, creating the bucket (epoch and partition count) if it has none.
+
+        Raises PartitionMismatch when the bucket was created with another partition count.
+        """
         async with translate_redis_errors("epoch"):
-            await self.redis.set(self.keys.epoch, new_epoch(), nx=True)
-            epoch = await self.redis.get(self.keys.epoch)
-        return epoch.decode() if epoch else await self.ensure_epoch()
+            epoch, partitions = await self._ensure(
+                keys=self.keys.common, args=[new_epoch(), self.partitions or ""]
+            )
+        self._known_partitions = int(partitions)
+        return str(epoch.decode())
 
     async def current_epoch(self) -> str | None:
         """The bucket's epoch, or None when the bucket does not exist (yet, or any more)."""
         async with translate_redis_errors("epoch"):
             epoch = await self.redis.get(self.keys.epoch)
+        if epoch is None:
+            self._known_partitions = None
         return epoch.decode() if epoch else None
+
+    async def partition_count(self) -> int:
+        """How many partitions the log has (learnt from the bucket once it exists)."""
+        if self._known_partitions is None:
+            async with translate_redis_errors("partitions"):
+                stored = await self.redis.get(self.keys.partitions)
+            if stored is None:
+                return self.partitions or 1
+            self._known_partitions = int(stored)
+        return self._known_partitions
+
+    async def streams(self) -> list[str]:
+        """The partition streams, partition 0 first."""
+        n = await self.partition_count()
+        return [self.keys.stream(p, n) for p in range(n)]
 
     async def retention(self) -> Retention:
         async with translate_redis_errors("retention"):
-            epoch, trimmed, head, oldest = await self._retention(
-                keys=[self.keys.log, self.keys.trimmed, self.keys.epoch]
-            )
+            epoch, trimmed, head, oldest, _ = await self._retention(keys=self.keys.common)
         return Retention(
             epoch.decode() or None,
             StreamId.parse(trimmed),
@@ -367,31 +553,120 @@ class ChangeBucket:
             StreamId.parse(oldest) if oldest else None,
         )
 
+    async def head_cursor(self) -> Cursor | None:
+        """The bucket's head as a cursor (None before the bucket has an epoch)."""
+        retention = await self.retention()
+        return Cursor(retention.epoch, retention.head) if retention.epoch else None
+
+    # --- reading the log -----------------------------------------------------------------
+
     async def read(
         self, after: StreamId, until: StreamId | None = None, count: int = 1000
     ) -> list[LogEntry]:
         """Entries after `after` (exclusive) up to `until` (inclusive), oldest first."""
+        streams = await self.streams()
+        end = str(until) if until else "+"
         async with translate_redis_errors("read"):
-            rows = await self.redis.xrange(
-                self.keys.log, f"({after}", str(until) if until else "+", count=count
-            )
-        return [parse_entry(entry_id, fields) for entry_id, fields in rows]
+            if len(streams) == 1:
+                rows = await self.redis.xrange(streams[0], f"({after}", end, count=count)
+                return [parse_entry(entry_id, fields) for entry_id, fields in rows]
+            pipe = self.redis.pipeline(transaction=True)
+            for key in streams:
+                pipe.xrange(key, f"({after}", end, count=count)
+            replies = await pipe.execute()
+        parts = [[parse_entry(i, f) for i, f in rows] for rows in replies]
+        return merge_partitions(parts, count)
+
+    async def read_newest(
+        self, before: StreamId | None, after: StreamId | None, count: int
+    ) -> list[LogEntry]:
+        """The newest entries older than `before` and newer than `after` (both exclusive,
+        None: no bound), newest first."""
+        streams = await self.streams()
+        end = f"({before}" if before is not None else "+"
+        start = f"({after}" if after is not None else "-"
+        async with translate_redis_errors("read"):
+            pipe = self.redis.pipeline(transaction=len(streams) > 1)
+            for key in streams:
+                pipe.xrevrange(key, end, start, count=count)
+            replies = await pipe.execute()
+        parts = [[parse_entry(i, f) for i, f in rows] for rows in replies]
+        return parts[0] if len(parts) == 1 else merge_partitions(parts, count, newest_first=True)
+
+    async def read_partitions(
+        self, after: Mapping[int, StreamId], count: int
+    ) -> tuple[dict[int, list[LogEntry]], StreamId]:
+        """Up to `count` entries of each partition in `after` after its position, oldest first,
+        and the bucket head at the same instant (one snapshot)."""
+        n = await self.partition_count()
+        async with translate_redis_errors("read"):
+            pipe = self.redis.pipeline(transaction=True)
+            for partition, position in after.items():
+                pipe.xrange(self.keys.stream(partition, n), f"({position}", "+", count=count)
+            pipe.get(self.keys.last)
+            pipe.get(self.keys.trimmed)
+            *replies, last, trimmed = await pipe.execute()
+        entries = {
+            partition: [parse_entry(i, f) for i, f in rows]
+            for partition, rows in zip(after, replies, strict=True)
+        }
+        head = StreamId.parse(last or trimmed or b"0-0")
+        return entries, head
 
     async def tail(self, after: StreamId, block_ms: int, count: int = 1000) -> list[LogEntry]:
-        """Entries after `after`, waiting up to `block_ms` for the first (XREAD BLOCK)."""
-        async with translate_redis_errors("tail"):
-            reply = await self.redis.xread({self.keys.log: str(after)}, count=count, block=block_ms)
-        if not reply:
-            return []
-        return [parse_entry(entry_id, fields) for entry_id, fields in reply[0][1]]
+        """Entries after `after`, waiting up to `block_ms` for the first (XREAD BLOCK).
 
-    async def trim(self, max_age: float) -> int:
-        """Remove items older than `max_age` seconds (Redis' clock). Returns how many."""
-        async with translate_redis_errors("trim"):
-            removed = await self._trim(
-                keys=[self.keys.log, self.keys.trimmed], args=[int(max_age * 1000)]
+        With several partitions the blocking read only says that something arrived (Redis may
+        answer with the one stream that woke it); the entries come from a second, non-blocking
+        read of every partition, which Redis answers as one snapshot.
+        """
+        streams = await self.streams()
+        position = str(after)
+        async with translate_redis_errors("tail"):
+            reply = await self.redis.xread(
+                dict.fromkeys(streams, position), count=count, block=block_ms
             )
-        return int(removed)
+            if not reply:
+                return []
+            if len(streams) > 1:
+                reply = await self.redis.xread(dict.fromkeys(streams, position), count=count)
+        parts = [[parse_entry(i, f) for i, f in rows] for _, rows in reply]
+        return parts[0] if len(parts) == 1 else merge_partitions(parts, count)
+
+    async def trim(self, max_age: float | None, max_items: int | None = None) -> int:
+        """Remove items older than `max_age` seconds (Redis' clock) and the oldest beyond
+        `max_items`, across every partition. Returns how many."""
+        removed = 0
+        while True:
+            async with translate_redis_errors("trim"):
+                count, more = await self._trim(
+                    keys=self.keys.common,
+                    args=[int((max_age or 0) * 1000), max_items or 0, TRIM_BATCH],
+                )
+            removed += int(count)
+            if not more:
+                return removed
+            max_age = None
+
+    # --- cursors stored for feed consumers -------------------------------------------------
+
+    async def save_cursors(self, consumer: str, cursorset: str, cursors: Mapping[int, str]) -> None:
+        if not cursors:
+            return
+        async with translate_redis_errors("cursorset"):
+            await self.redis.hset(
+                self.keys.cursorset(consumer),
+                mapping={f"{cursorset}:{p}": cursor for p, cursor in cursors.items()},
+            )
+
+    async def load_cursors(
+        self, consumer: str, cursorset: str, partitions: Sequence[int]
+    ) -> dict[int, str | None]:
+        async with translate_redis_errors("cursorset"):
+            values = await self.redis.hmget(
+                self.keys.cursorset(consumer), [f"{cursorset}:{p}" for p in partitions]
+            )
+        return {p: v.decode() if v else None for p, v in zip(partitions, values, strict=True)}
 
     # --- reading the store ---------------------------------------------------------------
 
@@ -400,13 +675,7 @@ class ChangeBucket:
         start = "-" if after_id is None else "(" + after_id
         async with translate_redis_errors("page"):
             ids, states, head, epoch = await self._page(
-                keys=[
-                    self.keys.index(resource),
-                    self.keys.state(resource),
-                    self.keys.log,
-                    self.keys.trimmed,
-                    self.keys.epoch,
-                ],
+                keys=[*self.keys.common, self.keys.index(resource), self.keys.state(resource)],
                 args=[start, limit],
             )
         cursor = Cursor(epoch.decode(), StreamId.parse(head)) if epoch else None
@@ -422,4 +691,4 @@ class ChangeBucket:
         await self.redis.aclose()
 
 
-__all__ = ["Change", "ChangeBucket", "LogEntry", "Page", "Retention"]
+__all__ = ["Change", "ChangeBucket", "LogEntry", "Page", "Retention", "merge_partitions"]

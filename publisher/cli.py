@@ -159,7 +159,12 @@ async def _publish(
     delete: bool,
 ) -> str:
     assert config.bucket.redis_url is not None
-    bucket = ChangeBucket(connect(config.bucket.redis_url), config.bucket.name, config.resources)
+    bucket = ChangeBucket(
+        connect(config.bucket.redis_url),
+        config.bucket.name,
+        config.resources,
+        config.bucket.partitions,
+    )
     try:
         if store or delete:
             return await bucket.commit(resource, changed_id, subs, state, delete=delete)

@@ -41,6 +41,8 @@ class Bucket:
     """None: start an embedded redis-server under the state directory."""
     name: str = "changefeed"
     """Key prefix of every Redis key of this bucket."""
+    partitions: int = 1
+    """Streams the log is split into (a power of two), fixed when the bucket is created."""
 
     @property
     def display_url(self) -> str | None:
@@ -63,12 +65,20 @@ class Limits:
     window: int = 10000
     send_buffer: int = 1 << 20
     ping_interval: float = 20.0
+    results: int = 100
+    """Items in an `events` reply or a feed response when the client names no number."""
+    max_results: int = 1000
+    wait: float = 10.0
+    """Seconds a long poll waits when the client names no wait time."""
+    max_wait: float = 60.0
 
 
 @dataclass(frozen=True, slots=True)
 class Config:
     resources: tuple[Resource, ...]
     max_age: float = 3600.0
+    max_items: int | None = None
+    """Most items the log retains (the oldest beyond it are trimmed); None: no limit."""
     bucket: Bucket = field(default_factory=Bucket)
     server: Server = field(default_factory=Server)
     limits: Limits = field(default_factory=Limits)
@@ -121,7 +131,11 @@ def parse_config(text: str, base: Path | None = None) -> Config:
             "<file>", text[:40] + "...", f"a JavaScript object literal ({exc})"
         ) from None
     obj = _section(raw, "<top level>")
-    _only(obj, "", {"resources", "maxAge", "bucket", "server", "limits", "stateDir", "gcInterval"})
+    _only(
+        obj,
+        "",
+        {"resources", "maxAge", "maxItems", "bucket", "server", "limits", "stateDir", "gcInterval"},
+    )
 
     if "resources" not in obj:
         raise ConfigError("resources", None, "a list of {resource, subResources, bootstrapRoute}")
@@ -132,7 +146,7 @@ def parse_config(text: str, base: Path | None = None) -> Config:
         state_dir = (base or Path.cwd()) / state_dir
 
     bucket_obj = _section(obj.get("bucket", {}), "bucket")
-    _only(bucket_obj, "bucket.", {"redisUrl", "name"})
+    _only(bucket_obj, "bucket.", {"redisUrl", "name", "partitions"})
     server_obj = _section(obj.get("server", {}), "server")
     _only(server_obj, "server.", {"host", "port"})
     limits_obj = _section(obj.get("limits", {}), "limits")
@@ -145,20 +159,21 @@ def parse_config(text: str, base: Path | None = None) -> Config:
             for key, (attr, check) in _LIMIT_KEYS.items()
         }
     )
-    if limits.page_size > limits.max_page_size:
-        raise ConfigError(
-            "limits.pageSize",
-            limits.page_size,
-            f"at most limits.maxPageSize ({limits.max_page_size})",
-        )
+    for small, large in (("pageSize", "maxPageSize"), ("results", "maxResults"), ("wait", "maxWait")):
+        value, bound = (getattr(limits, _LIMIT_KEYS[key][0]) for key in (small, large))
+        if value > bound:
+            raise ConfigError(f"limits.{small}", value, f"at most limits.{large} ({bound})")
 
     name = _get(bucket_obj, "bucket.", "name", "changefeed", _name)
     redis_url = bucket_obj.get("redisUrl")
     return Config(
         resources=resources,
         max_age=_get(obj, "", "maxAge", 3600.0, _positive),
+        max_items=_get(obj, "", "maxItems", None, _max_items),
         bucket=Bucket(
-            None if redis_url is None else _redis_url("bucket.redisUrl", redis_url), name
+            None if redis_url is None else _redis_url("bucket.redisUrl", redis_url),
+            name,
+            _get(bucket_obj, "bucket.", "partitions", 1, _partitions),
         ),
         server=Server(
             _get(server_obj, "server.", "host", "127.0.0.1", _host),
@@ -219,6 +234,24 @@ def _positive_int(key: str, value: Any) -> int:
     return value
 
 
+MAX_PARTITIONS = 1024
+
+
+def _partitions(key: str, value: Any) -> int:
+    expected = f"a power of two from 1 to {MAX_PARTITIONS}"
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_PARTITIONS:
+        raise ConfigError(key, value, expected)
+    if value & (value - 1):
+        raise ConfigError(key, value, expected)
+    return value
+
+
+def _max_items(key: str, value: Any) -> int | None:
+    if value is None or value == 0:
+        return None
+    return _positive_int(key, value)
+
+
 def _host(key: str, value: Any) -> str:
     return _string(key, value)
 
@@ -255,6 +288,10 @@ _LIMIT_KEYS: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
     "window": ("window", _positive_int),
     "sendBuffer": ("send_buffer", _positive_int),
     "pingInterval": ("ping_interval", _positive),
+    "results": ("results", _positive_int),
+    "maxResults": ("max_results", _positive_int),
+    "wait": ("wait", _positive),
+    "maxWait": ("max_wait", _positive),
 }
 
 

@@ -5,6 +5,7 @@
     ├── CursorError            a cursor string is malformed (.cursor)
     ├── ChangeError            a change names an unknown resource or sub-resource, or a bad id
     ├── BucketUnavailable      Redis cannot be reached; nothing was written (.cause)
+    ├── PartitionMismatch      the bucket was created with another partition count
     ├── RegistrationError      a websocket registration was refused (.close_code, .reason)
     └── ProtocolError          a peer sent a frame that is not of the protocol
 
@@ -52,6 +53,14 @@ class BucketUnavailable(ChangefeedError):
     def __init__(self, message: str, cause: BaseException | None = None) -> None:
         self.cause = cause
         super().__init__(message)
+
+
+class PartitionMismatch(ChangefeedError):
+    """The bucket in Redis was created with another partition count than configured.
+
+    A bucket's partition count is fixed when it is created (the partition of a change decides
+    which stream holds it); nothing was written.
+    """
 
 
 class RegistrationError(ChangefeedError):

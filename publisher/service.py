@@ -39,9 +39,12 @@ class Service:
         self.resources = config.resource_map
         self.id = publisher_id or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
         self.redis_url = config.bucket.redis_url
-        self.bucket = ChangeBucket(connect(self.redis_url), config.bucket.name, config.resources)
+        bucket = config.bucket
+        self.bucket = ChangeBucket(
+            connect(self.redis_url), bucket.name, config.resources, bucket.partitions
+        )
         self._tail_bucket = ChangeBucket(
-            connect(self.redis_url, blocking=True), config.bucket.name, config.resources
+            connect(self.redis_url, blocking=True), bucket.name, config.resources, bucket.partitions
         )
         self.hub = Hub(Window(config.limits.window, ZERO), self.bucket, config.limits.send_buffer)
         self.tail = Tail(self._tail_bucket, self.hub)
@@ -104,12 +107,15 @@ class Service:
         while True:
             await asyncio.sleep(interval)
             try:
-                removed = await self.bucket.trim(self.config.max_age)
+                removed = await self.bucket.trim(self.config.max_age, self.config.max_items)
             except BucketUnavailable as exc:
                 log.warning("gc skipped: bucket unavailable", error=str(exc))
                 continue
             (log.info if removed else log.debug)(
-                "gc run", removed=removed, max_age=self.config.max_age
+                "gc run",
+                removed=removed,
+                max_age=self.config.max_age,
+                max_items=self.config.max_items,
             )
 
     async def _close_listeners(self, app: web.Application) -> None:

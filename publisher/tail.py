@@ -15,8 +15,8 @@ import structlog
 
 from publisher.backoff import Backoff
 from publisher.bucket import ChangeBucket, LogEntry
-from publisher.cursor import ZERO
-from publisher.errors import BucketUnavailable
+from publisher.cursor import ZERO, StreamId
+from publisher.errors import BucketUnavailable, PartitionMismatch
 from publisher.hub import Hub
 
 log = structlog.get_logger(__name__)
@@ -34,6 +34,7 @@ class Tail:
         self.healthy = False
         self.started = asyncio.Event()
         self._stopping = asyncio.Event()
+        self._advanced = asyncio.Event()
 
     def stop(self) -> None:
         """Make run() return. A blocked XREAD is abandoned, not awaited: redis-py does not
@@ -54,12 +55,33 @@ class Tail:
 
     async def start(self) -> None:
         """Learn the epoch and the log head; the window starts there."""
-        epoch = await self.bucket.ensure_epoch()
+        epoch = await self.bucket.ensure()
         retention = await self.bucket.retention()
         self.hub.reset(epoch, retention.head)
         self.healthy = True
         self.started.set()
         log.info("tail started", epoch=epoch, head=str(retention.head))
+
+    async def wait_past(self, position: StreamId, timeout: float) -> bool:
+        """Wait until the tail has read past `position` (or the bucket was recreated), at most
+        `timeout` seconds; True when it did.
+
+        Long polls wait here: one shared event, no Redis connection or buffer per waiting client.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        epoch = self.hub.epoch
+        while self.hub.window.head <= position and self.hub.epoch == epoch:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._advanced.wait(), remaining)
+        return True
+
+    def _wake(self) -> None:
+        self._advanced.set()
+        self._advanced = asyncio.Event()
 
     async def run(self) -> None:
         delays = None
@@ -85,7 +107,12 @@ class Tail:
                     await self._bucket_recreated(epoch)
                 elif entries:
                     self.hub.publish(entries)
-            except BucketUnavailable as exc:
+                    self._wake()
+            except (BucketUnavailable, PartitionMismatch) as exc:
+                # A partition mismatch is a configuration fault: said loudly on every retry
+                # until the operator mends the config (registrations are refused meanwhile).
+                if isinstance(exc, PartitionMismatch):
+                    log.error("bucket.partitions does not match the bucket", error=str(exc))
                 if delays is None:
                     delays = self.backoff.delays()
                 delay = next(delays)
@@ -99,7 +126,7 @@ class Tail:
 
     async def _bucket_recreated(self, epoch: str | None) -> None:
         if epoch is None:
-            epoch = await self.bucket.ensure_epoch()
+            epoch = await self.bucket.ensure()
         log.warning(
             "bucket recreated: new epoch, closing every listener",
             old=self.hub.epoch,
@@ -107,3 +134,4 @@ class Tail:
             listeners=len(self.hub.connections),
         )
         self.hub.reset(epoch, ZERO)
+        self._wake()

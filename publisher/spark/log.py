@@ -108,7 +108,7 @@ def starting_cursor(options: SourceOptions) -> Cursor:
 
     async def start(bucket: ChangeBucket) -> Cursor:
         retention = await bucket.retention()
-        epoch = retention.epoch or await bucket.ensure_epoch()
+        epoch = retention.epoch or await bucket.ensure()
         if options.start == "earliest":
             return Cursor(epoch, retention.trimmed)
         if options.start == "latest":

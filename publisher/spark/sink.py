@@ -52,6 +52,7 @@ table.remove(ARGV)
 local out = (function()
 {COMMIT_LUA}
 end)()
+if out.err then return out end
 local summary = out[1] .. ' ' .. out[2] .. ' ' .. out[#out] .. ' ' .. (#out - 1)
 redis.call('HSET', record, chunk, summary)
 return {{1, summary}}
