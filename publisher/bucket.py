@@ -325,7 +325,10 @@ async def translate_redis_errors(what: str) -> AsyncIterator[None]:
         raise BucketUnavailable(f"{what}: Redis unreachable ({exc})", exc) from exc
     except redis.exceptions.ResponseError as exc:
         if str(exc).startswith("PARTITIONS "):
-            raise PartitionMismatch(str(exc).removeprefix("PARTITIONS ")) from None
+            raise PartitionMismatch(
+                f"bucket.partitions: {str(exc).removeprefix('PARTITIONS ')} (the partition "
+                "count is fixed when the bucket is created)"
+            ) from None
         raise ChangefeedError(f"{what}: Redis error ({exc})") from exc
     except redis.exceptions.RedisError as exc:
         raise ChangefeedError(f"{what}: Redis error ({exc})") from exc

@@ -159,7 +159,8 @@ def parse_config(text: str, base: Path | None = None) -> Config:
             for key, (attr, check) in _LIMIT_KEYS.items()
         }
     )
-    for small, large in (("pageSize", "maxPageSize"), ("results", "maxResults"), ("wait", "maxWait")):
+    bounded = (("pageSize", "maxPageSize"), ("results", "maxResults"), ("wait", "maxWait"))
+    for small, large in bounded:
         value, bound = (getattr(limits, _LIMIT_KEYS[key][0]) for key in (small, large))
         if value > bound:
             raise ConfigError(f"limits.{small}", value, f"at most limits.{large} ({bound})")

@@ -18,6 +18,7 @@ from publisher.config import Config
 from publisher.cursor import ZERO, Cursor, StreamId
 from publisher.errors import BucketUnavailable, ChangefeedError
 from publisher.hub import Hub
+from publisher.poll_routes import add_poll_routes
 from publisher.protocol import CloseCode
 from publisher.routes import add_routes, errors_as_json
 from publisher.tail import Tail
@@ -50,6 +51,7 @@ class Service:
         self.tail = Tail(self._tail_bucket, self.hub)
         self.app = web.Application(middlewares=[errors_as_json])
         add_routes(self.app, self)
+        add_poll_routes(self.app, self)
         self.app.cleanup_ctx.append(self._background)
         self.app.on_shutdown.append(self._close_listeners)
         self.unregistered: set[web.WebSocketResponse] = set()
@@ -62,6 +64,10 @@ class Service:
         return self.url.replace("http://", "ws://", 1) + "/changefeeds"
 
     async def start(self) -> None:
+        """Serve. Raises PartitionMismatch when the bucket has another partition count than
+        configured (a Redis that cannot be reached yet is waited for in the background)."""
+        with contextlib.suppress(BucketUnavailable):
+            await self.bucket.ensure()
         self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.config.server.host, self.config.server.port)

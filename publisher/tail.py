@@ -111,12 +111,12 @@ class Tail:
             except (BucketUnavailable, PartitionMismatch) as exc:
                 # A partition mismatch is a configuration fault: said loudly on every retry
                 # until the operator mends the config (registrations are refused meanwhile).
-                if isinstance(exc, PartitionMismatch):
-                    log.error("bucket.partitions does not match the bucket", error=str(exc))
                 if delays is None:
                     delays = self.backoff.delays()
                 delay = next(delays)
-                if self.healthy or delay >= self.backoff.maximum / 2:
+                if isinstance(exc, PartitionMismatch):
+                    log.error("bucket.partitions does not match the bucket", error=str(exc))
+                elif self.healthy or delay >= self.backoff.maximum / 2:
                     log.warning(
                         "bucket unreachable, retrying", error=str(exc), delay=round(delay, 3)
                     )
