@@ -526,7 +526,7 @@ class ChangeBucket:
     async def current_epoch(self) -> str | None:
         """The bucket's epoch, or None when the bucket does not exist (yet, or any more)."""
         async with translate_redis_errors("epoch"):
-            epoch = await self.redis.get(self.keys.epoch)
+            epoch: Any = await self.redis.get(self.keys.epoch)
         if epoch is None:
             self._known_partitions = None
         return epoch.decode() if epoch else None
@@ -571,7 +571,7 @@ class ChangeBucket:
         end = str(until) if until else "+"
         async with translate_redis_errors("read"):
             if len(streams) == 1:
-                rows = await self.redis.xrange(streams[0], f"({after}", end, count=count)
+                rows: Any = await self.redis.xrange(streams[0], f"({after}", end, count=count)
                 return [parse_entry(entry_id, fields) for entry_id, fields in rows]
             pipe = self.redis.pipeline(transaction=True)
             for key in streams:
@@ -626,7 +626,7 @@ class ChangeBucket:
         streams = await self.streams()
         position = str(after)
         async with translate_redis_errors("tail"):
-            reply = await self.redis.xread(
+            reply: Any = await self.redis.xread(
                 dict.fromkeys(streams, position), count=count, block=block_ms
             )
             if not reply:
@@ -666,7 +666,7 @@ class ChangeBucket:
         self, consumer: str, cursorset: str, partitions: Sequence[int]
     ) -> dict[int, str | None]:
         async with translate_redis_errors("cursorset"):
-            values = await self.redis.hmget(
+            values: Any = await self.redis.hmget(
                 self.keys.cursorset(consumer), [f"{cursorset}:{p}" for p in partitions]
             )
         return {p: v.decode() if v else None for p, v in zip(partitions, values, strict=True)}
@@ -687,8 +687,8 @@ class ChangeBucket:
     async def get(self, resource: str, id: str) -> bytes | None:
         """The stored state of one resource object as JSON bytes, or None."""
         async with translate_redis_errors("get"):
-            state: bytes | None = await self.redis.hget(self.keys.state(resource), id)
-        return state
+            state: Any = await self.redis.hget(self.keys.state(resource), id)
+        return state if state is None else bytes(state)
 
     async def aclose(self) -> None:
         await self.redis.aclose()

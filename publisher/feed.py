@@ -104,9 +104,9 @@ def parse_request(query: Mapping[str, str], getall: Any, limits: Limits) -> Feed
         raise ParamError("wait must not be negative")
     cursorset = query.get("cursorset")
     consumer = query.get("consumer")
-    for name, value in (("cursorset", cursorset), ("consumer", consumer)):
-        if value is not None and not _NAME.match(value):
-            raise ParamError(f"{name} must be 1 to {MAX_NAME} letters, digits, '_', '.' or '-'")
+    for label, given in (("cursorset", cursorset), ("consumer", consumer)):
+        if given is not None and not _NAME.match(given):
+            raise ParamError(f"{label} must be 1 to {MAX_NAME} letters, digits, '_', '.' or '-'")
     resume: tuple[int, ...] = ()
     if "resume" in query:
         parts = query["resume"].split(",")
