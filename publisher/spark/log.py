@@ -44,7 +44,9 @@ def with_bucket(target: Target, use: Callable[[ChangeBucket], Awaitable[T]]) -> 
     """Run `use` on a ChangeBucket of `target` (driver side), closing its client after."""
 
     async def run() -> T:
-        bucket = ChangeBucket(connect(target.redis_url), target.name, target.resources)
+        bucket = ChangeBucket(
+            connect(target.redis_url), target.name, target.resources, target.partitions
+        )
         try:
             return await use(bucket)
         finally:
@@ -67,7 +69,9 @@ def split(epoch: str, after: StreamId, until: StreamId, parts: int) -> list[LogR
 
 def read_range(target: Target, part: LogRange) -> Iterator[tuple[Any, ...]]:
     """The rows of the items in `part`, oldest first (executor side)."""
-    bucket = ChangeBucket(connect(target.redis_url), target.name, target.resources)
+    bucket = ChangeBucket(
+        connect(target.redis_url), target.name, target.resources, target.partitions
+    )
     with asyncio.Runner() as runner:
         try:
             after = part.after

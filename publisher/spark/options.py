@@ -56,6 +56,8 @@ class Target:
     name: str
     resources: tuple[Resource, ...] | None
     """None when the options name no config.js: resources and sub-resources are not checked."""
+    partitions: int | None = None
+    """The config's bucket.partitions (a new bucket is created with it); None: the bucket's."""
 
     def resource(self, name: str) -> Resource | None:
         return next((r for r in self.resources or () if r.resource == name), None)
@@ -137,7 +139,9 @@ def target_of(options: Mapping[str, str]) -> Target:
         return Target(url, name, None)
     config = load_config(path)
     redis_url = url or config.bucket.redis_url or EmbeddedRedis(config.state_dir).url
-    return Target(redis_url, name or config.bucket.name, config.resources)
+    return Target(
+        redis_url, name or config.bucket.name, config.resources, config.bucket.partitions
+    )
 
 
 def sink_options(options: Mapping[str, str], schema: StructType, streaming: bool) -> SinkOptions:

@@ -119,7 +119,9 @@ async def _write_task(
     batches: Iterator[pa.RecordBatch], options: SinkOptions, record: str, batch_id: int, task: int
 ) -> TaskWritten:
     target = options.target
-    bucket = ChangeBucket(connect(target.redis_url), target.name, target.resources)
+    bucket = ChangeBucket(
+        connect(target.redis_url), target.name, target.resources, target.partitions
+    )
     sent: list[int] = []  # sizes of the chunks in the pipeline
     done = TaskWritten(task, 0, Span(), 0)
     try:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections.abc import Callable
 
 import pytest
 from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
 
+from publisher.bucket import connect
 from publisher.cursor import Cursor, StreamId
 from publisher.spark.log import split
 from tests.servers import RedisServer
@@ -56,3 +58,31 @@ def test_ranges_cover_the_interval_once() -> None:
     assert len(ranges) == 4
     assert split("e", StreamId(5, 0), StreamId(5, 9), 4)[0].until == StreamId(5, 9)
     assert split("e", StreamId(5, 9), StreamId(5, 9), 4) == []
+
+
+def test_a_partitioned_bucket_is_written_and_read_in_commit_order(
+    spark: SparkSession, config_options: Callable[..., dict[str, str]], redis_server: RedisServer
+) -> None:
+    options = config_options(
+        bucket={"redisUrl": redis_server.url, "name": "test", "partitions": 4}
+    )
+    rows = [(f"vm-{n}", n) for n in range(40)]
+    frame = spark.createDataFrame(rows, "uuid string, n int")
+    (
+        frame.write.format("changefeed").options(**options)
+        .option("resource", "vm").option("idColumn", "uuid").option("subResources", "nic")
+        .mode("append").save()
+    )
+    read = spark.read.format("changefeed").options(**options).option("numPartitions", "3")
+    got = sorted(read.load().collect(), key=lambda r: r.cursor)
+    assert sorted(r.id for r in got) == sorted(uuid for uuid, _ in rows)
+
+    async def streams() -> list[int]:
+        client = connect(redis_server.url)
+        try:
+            return [await client.xlen(f"{{test}}:log:{p}") for p in range(4)]
+        finally:
+            await client.aclose()
+
+    lengths = asyncio.run(streams())
+    assert sum(lengths) == 40 and all(lengths), "the sink created the bucket with 4 partitions"
