@@ -5,6 +5,14 @@
         async for event in feed:  # bootstrap pages first, then live changes
             ...
 
+To hear about some objects only, add `watches={"vm": Watch.of(ids=[...], prefixes=[...])}`.
+
+The pull consumer (JetStream ADR-37 over the publisher's `events` long poll):
+
+    async with PullConsumer(url, resource="vm", after=saved_cursor) as consumer:
+        async for item in consumer.consume(max_messages=100):
+            ...  # then store consumer.cursor
+
 docs/listener.md describes the events, the settings and the failure handling.
 """
 
@@ -16,6 +24,8 @@ from listener.config import (
     load_listener_config,
     parse_listener_config,
 )
+from listener.consumer import Consumption, PullConsumer
+from listener.consumer_state import ConsumeState
 from listener.errors import (
     BootstrapFailed,
     BufferOverflow,
@@ -23,7 +33,12 @@ from listener.errors import (
     ConnectionFailed,
     ConnectionLost,
     FetchFailed,
+    HeartbeatMissed,
+    InvalidOption,
+    ItemsMissed,
     ListenerError,
+    PullFailed,
+    PullRejected,
     RegistrationRejected,
     RetriesExhausted,
 )
@@ -39,6 +54,7 @@ from listener.pager import LinkHeaderPager, OffsetPager, Page, Pager, PublisherP
 from listener.state import Phase
 from publisher.backoff import Backoff
 from publisher.protocol import ChangeItem
+from publisher.watch import Watch
 
 __all__ = [
     "Backoff",
@@ -54,8 +70,13 @@ __all__ = [
     "ChangeItem",
     "ConnectionFailed",
     "ConnectionLost",
+    "ConsumeState",
+    "Consumption",
     "Event",
     "FetchFailed",
+    "HeartbeatMissed",
+    "InvalidOption",
+    "ItemsMissed",
     "LinkHeaderPager",
     "Listener",
     "ListenerConfig",
@@ -66,10 +87,14 @@ __all__ = [
     "Pager",
     "Phase",
     "PublisherPager",
+    "PullConsumer",
+    "PullFailed",
+    "PullRejected",
     "RedisBuffer",
     "RegistrationRejected",
     "Resync",
     "RetriesExhausted",
+    "Watch",
     "load_listener_config",
     "parse_listener_config",
 ]

@@ -31,6 +31,7 @@ from listener.events import BootstrapRecords, BootstrapStart, Change, Event
 from listener.pager import Pager, PublisherPager
 from listener.state import ListenerCore, Phase
 from publisher.errors import ChangefeedError
+from publisher.watch import Watch
 
 log = structlog.get_logger(__name__)
 
@@ -41,6 +42,9 @@ class Listener:
     """A change-feed listener for the publisher(s) at `url`.
 
     `resources` maps each resource to the sub-resources to hear about (``"*"``: all of them).
+    `watches` narrows some of those resources to exact ids and `/`-separated id prefixes
+    (``{"vm": Watch.of(prefixes=["servers"])}``): only those objects are bootstrapped and only
+    their changes delivered.
     `since` is a cursor the application stored: the listener resumes after it when the publisher
     still can, else it delivers a `Resync` and bootstraps. With `bootstrap=False` it never
     bootstraps: only changes (and Resync when some may have been missed) are delivered.
@@ -54,6 +58,7 @@ class Listener:
         instance: str,
         service: str,
         resources: Mapping[str, Sequence[str]],
+        watches: Mapping[str, Watch] | None = None,
         since: str | None = None,
         config: ListenerConfig | None = None,
         pager: Pager | None = None,
@@ -66,6 +71,7 @@ class Listener:
             instance=instance,
             service=service,
             resources=resources,
+            watches=watches,
             since=since,
             backoff=self.config.backoff,
             healthy_after=self.config.healthy_after,
@@ -201,7 +207,7 @@ class Listener:
     ) -> AsyncGenerator[Event, None]:
         core = self._core
         yield BootstrapStart(resource)
-        url: str | None = self._pager.first(core.route_url(resource))
+        url: str | None = self._pager.first(core.bootstrap_url(resource))
         pages = objects = 0
         while url is not None:
             page = await fetch_page(self._http(), self._pager, url)

@@ -7,16 +7,27 @@
         │                               (.close_code, .reason); raised, not retried
         ├── RetriesExhausted            the backoff's retry limit was reached (.last)
         ├── FetchFailed                 Listener.fetch could not get an object (.url, .status)
+        ├── InvalidOption               a pull consumer option is out of range, or two
+        │   (also a ValueError)         exclusive ones were given (.option, .value, .expected)
+        ├── PullRejected                the publisher refused an `events` request (4xx):
+        │                               raised, not retried (.url, .status, .code)
+        ├── ItemsMissed                 the pull consumer's cursor is older than the retained
+        │                               log, or of another bucket epoch (.cursor, .oldest)
         └── ConnectionFailed            one attempt failed; retried with backoff
             ├── ConnectionLost          could not connect, or the websocket closed
             │                           (.url, .close_code, .reason, .status)
             ├── BootstrapFailed         a bootstrap page could not be fetched (.url, .status)
             ├── BufferOverflow          more items waited than the buffer holds (.size)
-            └── BufferUnavailable       the Redis buffer could not be reached (.cause)
+            ├── BufferUnavailable       the Redis buffer could not be reached (.cause)
+            ├── PullFailed              an `events` request got no answer, or a 5xx (503:
+            │                           the publisher's Redis is down) (.url, .status)
+            └── HeartbeatMissed         a pull consumer heard nothing for twice its idle
+                                        heartbeat; reported, then pulls again (.url, .seconds)
 
-Errors of websockets and aiohttp are translated into these in exactly one place
-(`listener.connection.translate_errors`); errors of redis-py in `listener.buffer`.
-Whether a failure is retried is decided by `listener.state.ListenerCore.failed`.
+Errors of websockets and aiohttp are translated into these in exactly one place per transport
+(`listener.connection.translate_errors`, `listener.consumer.translate_pull_errors`); errors of
+redis-py in `listener.buffer`. Whether a failure is retried is decided by
+`listener.state.ListenerCore.failed`, and for the pull consumer by `listener.consumer_state`.
 """
 
 from __future__ import annotations
@@ -109,3 +120,63 @@ class BufferUnavailable(ConnectionFailed):
     def __init__(self, message: str, cause: BaseException | None = None) -> None:
         self.cause = cause
         super().__init__(message)
+
+
+class InvalidOption(ListenerError, ValueError):
+    """A pull consumer option is out of range, or conflicts with another (ADR-37's rules)."""
+
+    def __init__(self, option: str, value: object, expected: str) -> None:
+        self.option = option
+        self.value = value
+        self.expected = expected
+        super().__init__(f"option {option}={value!r}: expected {expected}")
+
+
+class PullRejected(ListenerError):
+    """The publisher answered an `events` request with a 4xx: the same request would be refused
+    again (bad parameters, or a publisher without the `events` endpoint), so it is raised."""
+
+    def __init__(self, url: str, status: int, code: str, message: str) -> None:
+        self.url = url
+        self.status = status
+        self.code = code
+        self.message = message
+        super().__init__(f"{url} refused the pull with HTTP {status} {code}: {message}")
+
+
+class ItemsMissed(ListenerError):
+    """Items after `cursor` are gone: it is older than the retained log (trimmed), or of another
+    bucket epoch. `oldest` is the oldest cursor still available ('' when the log is empty).
+
+    The application decides: resynchronise its view from the source, or accept the gap and pull
+    again with ``after=None`` (from the oldest retained item).
+    """
+
+    def __init__(self, cursor: str | None, oldest: str, reason: str = "") -> None:
+        self.cursor = cursor
+        self.oldest = oldest
+        self.reason = reason
+        why = f" ({reason})" if reason else ""
+        super().__init__(
+            f"items after cursor {cursor!r} were missed{why}; oldest available: {oldest!r}"
+        )
+
+
+class PullFailed(ConnectionFailed):
+    """An `events` request failed in a way a later one may not: the publisher could not be
+    reached, the connection broke, or it answered 5xx (`status`; 503: its Redis is down)."""
+
+    def __init__(self, url: str, why: str, status: int | None = None) -> None:
+        self.url = url
+        self.status = status
+        super().__init__(f"pull from {url}: {why}")
+
+
+class HeartbeatMissed(ConnectionFailed):
+    """No answer of any kind came for `seconds` (twice the idle heartbeat) while a pull was
+    pending: the publisher is stuck or the network dropped. Reported, not fatal (ADR-37)."""
+
+    def __init__(self, url: str, seconds: float) -> None:
+        self.url = url
+        self.seconds = seconds
+        super().__init__(f"no answer from {url} for {seconds:g} s (missed heartbeats)")

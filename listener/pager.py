@@ -39,9 +39,17 @@ class Pager(Protocol):
 
 
 def _with_query(url: str, **params: str | int) -> str:
+    """`url` with `params` set (in place, where it has them already); other parameters are kept,
+    repeated ones (a watch's `id=`, `prefix=`) too."""
     parts = urlsplit(url)
-    query = dict(parse_qsl(parts.query))
-    query.update({key: str(value) for key, value in params.items()})
+    unset = {key: str(value) for key, value in params.items()}
+    query = []
+    for key, value in parse_qsl(parts.query, keep_blank_values=True):
+        if key not in params:
+            query.append((key, value))
+        elif key in unset:
+            query.append((key, unset.pop(key)))
+    query += unset.items()
     return urlunsplit(parts._replace(query=urlencode(query)))
 
 

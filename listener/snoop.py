@@ -1,8 +1,8 @@
 """`changefeed snoop`: print a publisher's change items as they arrive (Triton's changefeedsnoop).
 
-It registers without bootstrapping, prints one line per change item on stdout (JSON lines with
---json or when stdout is not a terminal), reports reconnects and resyncs on stderr, and stops
-cleanly on Ctrl-C.
+It registers without bootstrapping (for some ids and id prefixes only, with --id and --prefix),
+prints one line per change item on stdout (JSON lines with --json or when stdout is not a
+terminal), reports reconnects and resyncs on stderr, and stops cleanly on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from listener.client import Listener
 from listener.config import ListenerConfig
 from listener.events import Change, Event, Resync
 from publisher.errors import ChangefeedError
+from publisher.watch import Watch
 
 
 def format_change(event: Change, as_json: bool) -> str:
@@ -37,11 +38,14 @@ async def run_snoop(
     subs: Sequence[str] = ("*",),
     since: str | None = None,
     as_json: bool | None = None,
+    ids: Sequence[str] = (),
+    prefixes: Sequence[str] = (),
     out: TextIO = sys.stdout,
     err: TextIO = sys.stderr,
     config: ListenerConfig | None = None,
 ) -> None:
-    """Print every change item of `resource` (and `subs`) until cancelled."""
+    """Print every change item of `resource` (and `subs`; only of `ids` and `prefixes` when
+    given) until cancelled."""
     if as_json is None:
         as_json = not out.isatty()
     instance = f"snoop-{uuid.uuid4()}"
@@ -60,7 +64,8 @@ async def run_snoop(
         print(format_change(event, as_json), file=out, flush=True)
 
     listener = Listener(url, instance=instance, service="snoop",
-                        resources={resource: list(subs)}, since=since, config=config,
+                        resources={resource: list(subs)},
+                        watches={resource: Watch.of(ids, prefixes)}, since=since, config=config,
                         bootstrap=False)
     async with listener:
         await listener.run(on_bootstrap=on_resync, on_change=on_change, on_error=on_error)

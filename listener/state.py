@@ -4,7 +4,8 @@ The I/O layer (`listener.client`) asks the core what to do and tells it what hap
 
     attempt()                  -> where to connect and the registration frame to send
     reply(frame, now)          -> a Plan: resumed, or the Resync event and the routes to bootstrap
-    item(frame)                -> the ChangeItem in a frame received after the reply
+    item(frame)                -> the ChangeItem in a frame received after the reply (None for
+                                  a heartbeat, or an item outside the watch)
     check_buffer(length)       -> raises BufferOverflow when the buffer holds too many items
     bootstrap_done(resource)   -> the BootstrapDone event (with the cursor on the last one)
     delivered(item)            -> the Change event; the cursor moves past the item
@@ -21,7 +22,7 @@ import random
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urljoin, urlsplit, urlunsplit
+from urllib.parse import urlencode, urljoin, urlsplit, urlunsplit
 
 import orjson
 
@@ -46,6 +47,7 @@ from publisher.protocol import (
     is_registration_reply,
     reply_routes,
 )
+from publisher.watch import EVERYTHING, Watch, parse_watch
 
 REJECTIONS = frozenset({1002, CloseCode.UNSUPPORTED_DATA, 1007, CloseCode.POLICY_VIOLATION,
                         CloseCode.MESSAGE_TOO_BIG})
@@ -125,6 +127,7 @@ class ListenerCore:
         instance: str,
         service: str,
         resources: Mapping[str, Sequence[str]],
+        watches: Mapping[str, Watch] | None = None,
         since: str | None = None,
         backoff: Backoff | None = None,
         healthy_after: float = 30.0,
@@ -140,12 +143,17 @@ class ListenerCore:
             raise ValueError("a listener needs an instance id")
         if not resources:
             raise ValueError("a listener needs at least one resource")
+        watches = watches or {}
+        unknown = [name for name in watches if name not in resources]
+        if unknown:
+            raise ValueError(f"watches name resources not in resources: {', '.join(unknown)}")
         kinds = []
         for name, subs in resources.items():
             if isinstance(subs, str) or not subs:
                 raise ValueError(f"resource {name!r}: sub-resources must be a non-empty list")
-            kinds.append(ChangeKind(name, tuple(dict.fromkeys(subs))))
+            kinds.append(ChangeKind(name, tuple(dict.fromkeys(subs)), _watch(name, watches)))
         self.kinds = tuple(kinds)
+        self._kinds = {kind.resource: kind for kind in self.kinds}
         self.instance = instance
         self.service = service
         self.version = 1 if len(self.kinds) == 1 else 2
@@ -228,6 +236,15 @@ class ListenerCore:
         """The absolute URL of `resource`'s bootstrap route on the current publisher."""
         return urljoin(self.url + "/", self.routes[resource].bootstrap_route.lstrip("/"))
 
+    def bootstrap_url(self, resource: str) -> str:
+        """The URL to walk to bootstrap `resource`: its route, narrowed by the kind's watch with
+        `id=` and `prefix=` parameters (docs/http.md). The pager adds its own parameters."""
+        url = self.route_url(resource)
+        query = self._kinds[resource].watch.to_query()
+        if not query:
+            return url
+        return url + ("&" if "?" in url else "?") + urlencode(query)
+
     def bootstrap_done(self, resource: str, now: float) -> BootstrapDone:
         self._expect(Phase.BOOTSTRAPPING)
         self._pending.remove(resource)
@@ -239,18 +256,21 @@ class ListenerCore:
         return BootstrapDone(resource, self._cursor)
 
     def item(self, text: str | bytes) -> ChangeItem | None:
-        """The change item in a frame received after the reply (None for a heartbeat)."""
+        """The change item in a frame received after the reply: None for a heartbeat, and for an
+        item outside the kind's watch (sent by a publisher that ignores watches)."""
         if text in (HEARTBEAT, HEARTBEAT.encode()):
             return None
         frame = _json_object(text)
         if is_registration_reply(frame):
             raise ProtocolError("a second registration reply on one connection")
         item = decode_item(frame)
-        if not any(kind.resource == item.resource and kind.matches(item.sub_resources)
-                   for kind in self.kinds):
+        kind = self._kinds.get(item.resource)
+        if kind is None or not kind.matches(item.sub_resources):
             raise ProtocolError(
                 f"change item of {item.resource} {list(item.sub_resources)}: not registered for it"
             )
+        if not kind.watch.matches(item.changed_resource_id):
+            return None  # from a publisher that does not know watches: filtered here instead
         return item
 
     def check_buffer(self, length: int) -> None:
@@ -306,6 +326,14 @@ class ListenerCore:
     def _expect(self, phase: Phase) -> None:
         if self.phase is not phase:
             raise RuntimeError(f"listener is {self.phase.value}, expected {phase.value}")
+
+
+def _watch(resource: str, watches: Mapping[str, Watch]) -> Watch:
+    """The watch of `resource`, checked as the publisher will check it (ValueError if not)."""
+    watch = watches.get(resource, EVERYTHING)
+    if not isinstance(watch, Watch):
+        raise ValueError(f"watches[{resource!r}]: expected a Watch, e.g. Watch.of(ids=[...])")
+    return parse_watch(sorted(watch.ids), list(watch.prefixes), f"watches[{resource!r}].")
 
 
 def _json_object(text: str | bytes) -> dict[str, Any]:

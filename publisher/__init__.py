@@ -13,11 +13,13 @@ from publisher.errors import (
     ChangefeedError,
     ConfigError,
     CursorError,
+    PartitionMismatch,
     ProtocolError,
     RegistrationError,
 )
 from publisher.protocol import ChangeItem, ChangeKind, CloseCode, Registration, Resource
 from publisher.service import Service
+from publisher.watch import Watch
 
 __all__ = [
     "Backoff",
@@ -33,11 +35,13 @@ __all__ = [
     "ConfigError",
     "Cursor",
     "CursorError",
+    "PartitionMismatch",
     "ProtocolError",
     "Registration",
     "RegistrationError",
     "Resource",
     "Service",
+    "Watch",
     "connect",
     "load_config",
     "parse_config",

@@ -231,7 +231,24 @@ async def _get_json(url: str) -> Any:
     default=None,
     help="JSON lines (the default when stdout is not a terminal).",
 )
-def snoop(url: str, resource: str, subs: str, since: str | None, as_json: bool | None) -> None:
+@click.option(
+    "--id", "ids", multiple=True, help="Only this id (repeatable; with --prefix: either)."
+)
+@click.option(
+    "--prefix",
+    "prefixes",
+    multiple=True,
+    help="Only ids under this '/'-separated prefix, and the prefix itself (repeatable).",
+)
+def snoop(
+    url: str,
+    resource: str,
+    subs: str,
+    since: str | None,
+    as_json: bool | None,
+    ids: tuple[str, ...],
+    prefixes: tuple[str, ...],
+) -> None:
     """Print RESOURCE's change items from the publisher at URL as they arrive; Ctrl-C stops.
 
     URL may be repeated with commas to rotate between publishers on failure.
@@ -242,7 +259,11 @@ def snoop(url: str, resource: str, subs: str, since: str | None, as_json: bool |
     sub_resources = [s.strip() for s in subs.split(",") if s.strip()]
     urls = [u.strip() for u in url.split(",") if u.strip()]
     try:
-        asyncio.run(run_snoop(urls, resource, sub_resources, since, as_json or None))
+        asyncio.run(
+            run_snoop(
+                urls, resource, sub_resources, since, as_json or None, ids=ids, prefixes=prefixes
+            )
+        )
     except KeyboardInterrupt:
         pass
     except (RegistrationRejected, RetriesExhausted, ValueError) as exc:

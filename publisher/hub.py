@@ -1,10 +1,12 @@
 """Fan-out: route each new log entry to the connections registered for its change kind.
 
-Connections are indexed by (resource, sub-resource), so routing an entry costs in proportion to
-the connections it matches. An entry's websocket frame is built once and the same bytes are
-written to every matching connection's transport, without awaiting. A connection whose transport
-buffer passes `send_buffer` bytes stops being written to and catches up from the shared window
-in a task of its own; if the window moves past it, it is closed with 4008 (slow consumer).
+Connections are indexed (`Routes`) by (resource, sub-resource), or, when they watch only some
+ids, by exact id and by id prefix, so routing an entry costs in proportion to the connections it
+matches (plus one lookup per `/`-separated segment of its id where prefixes are watched). An
+entry's websocket frame is built once and the same bytes are written to every matching
+connection's transport, without awaiting. A connection whose transport buffer passes
+`send_buffer` bytes stops being written to and catches up from the shared window in a task of its
+own; if the window moves past it, it is closed with 4008 (slow consumer).
 A resuming connection (registration with `since`) first reads what it missed from Redis.
 """
 
@@ -14,6 +16,7 @@ import asyncio
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any, Protocol
 
 import structlog
@@ -21,7 +24,15 @@ import structlog
 from publisher.bucket import ChangeBucket, LogEntry
 from publisher.cursor import ZERO, Cursor, StreamId
 from publisher.errors import BucketUnavailable
-from publisher.protocol import WILDCARD, CloseCode, Registration, close_frame, text_frame
+from publisher.protocol import (
+    WILDCARD,
+    ChangeKind,
+    CloseCode,
+    Registration,
+    close_frame,
+    text_frame,
+)
+from publisher.watch import prefixes_of
 from publisher.window import Window, WindowEntry
 
 log = structlog.get_logger(__name__)
@@ -58,16 +69,95 @@ class Connection:
     """Resuming from `since`: may read what it missed from Redis, not only from the window."""
     closing: bool = False
     task: asyncio.Task[None] | None = None
-    subs: dict[str, frozenset[str]] = field(default_factory=dict)
+    kinds: dict[str, ChangeKind] = field(default_factory=dict)
+    """The registration's change kinds by resource."""
 
     def __post_init__(self) -> None:
-        self.subs = {k.resource: frozenset(k.sub_resources) for k in self.registration.kinds}
+        self.kinds = {kind.resource: kind for kind in self.registration.kinds}
 
     def wants(self, entry: WindowEntry | LogEntry) -> bool:
-        subs = self.subs.get(entry.resource)
-        if subs is None:
-            return False
-        return WILDCARD in subs or not subs.isdisjoint(entry.sub_resources)
+        """True when `entry` is for this connection: its sub-resources and its watch."""
+        kind = self.kinds.get(entry.resource)
+        return kind is not None and kind.matches_item(
+            entry.sub_resources, entry.changed_resource_id
+        )
+
+
+Table = dict[str, dict[str, set[Connection]]]
+"""resource -> key (a sub-resource, an id or an id prefix) -> connections."""
+
+
+class Routes:
+    """Which connections an item goes to. Pure: no I/O.
+
+    A change kind that watches every id is indexed by its sub-resources: an item costs one lookup
+    per sub-resource it carries. One with a watch is indexed by its exact ids and its prefixes
+    instead, so the many connections that each watch a few ids are not visited for every item of
+    their resource: an item looks up its id and each of its `/`-separated prefixes (the State
+    Watch pattern's walk up the hierarchy), then checks the sub-resources of those found.
+    """
+
+    def __init__(self) -> None:
+        self._by_sub: Table = {}
+        self._by_id: Table = {}
+        self._by_prefix: Table = {}
+
+    def _keys(self, kind: ChangeKind) -> Iterator[tuple[Table, Iterable[str]]]:
+        if kind.watch.everything:
+            yield self._by_sub, kind.sub_resources
+        else:
+            yield self._by_id, kind.watch.ids
+            yield self._by_prefix, kind.watch.prefixes
+
+    def add(self, conn: Connection) -> None:
+        for kind in conn.registration.kinds:
+            for table, keys in self._keys(kind):
+                by_key = table.setdefault(kind.resource, {})
+                for key in keys:
+                    by_key.setdefault(key, set()).add(conn)
+
+    def remove(self, conn: Connection) -> None:
+        for kind in conn.registration.kinds:
+            for table, keys in self._keys(kind):
+                by_key = table.get(kind.resource, {})
+                for key in keys:
+                    members = by_key.get(key)
+                    if members is not None:
+                        members.discard(conn)
+                        if not members:
+                            del by_key[key]
+                if not by_key:
+                    table.pop(kind.resource, None)
+
+    def matching(
+        self, resource: str, sub_resources: Iterable[str], changed_resource_id: str
+    ) -> Iterator[Connection]:
+        """Each connection registered for an item of `resource` with `sub_resources` and
+        `changed_resource_id`, once."""
+        sets: list[set[Connection]] = []
+        by_sub = self._by_sub.get(resource)
+        if by_sub:
+            sets.extend(by_sub[s] for s in sub_resources if s in by_sub)
+            if WILDCARD in by_sub:
+                sets.append(by_sub[WILDCARD])
+        by_id = self._by_id.get(resource)
+        by_prefix = self._by_prefix.get(resource)
+        if by_id or by_prefix:
+            found: list[set[Connection]] = []
+            if by_id and changed_resource_id in by_id:
+                found.append(by_id[changed_resource_id])
+            if by_prefix:
+                found.extend(
+                    by_prefix[p] for p in prefixes_of(changed_resource_id) if p in by_prefix
+                )
+            if found:
+                sets.append(
+                    {c for c in chain(*found) if c.kinds[resource].matches(sub_resources)}
+                )
+        if len(sets) == 1:
+            yield from sets[0]
+        elif sets:
+            yield from set().union(*sets)
 
 
 class Hub:
@@ -79,7 +169,7 @@ class Hub:
         self.send_buffer = send_buffer
         self.epoch = ""
         self.connections: set[Connection] = set()
-        self._index: dict[str, dict[str, set[Connection]]] = {}
+        self.routes = Routes()
         self._lagging: set[Connection] = set()
         self._advanced = asyncio.Event()
 
@@ -88,10 +178,7 @@ class Hub:
     def add(self, conn: Connection, since: StreamId | None = None) -> None:
         """Register `conn`: live from the window head, or catching up from `since`."""
         self.connections.add(conn)
-        for kind in conn.registration.kinds:
-            by_sub = self._index.setdefault(kind.resource, {})
-            for sub in kind.sub_resources:
-                by_sub.setdefault(sub, set()).add(conn)
+        self.routes.add(conn)
         if since is not None and since != self.window.head:
             conn.replaying = True
             self._fall_behind(conn, since)
@@ -99,29 +186,9 @@ class Hub:
     def remove(self, conn: Connection) -> None:
         self.connections.discard(conn)
         self._lagging.discard(conn)
-        for kind in conn.registration.kinds:
-            by_sub = self._index.get(kind.resource, {})
-            for sub in kind.sub_resources:
-                members = by_sub.get(sub)
-                if members is not None:
-                    members.discard(conn)
-                    if not members:
-                        del by_sub[sub]
+        self.routes.remove(conn)
         if conn.task is not None and conn.task is not asyncio.current_task():
             conn.task.cancel()
-
-    def matching(self, resource: str, sub_resources: Iterable[str]) -> Iterator[Connection]:
-        """Each connection registered for an item of `resource` with `sub_resources`, once."""
-        by_sub = self._index.get(resource)
-        if not by_sub:
-            return
-        sets = [by_sub[s] for s in sub_resources if s in by_sub]
-        if WILDCARD in by_sub:
-            sets.append(by_sub[WILDCARD])
-        if len(sets) == 1:
-            yield from sets[0]
-        elif sets:
-            yield from set().union(*sets)
 
     # --- fan-out -------------------------------------------------------------------------
 
@@ -145,7 +212,10 @@ class Hub:
             entry = self.encode(raw)
             previous = window.head
             window.append(entry)
-            for conn in self.matching(entry.resource, entry.sub_resources):
+            matching = self.routes.matching(
+                entry.resource, entry.sub_resources, entry.changed_resource_id
+            )
+            for conn in matching:
                 if not conn.live:
                     continue
                 transport = conn.transport

@@ -1,7 +1,8 @@
 """The change-feed wire protocol, shared by the publisher and the listener.
 
 Compatible with Joyent's node-sdc-changefeed 1.5 listeners (RFD 5), plus optional extensions that
-old listeners ignore (`since`, `cursor`, `resumed`, `published`, `"*"` sub-resources).
+old listeners ignore (`since`, `cursor`, `resumed`, `published`, `"*"` sub-resources, and watches:
+`ids` and `prefixes` in a change kind).
 
 Pure code: no sockets, no clocks. See docs/protocol.md for the prose version.
 """
@@ -10,13 +11,14 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
 
 import orjson
 
 from publisher.errors import ProtocolError, RegistrationError
+from publisher.watch import EVERYTHING, Watch, parse_watch
 
 HEARTBEAT = "heartbeat"
 """The text frame Triton listeners send every ~28 s after registering; ignored."""
@@ -60,19 +62,34 @@ class Resource:
 
 @dataclass(frozen=True, slots=True)
 class ChangeKind:
-    """What a registration listens for: one resource and some of its sub-resources."""
+    """What a registration listens for: one resource, some of its sub-resources and, optionally,
+    only some of its ids (a watch on exact ids and id prefixes)."""
 
     resource: str
     sub_resources: tuple[str, ...]
+    watch: Watch = EVERYTHING
+    _subs: frozenset[str] = field(default=frozenset(), init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_subs", frozenset(self.sub_resources))
 
     def to_wire(self) -> dict[str, Any]:
-        return {"resource": self.resource, "subResources": list(self.sub_resources)}
+        """The change kind of a registration: `ids` and `prefixes` only when it has a watch."""
+        return {
+            "resource": self.resource,
+            "subResources": list(self.sub_resources),
+            **self.watch.to_wire(),
+        }
 
     def matches(self, sub_resources: Iterable[str]) -> bool:
-        """True when an item of this resource with `sub_resources` is for this kind."""
-        if WILDCARD in self.sub_resources:
-            return True
-        return not set(self.sub_resources).isdisjoint(sub_resources)
+        """True when an item of this resource with `sub_resources` is for this kind's
+        sub-resources (whatever its id)."""
+        return WILDCARD in self._subs or not self._subs.isdisjoint(sub_resources)
+
+    def matches_item(self, sub_resources: Iterable[str], changed_resource_id: str) -> bool:
+        """True when an item of this resource with `sub_resources` and `changed_resource_id`
+        is for this kind: its sub-resources and its watch."""
+        return self.matches(sub_resources) and self.watch.matches(changed_resource_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,7 +177,11 @@ def _parse_kind(value: Any, where: str, resources: Mapping[str, Resource]) -> Ch
                 f"unknown sub-resource {sub!r} of {name!r} "
                 f"(known: {', '.join(resource.sub_resources)}, or '*')"
             )
-    return ChangeKind(name, tuple(dict.fromkeys(subs)))
+    try:
+        watch = parse_watch(value.get("ids"), value.get("prefixes"), f"{where}.")
+    except ValueError as exc:
+        raise _refuse(str(exc)) from None
+    return ChangeKind(name, tuple(dict.fromkeys(subs)), watch)
 
 
 def parse_registration(

@@ -7,7 +7,7 @@ bad input never produces a 500. docs/http.md documents the formats.
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import orjson
 import structlog
@@ -16,6 +16,8 @@ from aiohttp import web
 from publisher.bucket import decode_marker, encode_marker
 from publisher.errors import BucketUnavailable, ChangefeedError
 from publisher.protocol import Resource
+from publisher.watch import Watch, parse_watch
+from publisher.watch_pages import page_watched
 from publisher.websocket import handle_websocket
 
 if TYPE_CHECKING:
@@ -69,13 +71,39 @@ def _limit(request: web.Request, default: int, maximum: int) -> int:
     return int(text)
 
 
+def _watch(request: web.Request) -> Watch:
+    """The watch of a bootstrap page: its repeated `id=` and `prefix=` parameters."""
+    try:
+        return parse_watch(
+            request.query.getall("id", []),
+            request.query.getall("prefix", []),
+            names=("id", "prefix"),
+        )
+    except ValueError as exc:
+        raise web.HTTPBadRequest(
+            text=orjson.dumps({"code": "InvalidWatch", "message": str(exc)}).decode(),
+            content_type="application/json",
+        ) from None
+
+
+def next_page(route: str, limit: int, watch: Watch, last_id: str) -> str:
+    """The relative URL of the page after `last_id`, with the same limit and watch."""
+    params = [("limit", str(limit)), *watch.to_query(), ("marker", encode_marker(last_id))]
+    return f"{route}?{urlencode(params, safe='/', quote_via=quote)}"
+
+
 def add_routes(app: web.Application, service: Service) -> None:
     config = service.config
 
     async def changefeeds(request: web.Request) -> web.StreamResponse:
         if request.headers.get("Upgrade", "").lower() == "websocket":
             return await handle_websocket(request, service)
-        return json_response({"resources": [r.to_wire() for r in config.resources]})
+        return json_response(
+            {
+                "resources": [r.to_wire() for r in config.resources],
+                "partitions": config.bucket.partitions,
+            }
+        )
 
     async def stats(request: web.Request) -> web.Response:
         return json_response(
@@ -94,18 +122,19 @@ def add_routes(app: web.Application, service: Service) -> None:
                 after = None if marker is None else decode_marker(marker)
             except ValueError as exc:
                 return json_error(400, "InvalidMarker", f"marker: {exc}")
-            unknown = set(request.query) - {"limit", "marker"}
+            unknown = set(request.query) - {"limit", "marker", "id", "prefix"}
             if unknown:
                 return json_error(
                     400, "InvalidQuery", f"unknown parameter(s): {', '.join(sorted(unknown))}"
                 )
-            result = await service.bucket.page(resource.resource, after, limit)
+            watch = _watch(request)
+            if watch.everything:
+                result = await service.bucket.page(resource.resource, after, limit)
+            else:
+                result = await page_watched(service.bucket, resource.resource, watch, after, limit)
             next_url = None
             if len(result.ids) == limit:
-                next_url = (
-                    f"{resource.bootstrap_route}?limit={limit}"
-                    f"&marker={quote(encode_marker(result.ids[-1]))}"
-                )
+                next_url = next_page(resource.bootstrap_route, limit, watch, result.ids[-1])
             cursor = result.cursor.encode() if result.cursor else None
             body = (
                 b'{"items":['

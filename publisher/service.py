@@ -68,7 +68,10 @@ class Service:
         configured (a Redis that cannot be reached yet is waited for in the background)."""
         with contextlib.suppress(BucketUnavailable):
             await self.bucket.ensure()
-        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        # handler_cancellation: a long poll whose client went away stops waiting at once.
+        self._runner = web.AppRunner(
+            self.app, access_log=None, handle_signals=False, handler_cancellation=True
+        )
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.config.server.host, self.config.server.port)
         await site.start()
@@ -125,6 +128,7 @@ class Service:
             )
 
     async def _close_listeners(self, app: web.Application) -> None:
+        self.tail.stop()  # long polls answer now instead of holding the shutdown up
         conns = list(self.hub.connections)
         if conns:
             log.info("closing listeners: shutting down", listeners=len(conns))

@@ -37,9 +37,11 @@ class Tail:
         self._advanced = asyncio.Event()
 
     def stop(self) -> None:
-        """Make run() return. A blocked XREAD is abandoned, not awaited: redis-py does not
-        always give up a blocked read promptly when cancelled."""
+        """Make run() return and end every long poll waiting in wait_past(). A blocked XREAD is
+        abandoned, not awaited: redis-py does not always give up a blocked read promptly when
+        cancelled."""
         self._stopping.set()
+        self._wake()
 
     async def _read(self) -> list[LogEntry] | None:
         """The next entries, or None when stopping."""
@@ -72,6 +74,8 @@ class Tail:
         deadline = loop.time() + timeout
         epoch = self.hub.epoch
         while self.hub.window.head <= position and self.hub.epoch == epoch:
+            if self._stopping.is_set():
+                return False
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return False

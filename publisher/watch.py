@@ -46,6 +46,11 @@ class Watch:
             wire["prefixes"] = list(self.prefixes)
         return wire
 
+    def to_query(self) -> list[tuple[str, str]]:
+        """The query parameters of a bootstrap page narrowed by this watch: repeated `id` and
+        `prefix` (docs/http.md); none for every id."""
+        return [("id", id) for id in sorted(self.ids)] + [("prefix", p) for p in self.prefixes]
+
     @classmethod
     def of(cls, ids: Iterable[str] = (), prefixes: Iterable[str] = ()) -> Watch:
         """A watch from trusted values; prefixes lose trailing `/`s, duplicates are dropped."""

@@ -21,6 +21,7 @@ from listener import (
     ListenerConfig,
     Phase,
     RegistrationRejected,
+    Watch,
 )
 from publisher.bucket import Change
 from publisher.service import Service
@@ -221,3 +222,42 @@ async def test_fetch_needs_a_registration_then_gets_objects_or_none(publisher: S
         assert await feed.fetch("vm", "a b/c") == vm("a b/c")
         assert await feed.fetch("vm", "absent") is None
         assert feed.phase is Phase.BOOTSTRAPPING
+
+
+async def test_a_watch_bootstraps_and_streams_only_its_objects_and_resumes(
+    publisher: Service,
+) -> None:
+    bucket = publisher.bucket
+    ids = ["servers", "serversX", "server", "x", "x/1",
+           *(f"servers/{n:03}" for n in range(250)), *(f"other/{n:03}" for n in range(250))]
+    await bucket.commit_many([Change.put("vm", id, ["nic"], vm(id)) for id in ids])
+    watch = Watch.of(ids=["x"], prefixes=["servers"])
+    wanted = {id: vm(id) for id in ids if id == "x" or id.split("/")[0] == "servers"}
+    assert len(wanted) == 252
+
+    feed = Listener(publisher.url, instance="i-1", service="watcher", resources={"vm": ["nic"]},
+                    watches={"vm": watch}, config=FAST)
+    view = View(feed)
+    async with consuming(view):
+        await view.wait_for(lambda: view.counts["BootstrapDone"] == 1)
+        assert view.objects == {"vm": wanted}
+        assert view.counts["BootstrapRecords"] >= 3, "paged (page_size 100)"
+        changes = [Change.put("vm", id, ["nic"], vm(id, n=1))
+                   for id in ("other/001", "servers/007", "serversX", "x/1", "x", "servers/new")]
+        cursors = await bucket.commit_many(changes)
+        await view.wait_for(lambda: view.cursor == cursors[-1])
+    assert [item.changed_resource_id for item in view.changes] == [
+        "servers/007", "x", "servers/new"
+    ]
+
+    # Resumed: the missed items come from the publisher's log, filtered by the watch.
+    missed = await bucket.commit_many([Change.put("vm", id, ["nic"], vm(id, n=2))
+                                       for id in ("other/002", "servers", "x/1", "servers/9/9")])
+    again = Listener(publisher.url, instance="i-1", service="watcher",
+                     resources={"vm": ["nic"]}, watches={"vm": watch},
+                     since=view.cursor, config=FAST)
+    resumed = View(again)
+    async with consuming(resumed):
+        await resumed.wait_for(lambda: resumed.cursor == missed[-1])
+    assert [item.changed_resource_id for item in resumed.changes] == ["servers", "servers/9/9"]
+    assert resumed.counts["BootstrapStart"] == 0 and resumed.counts["Resync"] == 0

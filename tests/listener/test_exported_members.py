@@ -29,8 +29,13 @@ def test_exported_members() -> None:
         "ChangeItem",
         "ConnectionFailed",
         "ConnectionLost",
+        "ConsumeState",
+        "Consumption",
         "Event",
         "FetchFailed",
+        "HeartbeatMissed",
+        "InvalidOption",
+        "ItemsMissed",
         "LinkHeaderPager",
         "Listener",
         "ListenerConfig",
@@ -41,10 +46,14 @@ def test_exported_members() -> None:
         "Pager",
         "Phase",
         "PublisherPager",
+        "PullConsumer",
+        "PullFailed",
+        "PullRejected",
         "RedisBuffer",
         "RegistrationRejected",
         "Resync",
         "RetriesExhausted",
+        "Watch",
         "load_listener_config",
         "parse_listener_config",
     ]
@@ -57,5 +66,5 @@ def test_errors_share_the_package_hierarchy() -> None:
         member = getattr(listener, name)
         if isinstance(member, type) and name.endswith(("Error", "Rejected", "Exhausted",
                                                        "Failed", "Lost", "Overflow",
-                                                       "Unavailable")):
+                                                       "Unavailable", "Missed", "Option")):
             assert issubclass(member, ChangefeedError), name

@@ -48,3 +48,17 @@ def test_link_header_pager_follows_rel_next() -> None:
     last = {"link": '</api/vms?page=1>; rel="first"'}
     assert pager.parse(url, last, b"[]") == Page((), None)
     assert LinkHeaderPager().first("http://h/x") == "http://h/x"
+
+
+def test_pagers_keep_repeated_parameters_of_the_route_url() -> None:
+    """A watch's `id=` and `prefix=` parameters survive the pager's own."""
+    route = "http://h/vms?id=a&id=b%2Fc&prefix=servers"
+    assert PublisherPager(limit=2).first(route) == (
+        "http://h/vms?id=a&id=b%2Fc&prefix=servers&limit=2"
+    )
+    assert PublisherPager(limit=2).first(route + "&limit=9") == (
+        "http://h/vms?id=a&id=b%2Fc&prefix=servers&limit=2"
+    )
+    pager = OffsetPager(limit=1)
+    page = pager.parse(pager.first(route), {}, b"[1]")
+    assert page.next_url == "http://h/vms?id=a&id=b%2Fc&prefix=servers&offset=1&limit=1"

@@ -74,6 +74,30 @@ async def test_snoop_shows_reconnects_and_resumes(publisher: Service) -> None:
             await process.wait()
 
 
+async def test_snoop_with_ids_and_prefixes_prints_only_those(publisher: Service) -> None:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "publisher.cli", "--log-format", "json", "snoop",
+        publisher.url, "vm", "--prefix", "servers", "--id", "x",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    assert process.stdout is not None and process.stderr is not None
+    try:
+        while '"event": "registered"' not in await read_line(process.stderr):
+            pass
+        await publisher.bucket.publish_many(
+            ("vm", id, ["nic"]) for id in ("serversX", "servers/1", "x/1", "x", "servers")
+        )
+        lines = [orjson.loads(await read_line(process.stdout)) for _ in range(3)]
+        assert [line["changedResourceId"] for line in lines] == ["servers/1", "x", "servers"]
+        process.send_signal(signal.SIGINT)
+        async with asyncio.timeout(scaled(10)):
+            assert await process.wait() == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+
 def test_readable_lines() -> None:
     item = ChangeItem("vm", ("nic", "alias"), "78615996", 1730000000454, "e.1")
     assert format_change(Change(item), as_json=False) == (

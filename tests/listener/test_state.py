@@ -19,6 +19,7 @@ from listener.state import ListenerCore, Phase, is_retryable, publisher_urls
 from publisher.backoff import Backoff
 from publisher.errors import ConfigError, ProtocolError
 from publisher.protocol import ChangeItem
+from publisher.watch import Watch
 
 URL = "http://pub1:8080"
 
@@ -287,3 +288,47 @@ def test_without_bootstrap_changes_stream_at_once_and_gaps_resync() -> None:
     listener.failed(ConnectionLost(URL, "reset", 1006), now=1)
     assert listener.attempt().registration.since == "e.4"
     assert listener.reply(v1_reply("e.9"), now=2).resync is not None
+
+
+def test_a_watch_goes_into_the_registration_and_the_bootstrap_url() -> None:
+    watches = {"vm": Watch.of(ids=["x", "a b"], prefixes=["servers/"])}
+    listener = core(resources={"vm": ["nic"], "network": ["*"]}, watches=watches)
+    attempt = listener.attempt()
+    assert orjson.loads(attempt.frame)["resources"] == [
+        {"resource": "vm", "subResources": ["nic"], "ids": ["a b", "x"], "prefixes": ["servers"]},
+        {"resource": "network", "subResources": ["*"]},
+    ]
+    listener.reply(orjson.dumps({"bootstrapRoutes": [
+        {"resource": "vm", "subResources": ["nic"], "bootstrapRoute": "/vms"},
+        {"resource": "network", "subResources": ["ips"], "bootstrapRoute": "/api/networks"},
+    ], "cursor": "e.1", "resumed": False}), now=0)
+    assert listener.bootstrap_url("vm") == "http://pub1:8080/vms?id=a+b&id=x&prefix=servers"
+    assert listener.bootstrap_url("network") == "http://pub1:8080/api/networks"
+    assert listener.route_url("vm") == "http://pub1:8080/vms"  # fetch: no watch parameters
+
+
+def test_items_outside_the_watch_are_dropped_and_others_still_refused() -> None:
+    """A publisher that ignores watches (Triton's) sends every item: the listener filters."""
+    listener = core(watches={"vm": Watch.of(prefixes=["servers"])})
+    bootstrapped(listener)
+    assert listener.item(item("servers/1", "e.2")) is not None
+    assert listener.item(item("servers", "e.3")) is not None
+    assert listener.item(item("serversX", "e.4")) is None
+    with pytest.raises(ProtocolError):
+        listener.item(item("servers/1", "e.5", ("state",)))
+
+
+@pytest.mark.parametrize(
+    ("watches", "message"),
+    [
+        ({"disk": Watch.of(ids=["a"])}, "watches name resources not in resources: disk"),
+        ({"vm": Watch.of(ids=[""])}, "watches['vm'].ids must hold non-empty strings"),
+        # Watch.of drops trailing slashes: "/" is the empty prefix.
+        ({"vm": Watch.of(prefixes=["/"])}, "watches['vm'].prefixes must hold non-empty strings"),
+        ({"vm": {"ids": ["a"]}}, "watches['vm']: expected a Watch"),
+    ],
+)
+def test_bad_watches_are_refused_before_connecting(watches: object, message: str) -> None:
+    with pytest.raises(ValueError) as raised:
+        core(watches=watches)
+    assert str(raised.value).startswith(message)

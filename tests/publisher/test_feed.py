@@ -65,6 +65,8 @@ FIRST = {f"cursor{p}": "_first" for p in range(N)}
 
 
 async def test_every_event_in_its_partition_in_order_with_checkpoints(client: Client) -> None:
+    async with client.http.get(client.service.url + "/changefeeds") as response:
+        assert (await response.json())["partitions"] == N, "what a client passes as n"
     ids = [f"vm-{i}" for i in range(40)]
     cursors = await client.publish(*ids)
     events, checkpoints = await client.read(**FIRST, pagesizehint=1000)

@@ -12,6 +12,7 @@ from publisher.cursor import Cursor, StreamId
 from publisher.errors import CursorError, RegistrationError
 from publisher.protocol import (
     ChangeKind,
+    Registration,
     Resource,
     accept_version,
     close_frame,
@@ -20,6 +21,7 @@ from publisher.protocol import (
     registration_reply,
     text_frame,
 )
+from publisher.watch import EVERYTHING, Watch
 from publisher.window import Window, WindowEntry
 
 RESOURCES = {
@@ -104,6 +106,21 @@ def test_v1_and_v2_registrations_parse() -> None:
             "needs changeKind",
         ),
         (orjson.dumps({**V1, "since": 5}), 1, "since must be a cursor string"),
+        (
+            orjson.dumps({**V1, "changeKind": {**V1["changeKind"], "ids": "a"}}),  # type: ignore[dict-item]
+            1,
+            "changeKind.ids must be a list of strings",
+        ),
+        (
+            orjson.dumps(
+                {"instance": "i", "resources": [
+                    {"resource": "network", "subResources": ["ips"]},
+                    {"resource": "vm", "subResources": ["nic"], "prefixes": ["ok", ""]},
+                ]}
+            ),
+            2,
+            "resources[1].prefixes must hold non-empty strings, not ''",
+        ),
     ],
 )
 def test_invalid_registrations(frame: bytes, version: int, reason: str) -> None:
@@ -117,6 +134,54 @@ def test_matching_and_wildcard() -> None:
     assert ChangeKind("vm", ("nic", "alias")).matches(["alias", "state"])
     assert not ChangeKind("vm", ("nic",)).matches(["alias"])
     assert ChangeKind("vm", ("*",)).matches(["anything"])
+
+
+@pytest.mark.parametrize(
+    ("kind", "subs", "id", "matches"),
+    [
+        (ChangeKind("vm", ("nic",)), ("nic",), "anything", True),
+        (ChangeKind("vm", ("nic",), Watch.of(prefixes=["servers"])), ("nic",), "servers/1", True),
+        (ChangeKind("vm", ("nic",), Watch.of(prefixes=["servers"])), ("nic",), "serversX", False),
+        (ChangeKind("vm", ("nic",), Watch.of(prefixes=["servers"])), ("state",), "servers", False),
+        (ChangeKind("vm", ("*",), Watch.of(ids=["a"])), ("state",), "a", True),
+        (ChangeKind("vm", ("*",), Watch.of(ids=["a"])), ("state",), "a/b", False),
+    ],
+)
+def test_an_item_matches_a_kind_by_sub_resources_and_watch(
+    kind: ChangeKind, subs: tuple[str, ...], id: str, matches: bool
+) -> None:
+    assert kind.matches_item(subs, id) is matches
+
+
+def test_a_triton_registration_has_no_watch_and_its_wire_form_is_unchanged() -> None:
+    reg = parse_registration(orjson.dumps(V1), 1, RESOURCES)
+    assert reg.kinds[0].watch == EVERYTHING and reg.kinds[0].watch.everything
+    assert reg.to_wire() == V1
+
+
+def test_watches_parse_and_go_back_on_the_wire() -> None:
+    frame = {
+        "instance": "i",
+        "service": "s",
+        "resources": [
+            {"resource": "vm", "subResources": ["nic"], "ids": ["b", "a"], "prefixes": ["s/"]},
+            {"resource": "network", "subResources": ["*"], "prefixes": ["net"]},
+        ],
+    }
+    reg = parse_registration(orjson.dumps(frame), 2, RESOURCES)
+    assert reg.kinds == (
+        ChangeKind("vm", ("nic",), Watch.of(ids=["a", "b"], prefixes=["s"])),
+        ChangeKind("network", ("*",), Watch.of(prefixes=["net"])),
+    )
+    assert reg.to_wire()["resources"] == [
+        {"resource": "vm", "subResources": ["nic"], "ids": ["a", "b"], "prefixes": ["s"]},
+        {"resource": "network", "subResources": ["*"], "prefixes": ["net"]},
+    ]
+    assert parse_registration(orjson.dumps(reg.to_wire()), 2, RESOURCES) == reg
+    v1 = Registration("i", "s", reg.kinds[:1], 1)
+    assert v1.to_wire()["changeKind"] == {
+        "resource": "vm", "subResources": ["nic"], "ids": ["a", "b"], "prefixes": ["s"]
+    }
 
 
 def test_frames() -> None:
