@@ -4,8 +4,12 @@ tells services to, and records what it was given, so tests can wait on it and co
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import re
+import types
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -21,8 +25,11 @@ from listener import (
     MemoryBuffer,
     Resync,
 )
-from publisher.bucket import ChangeBucket
-from tests.servers import scaled
+from publisher.bucket import ChangeBucket, connect
+from publisher.config import Config
+from tests.servers import PublisherProcess, scaled
+
+DOCS = Path(__file__).parents[2] / "docs"
 
 
 def vm(id: str, **fields: object) -> dict[str, object]:
@@ -104,3 +111,34 @@ async def store_objects(bucket: ChangeBucket, resource: str) -> dict[str, Any]:
         if len(page.ids) < 1000:
             return objects
         after = page.ids[-1]
+
+
+@contextlib.asynccontextmanager
+async def bucket_of(config: Config) -> AsyncIterator[ChangeBucket]:
+    assert config.bucket.redis_url is not None
+    bucket = ChangeBucket(connect(config.bucket.redis_url), config.bucket.name, config.resources)
+    try:
+        yield bucket
+    finally:
+        await bucket.aclose()
+
+
+@contextlib.asynccontextmanager
+async def publisher_process(path: Path) -> AsyncIterator[PublisherProcess]:
+    process = PublisherProcess(path)
+    await asyncio.to_thread(process.start)
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+def doc_example(name: str, doc: str = "listener.md") -> types.ModuleType:
+    """The example marked `<!-- example: name -->` in docs/<doc>, as a module (the docs' code
+    is what the tests run)."""
+    path = DOCS / doc
+    match = re.search(rf"<!-- example: {name} -->\n```python\n(.*?)```", path.read_text(), re.S)
+    assert match, f"docs/{doc} lost its {name} example"
+    module = types.ModuleType(name)
+    exec(compile(match.group(1), str(path), "exec"), module.__dict__)
+    return module

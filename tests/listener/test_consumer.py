@@ -4,7 +4,6 @@ thresholds, drain, stop, restarts, trimmed cursors and missed heartbeats."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import signal
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -25,11 +24,11 @@ from listener import (
     PullRejected,
 )
 from listener.consumer_state import item_size
-from publisher.bucket import ChangeBucket, connect
+from publisher.bucket import ChangeBucket
 from publisher.config import Config, load_config
 from publisher.service import Service
-from tests.listener.app import vm
-from tests.servers import PublisherProcess, RedisServer, eventually, free_port, scaled, write_config
+from tests.listener.app import bucket_of, publisher_process, vm
+from tests.servers import RedisServer, eventually, free_port, scaled, write_config
 
 FAST = Backoff(initial=0.02, maximum=0.2)
 
@@ -44,24 +43,6 @@ def cursors(items: list[ChangeItem]) -> list[str]:
     return [item.cursor for item in items]
 
 
-@contextlib.asynccontextmanager
-async def bucket_of(config: Config) -> AsyncIterator[ChangeBucket]:
-    assert config.bucket.redis_url is not None
-    bucket = ChangeBucket(connect(config.bucket.redis_url), config.bucket.name, config.resources)
-    try:
-        yield bucket
-    finally:
-        await bucket.aclose()
-
-
-@contextlib.asynccontextmanager
-async def publisher_process(path: Path) -> AsyncIterator[PublisherProcess]:
-    process = PublisherProcess(path)
-    await asyncio.to_thread(process.start)
-    try:
-        yield process
-    finally:
-        process.stop()
 
 
 async def collect(source: AsyncIterator[ChangeItem], into: list[ChangeItem],

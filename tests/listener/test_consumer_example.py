@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import re
 import types
 from pathlib import Path
 from typing import Any
@@ -11,18 +10,12 @@ from typing import Any
 import orjson
 
 from publisher.service import Service
-from tests.listener.app import vm
+from tests.listener.app import doc_example, vm
 from tests.servers import eventually, scaled
-
-DOC = Path(__file__).parents[2] / "docs" / "listener.md"
 
 
 def example_module() -> types.ModuleType:
-    match = re.search(r"<!-- example: vmaudit -->\n```python\n(.*?)```", DOC.read_text(), re.S)
-    assert match, "docs/listener.md lost its pull consumer example"
-    module = types.ModuleType("vmaudit")
-    exec(compile(match.group(1), str(DOC), "exec"), module.__dict__)
-    return module
+    return doc_example("vmaudit")
 
 
 def lines(path: Path) -> list[dict[str, Any]]:

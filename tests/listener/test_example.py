@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 import types
 from collections.abc import Callable
 from pathlib import Path
@@ -15,18 +14,12 @@ import structlog
 from publisher.bucket import Change
 from publisher.config import Config
 from tests.conftest import PublisherFactory
-from tests.listener.app import store_objects
+from tests.listener.app import doc_example, store_objects
 from tests.servers import RedisServer, free_port, scaled
-
-DOC = Path(__file__).parents[2] / "docs" / "listener.md"
 
 
 def example_module() -> types.ModuleType:
-    match = re.search(r"<!-- example: vmcache -->\n```python\n(.*?)```", DOC.read_text(), re.S)
-    assert match, "docs/listener.md lost its example"
-    module = types.ModuleType("vmcache")
-    exec(compile(match.group(1), str(DOC), "exec"), module.__dict__)
-    return module
+    return doc_example("vmcache")
 
 
 class Watched:

@@ -22,12 +22,11 @@ from listener import (
     ListenerConfig,
     RetriesExhausted,
 )
-from publisher.bucket import ChangeBucket, connect
 from publisher.config import Config, load_config
 from publisher.errors import ProtocolError
 from tests.conftest import PublisherFactory
-from tests.listener.app import View, store_objects, vm
-from tests.servers import PublisherProcess, RedisServer, free_port, scaled, write_config
+from tests.listener.app import View, bucket_of, publisher_process, store_objects, vm
+from tests.servers import RedisServer, free_port, scaled, write_config
 
 FAST = ListenerConfig(backoff=Backoff(initial=0.02, maximum=0.2), ping_interval=0.25,
                       ping_timeout=0.5, open_timeout=2)
@@ -51,24 +50,6 @@ async def consuming(view: View, errors: list[BaseException] | None = None
         await view.feed.aclose()
 
 
-@contextlib.asynccontextmanager
-async def bucket_of(config: Config) -> AsyncIterator[ChangeBucket]:
-    assert config.bucket.redis_url is not None
-    bucket = ChangeBucket(connect(config.bucket.redis_url), config.bucket.name, config.resources)
-    try:
-        yield bucket
-    finally:
-        await bucket.aclose()
-
-
-@contextlib.asynccontextmanager
-async def publisher_process(path: Path) -> AsyncIterator[PublisherProcess]:
-    process = PublisherProcess(path)
-    await asyncio.to_thread(process.start)
-    try:
-        yield process
-    finally:
-        process.stop()
 
 
 def fixed_port_config(tmp_path: Path, redis: RedisServer) -> Path:
