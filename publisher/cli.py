@@ -68,14 +68,40 @@ def main(log_format: str, log_level: str) -> None:
     configure(json=None if log_format == "auto" else log_format == "json", level=log_level)
 
 
+def _event_loop_policy(loop: str) -> asyncio.AbstractEventLoopPolicy | None:
+    """uvloop's policy for `--loop uvloop` (and `auto` when uvloop is installed), else None."""
+    if loop == "asyncio":
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        if loop == "uvloop":
+            raise click.ClickException("--loop uvloop: uvloop is not installed") from None
+        return None
+    policy: asyncio.AbstractEventLoopPolicy = uvloop.EventLoopPolicy()
+    return policy
+
+
 @main.command()
 @config_option
 @click.option("--host", help="Overrides server.host.")
 @click.option("--port", type=int, help="Overrides server.port (0: any free port).")
+@click.option(
+    "--loop",
+    type=click.Choice(["auto", "uvloop", "asyncio"]),
+    default="auto",
+    show_default=True,
+    help="Event loop: uvloop when installed (auto), or asyncio's own.",
+)
 @redis_option
-def serve(config_path: Path, host: str | None, port: int | None, redis_url: str | None) -> None:
+def serve(
+    config_path: Path, host: str | None, port: int | None, loop: str, redis_url: str | None
+) -> None:
     """Run a publisher: HTTP routes and websocket fan-out for the config's resources."""
     config = _load(config_path, host=host, port=port, redis_url=redis_url)
+    policy = _event_loop_policy(loop)
+    if policy is not None:
+        asyncio.set_event_loop_policy(policy)
     with bucket_redis(config) as (config, which):
         try:
             asyncio.run(_serve(config, which))
@@ -89,6 +115,7 @@ async def _serve(config: Config, which: str) -> None:
     log.info(
         "listening",
         url=service.url,
+        loop=type(asyncio.get_running_loop()).__module__.split(".")[0],
         redis=config.bucket.display_url,
         redis_kind=which,
         bucket=config.bucket.name,

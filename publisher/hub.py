@@ -160,6 +160,14 @@ class Routes:
             yield from set().union(*sets)
 
 
+@dataclass(slots=True)
+class _Pending:
+    """What one publish() call will write to a connection, and its queue size with it."""
+
+    size: int
+    frames: list[bytes] = field(default_factory=list)
+
+
 class Hub:
     """The connections of this publisher process and the window they share."""
 
@@ -204,8 +212,17 @@ class Hub:
         )
 
     def publish(self, entries: Iterable[LogEntry]) -> None:
-        """Append new log entries to the window and write them to live matching connections."""
+        """Append new log entries to the window and write them to live matching connections.
+
+        Each connection gets one write per call: the frames of every entry it matches, joined.
+        When the tail brings several entries at once (it fell behind), a connection then costs
+        one system call for all of them instead of one per entry, so the publisher catches up.
+        A connection takes frames while what it has queued, counting those of this call, is
+        within `send_buffer`; past it, it falls behind after the last frame it took.
+        """
         window = self.window
+        send_buffer = self.send_buffer
+        pending: dict[Connection, _Pending] = {}
         for raw in entries:
             if raw.position <= window.head:
                 continue  # already seen (a re-read after a Redis reconnect)
@@ -218,14 +235,22 @@ class Hub:
             for conn in matching:
                 if not conn.live:
                     continue
-                transport = conn.transport
-                if transport.is_closing():
-                    continue
-                if transport.get_write_buffer_size() > self.send_buffer:
+                queued = pending.get(conn)
+                if queued is None:
+                    transport = conn.transport
+                    if transport.is_closing():
+                        continue
+                    queued = pending[conn] = _Pending(transport.get_write_buffer_size())
+                if queued.size > send_buffer:
                     self._fall_behind(conn, previous)
                     continue
-                transport.write(entry.frame)
+                queued.frames.append(entry.frame)
+                queued.size += len(entry.frame)
                 conn.last_sent = entry.position
+        for conn, queued in pending.items():
+            frames = queued.frames
+            if frames:
+                conn.transport.write(frames[0] if len(frames) == 1 else b"".join(frames))
         if self._lagging:
             fallen = [c for c in self._lagging if not c.replaying and not window.covers(c.position)]
             for conn in fallen:
