@@ -9,6 +9,7 @@ with a message naming the key, the value and what was expected.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
 import shutil
 import signal
@@ -210,3 +211,29 @@ async def test_redis_url_flag_overrides_the_file(
         await feed.close()
     finally:
         server.stop()
+
+
+async def test_serve_loop_option(short_dir: Path, redis_server: RedisServer) -> None:
+    config = write_config(short_dir / "config.js", redis_server.url)
+    server = PublisherProcess(config, "--port", "0", "--loop", "asyncio").start()
+    try:
+        assert log_events(server)["listening"]["loop"] == "asyncio"
+    finally:
+        server.stop()
+    if importlib.util.find_spec("uvloop") is None:
+        status, output = await changefeed("serve", "--config", str(config), "--loop", "uvloop")
+        assert status != 0 and "uvloop is not installed" in output, output
+        return
+    for choice in ("uvloop", "auto"):
+        server = PublisherProcess(config, "--port", "0", "--loop", choice).start()
+        try:
+            assert log_events(server)["listening"]["loop"] == "uvloop"
+            feed = await register(server.ws_url, v1("network", ["ips"]))
+            status, output = await changefeed(
+                "publish", "--config", str(config), "network", "net-1", "--sub", "ips"
+            )
+            assert status == 0, output
+            assert (await feed.next())["changedResourceId"] == "net-1"
+            await feed.close()
+        finally:
+            server.stop()
