@@ -197,39 +197,39 @@ end
 
 # KEYS: common, then (state, index) per change.
 # ARGV: candidate epoch, wanted partitions, then (op, resource, sub-resources as JSON, id, state
-# JSON) per change. Returns {epoch, id1, id2, ...}. Ids come from one sequence for every
-# partition (`last`), so they order every change of the bucket, whatever its partition.
+# JSON) per change. Returns {epoch, ms, first seq, count}: the changes' ids are ms-(first seq),
+# ms-(first seq + 1), ... in order. Ids come from one sequence for every partition (`last`), so
+# they order every change of the bucket, whatever its partition.
 COMMIT_LUA = LUA_LIB + """
 local n, problem = ensure(ARGV[1], ARGV[2])
 if not n then return redis.error_reply(problem) end
-local out = {redis.call('GET', KEYS[2])}
-local lms, lseq = parse(redis.call('GET', KEYS[4]))
-local t = redis.call('TIME')
+local call = redis.call
+local lms, lseq = parse(call('GET', KEYS[4]))
+local t = call('TIME')
 local ms, seq = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), -1
 if ms <= lms then ms, seq = lms, lseq end
-local id
-for j = 0, (#ARGV - 2) / 5 - 1 do
+local first, count = seq + 1, (#ARGV - 2) / 5
+local prefix = string.format('%d-', ms)
+for j = 0, count - 1 do
   local a = 3 + j * 5
   local op, changed = ARGV[a], ARGV[a + 3]
-  local state_key, index_key = KEYS[6 + j * 2], KEYS[7 + j * 2]
   if op == 'put' then
-    redis.call('HSET', state_key, changed, ARGV[a + 4])
-    redis.call('ZADD', index_key, 0, changed)
+    call('HSET', KEYS[6 + j * 2], changed, ARGV[a + 4])
+    call('ZADD', KEYS[7 + j * 2], 0, changed)
   elseif op == 'delete' then
-    redis.call('HDEL', state_key, changed)
-    redis.call('ZREM', index_key, changed)
+    call('HDEL', KEYS[6 + j * 2], changed)
+    call('ZREM', KEYS[7 + j * 2], changed)
   end
   local target = KEYS[1]
   if n > 1 then
     target = target .. ':' .. (tonumber(string.sub(redis.sha1hex(changed), 1, 8), 16) % n)
   end
   seq = seq + 1
-  id = string.format('%d-%d', ms, seq)
-  redis.call('XADD', target, id, 'r', ARGV[a + 1], 's', ARGV[a + 2], 'i', changed)
-  out[#out + 1] = id
+  call('XADD', target, prefix .. string.format('%d', seq), 'r', ARGV[a + 1], 's', ARGV[a + 2],
+       'i', changed)
 end
-if id then redis.call('SET', KEYS[4], id) end
-return out
+if count > 0 then call('SET', KEYS[4], prefix .. string.format('%d', seq)) end
+return {call('GET', KEYS[2]), string.format('%d', ms), first, count}
 """
 
 # KEYS: common. ARGV: candidate epoch, wanted partitions. Returns {epoch, partitions}.
@@ -469,10 +469,10 @@ class ChangeBucket:
         return keys, args
 
     @staticmethod
-    def cursors_of(reply: Sequence[bytes]) -> list[str]:
-        """The cursors of COMMIT_LUA's reply {epoch, id...}."""
-        epoch = reply[0].decode()
-        return [Cursor(epoch, StreamId.parse(raw)).encode() for raw in reply[1:]]
+    def cursors_of(reply: Sequence[Any]) -> list[str]:
+        """The cursors of COMMIT_LUA's reply {epoch, ms, first seq, count}."""
+        epoch, ms, first, count = reply
+        return Cursor.run(epoch.decode(), int(ms), int(first), int(count))
 
     async def commit_many(self, changes: Iterable[Change]) -> list[str]:
         """Commit changes atomically per batch of BATCH, in order; returns their cursors."""

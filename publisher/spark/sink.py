@@ -53,7 +53,9 @@ local out = (function()
 {COMMIT_LUA}
 end)()
 if out.err then return out end
-local summary = out[1] .. ' ' .. out[2] .. ' ' .. out[#out] .. ' ' .. (#out - 1)
+local first = string.format('%d-%d', out[2], out[3])
+local last = string.format('%d-%d', out[2], out[3] + out[4] - 1)
+local summary = out[1] .. ' ' .. first .. ' ' .. last .. ' ' .. out[4]
 redis.call('HSET', record, chunk, summary)
 return {{1, summary}}
 """
