@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import signal
 import sys
 from collections.abc import Iterator
@@ -109,9 +110,19 @@ def serve(
             raise click.ClickException(str(exc)) from None
 
 
+GC_THRESHOLDS = (700, 10, 100)
+"""Full collections ten times rarer than Python's default (700, 10, 10). With a thousand
+listeners a full collection stops the event loop for 45-75 ms on the benchmark machine, and the
+default ran 15 of them in a 35 s run at 200 changes/s (docs/benchmarks.md, P2)."""
+
+
 async def _serve(config: Config, which: str) -> None:
+    gc.set_threshold(*GC_THRESHOLDS)
     service = Service(config)
     await service.start()
+    # What start-up built lives as long as the process: out of every later collection.
+    gc.collect()
+    gc.freeze()
     log.info(
         "listening",
         url=service.url,
