@@ -5,8 +5,10 @@ module.exports = {
     bucket: {
         // redisUrl: "redis://127.0.0.1:6379/0",
         name: "changefeed",
+        partitions: 1, // streams the log is split into (a power of two; fixed at creation)
     },
     maxAge: 3600, // seconds a change item is kept in the bucket
+    maxItems: 0,  // most items kept (the oldest go first); 0: no limit
     stateDir: ".changefeed",
     server: {
         host: "127.0.0.1",
@@ -24,5 +26,9 @@ module.exports = {
         window: 10000,            // items each publisher keeps for listeners catching up
         sendBuffer: 1048576,      // bytes queued to one listener before it counts as slow
         pingInterval: 20,         // seconds between websocket pings (no pong: disconnected)
+        results: 100,             // items in an events reply / feed response by default
+        maxResults: 1000,         // largest max_results / pagesizehint honoured
+        wait: 10,                 // seconds an events long poll waits by default
+        maxWait: 60,              // longest wait of a long poll
     },
 };
