@@ -14,7 +14,7 @@ the same parameters and give the same reply (docs/events.md):
 *oldest* eligible items after `after`, oldest first, `more` meaning newer ones were left out.
 
 The publisher keeps no state per client: each request scans the shared log in Redis, and a
-waiting request waits on the tail's one shared "new entries" event.
+waiting request waits on the hub's one shared "new entries" event.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from publisher.watch import EVERYTHING, Watch, parse_watch
 if TYPE_CHECKING:
     from publisher.bucket import ChangeBucket
     from publisher.config import Limits
-    from publisher.tail import Tail
+    from publisher.hub import Hub
 
 SCAN = 1000
 """Log entries read per Redis call while looking for eligible items."""
@@ -319,7 +319,7 @@ async def scan(
         upper = entries[-1].position
 
 
-async def answer(bucket: ChangeBucket, tail: Tail, request: EventsRequest) -> EventsReply:
+async def answer(bucket: ChangeBucket, hub: Hub, request: EventsRequest) -> EventsReply:
     """Run one `events` request: scan, and wait for new items when the ADR says so."""
     loop_time = asyncio.get_running_loop().time
     deadline = loop_time() + request.wait
@@ -345,7 +345,7 @@ async def answer(bucket: ChangeBucket, tail: Tail, request: EventsRequest) -> Ev
         # Nothing eligible up to this head: wait for the tail to read past it, then look only
         # at what is newer (no busy polling: one shared event).
         floor = max(floor or retention.head, retention.head)
-        if not await tail.wait_past(floor, remaining):
+        if not await hub.wait_past(floor, remaining):
             break
         retention = await bucket.retention()
         if retention.epoch != epoch:

@@ -31,7 +31,7 @@ from publisher.events import ParamError, parse_duration
 if TYPE_CHECKING:
     from publisher.bucket import ChangeBucket
     from publisher.config import Limits
-    from publisher.tail import Tail
+    from publisher.hub import Hub
 
 FIRST = "_first"
 LAST = "_last"
@@ -170,7 +170,7 @@ def checkpoint_line(partition: int, cursor: str) -> bytes:
 
 
 async def respond(
-    bucket: ChangeBucket, tail: Tail, request: FeedRequest, partitions: int
+    bucket: ChangeBucket, hub: Hub, request: FeedRequest, partitions: int
 ) -> list[bytes]:
     """The NDJSON lines of one feed request."""
     if request.n != partitions:
@@ -206,7 +206,7 @@ async def respond(
         read, head = await bucket.read_partitions(positions, request.page_size)
         chosen = merge_partitions(list(read.values()), request.page_size)
         remaining = deadline - asyncio.get_running_loop().time()
-        if chosen or remaining <= 0 or not await tail.wait_past(head, remaining):
+        if chosen or remaining <= 0 or not await hub.wait_past(head, remaining):
             break
     partition_of = {id(entry): p for p, entries in read.items() for entry in entries}
     lines = [

@@ -13,6 +13,7 @@ A resuming connection (registration with `since`) first reads what it missed fro
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -180,6 +181,7 @@ class Hub:
         self.routes = Routes()
         self._lagging: set[Connection] = set()
         self._advanced = asyncio.Event()
+        self.released = False
 
     # --- membership ----------------------------------------------------------------------
 
@@ -255,8 +257,34 @@ class Hub:
             fallen = [c for c in self._lagging if not c.replaying and not window.covers(c.position)]
             for conn in fallen:
                 self.close_slow(conn)
+        self._wake()
+
+    def _wake(self) -> None:
         self._advanced.set()
         self._advanced = asyncio.Event()
+
+    async def wait_past(self, position: StreamId, timeout: float) -> bool:
+        """Wait until the window's head passes `position` (or the bucket was recreated), at most
+        `timeout` seconds; True when it did, False on time-out or shutdown.
+
+        Long polls wait here, as catching-up connections do: one shared event, no Redis
+        connection or buffer per waiting client.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        epoch = self.epoch
+        while self.window.head <= position and self.epoch == epoch:
+            remaining = deadline - loop.time()
+            if self.released or remaining <= 0:
+                return False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._advanced.wait(), remaining)
+        return True
+
+    def release_waiters(self) -> None:
+        """Shutting down: every wait_past() returns now, and later ones at once."""
+        self.released = True
+        self._wake()
 
     def _fall_behind(self, conn: Connection, position: StreamId) -> None:
         conn.live = False
@@ -295,6 +323,7 @@ class Hub:
         self.window.reset(base)
         for conn in list(self.connections):
             self.close_now(conn, CloseCode.BUCKET_RESET, "bucket recreated: bootstrap again")
+        self._wake()
 
     # --- catching up ---------------------------------------------------------------------
 

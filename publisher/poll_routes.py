@@ -46,7 +46,7 @@ def add_poll_routes(app: web.Application, service: Service) -> None:
             )
         except events.ParamError as exc:
             return json_error(400, "InvalidParameter", str(exc))
-        reply = await events.answer(service.bucket, service.tail, query)
+        reply = await events.answer(service.bucket, service.hub, query)
         return json_response(reply.to_wire())
 
     async def rpc(request: web.Request) -> web.Response:
@@ -73,7 +73,7 @@ def add_poll_routes(app: web.Application, service: Service) -> None:
         except events.ParamError as exc:
             return rpc_error(id, INVALID_PARAMS, f"invalid params: {exc}", 400)
         try:
-            reply = await events.answer(service.bucket, service.tail, query)
+            reply = await events.answer(service.bucket, service.hub, query)
         except BucketUnavailable as exc:
             log.warning("rpc failed: bucket unavailable", error=str(exc))
             return rpc_error(id, SERVER_ERROR, "change bucket unavailable, try again later", 503)
@@ -87,7 +87,7 @@ def add_poll_routes(app: web.Application, service: Service) -> None:
                 request.query, lambda name: request.query.getall(name, []), config.limits
             )
             partitions = await service.bucket.partition_count()
-            lines = await feed.respond(service.bucket, service.tail, query, partitions)
+            lines = await feed.respond(service.bucket, service.hub, query, partitions)
         except events.ParamError as exc:
             return json_error(400, "InvalidParameter", str(exc))
         except feed.CursorGone as exc:

@@ -128,7 +128,7 @@ class Service:
             )
 
     async def _close_listeners(self, app: web.Application) -> None:
-        self.tail.stop()  # long polls answer now instead of holding the shutdown up
+        self.hub.release_waiters()  # long polls answer now instead of holding the shutdown up
         conns = list(self.hub.connections)
         if conns:
             log.info("closing listeners: shutting down", listeners=len(conns))

@@ -15,7 +15,7 @@ import structlog
 
 from publisher.backoff import Backoff
 from publisher.bucket import ChangeBucket, LogEntry
-from publisher.cursor import ZERO, StreamId
+from publisher.cursor import ZERO
 from publisher.errors import BucketUnavailable, PartitionMismatch
 from publisher.hub import Hub
 
@@ -34,14 +34,11 @@ class Tail:
         self.healthy = False
         self.started = asyncio.Event()
         self._stopping = asyncio.Event()
-        self._advanced = asyncio.Event()
 
     def stop(self) -> None:
-        """Make run() return and end every long poll waiting in wait_past(). A blocked XREAD is
-        abandoned, not awaited: redis-py does not always give up a blocked read promptly when
-        cancelled."""
+        """Make run() return. A blocked XREAD is abandoned, not awaited: redis-py does not
+        always give up a blocked read promptly when cancelled."""
         self._stopping.set()
-        self._wake()
 
     async def _read(self) -> list[LogEntry] | None:
         """The next entries, or None when stopping."""
@@ -63,29 +60,6 @@ class Tail:
         self.healthy = True
         self.started.set()
         log.info("tail started", epoch=epoch, head=str(retention.head))
-
-    async def wait_past(self, position: StreamId, timeout: float) -> bool:
-        """Wait until the tail has read past `position` (or the bucket was recreated), at most
-        `timeout` seconds; True when it did.
-
-        Long polls wait here: one shared event, no Redis connection or buffer per waiting client.
-        """
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        epoch = self.hub.epoch
-        while self.hub.window.head <= position and self.hub.epoch == epoch:
-            if self._stopping.is_set():
-                return False
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                return False
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._advanced.wait(), remaining)
-        return True
-
-    def _wake(self) -> None:
-        self._advanced.set()
-        self._advanced = asyncio.Event()
 
     async def run(self) -> None:
         delays = None
@@ -111,7 +85,6 @@ class Tail:
                     await self._bucket_recreated(epoch)
                 elif entries:
                     self.hub.publish(entries)
-                    self._wake()
             except (BucketUnavailable, PartitionMismatch) as exc:
                 # A partition mismatch is a configuration fault: said loudly on every retry
                 # until the operator mends the config (registrations are refused meanwhile).
@@ -138,4 +111,3 @@ class Tail:
             listeners=len(self.hub.connections),
         )
         self.hub.reset(epoch, ZERO)
-        self._wake()

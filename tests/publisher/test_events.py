@@ -292,3 +292,35 @@ async def test_redis_down_is_503_not_500(
             async with http.post(service.url + "/changefeeds/rpc", json=body) as r:
                 assert r.status == 503
                 assert (await r.json())["error"]["code"] == -32000
+            feed = {"n": "1", "cursor0": "_first"}
+            async with http.get(service.url + "/changefeeds/feed/v1", params=feed) as r:
+                assert r.status == 503
+                assert (await r.json())["code"] == "BucketUnavailable"
+
+
+async def test_shutdown_answers_waiting_long_polls(
+    redis_server: RedisServer, make_config: Callable[..., Config]
+) -> None:
+    service = Service(make_config(redis_server.url))
+    await service.start()
+    stopped = False
+    try:
+        head = await service.bucket.publish("vm", "x", ["nic"])
+        async with aiohttp.ClientSession() as http:
+
+            async def poll() -> tuple[int, Any]:
+                url = service.url + "/changefeeds/events"
+                async with http.get(url, params={"after": head, "wait_time": "60s"}) as r:
+                    return r.status, await r.json()
+
+            waiting = asyncio.create_task(poll())
+            await asyncio.sleep(0.2)
+            assert not waiting.done(), "nothing new: the request waits"
+            # A stop must not sit out the 60 s wait: the poll is answered, empty, at once.
+            await asyncio.wait_for(service.stop(), scaled(10))
+            stopped = True
+            status, body = await asyncio.wait_for(waiting, scaled(5))
+        assert status == 200 and body["items"] == []
+    finally:
+        if not stopped:
+            await service.stop()
