@@ -35,14 +35,14 @@ from listener.consumer_state import (
     parse_reply,
 )
 from listener.errors import HeartbeatMissed, InvalidOption, PullFailed, PullRejected
-from listener.state import publisher_urls
+from listener.state import CHANGEFEEDS, publisher_urls
 from publisher.backoff import Backoff
 from publisher.errors import ChangefeedError
 from publisher.protocol import ChangeItem
 
 log = structlog.get_logger(__name__)
 
-EVENTS = "/changefeeds/events"
+EVENTS = CHANGEFEEDS + "/events"
 
 RETRIED_4XX = frozenset({408, 429})
 """Client errors that say "not now" rather than "never": retried like a 5xx."""
@@ -120,6 +120,7 @@ class PullConsumer:
         self._session = session
         self._own_session = session is None
         self._fetching = False
+        self._closed = False
         self._consumption: Consumption | None = None
         self._log = log.bind(url=self.url, resource=resource)
 
@@ -141,7 +142,9 @@ class PullConsumer:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Stop a running consume and close the HTTP session (unless it was given)."""
+        """Stop a running consume and close the HTTP session (unless it was given). The consumer
+        takes no more work after it; closing again does nothing."""
+        self._closed = True
         if self._consumption is not None:
             await self._consumption.aclose()
         if self._session is not None and self._own_session:
@@ -210,6 +213,8 @@ class PullConsumer:
             self._consumption = None
 
     def _check_idle(self) -> None:
+        if self._closed:
+            raise RuntimeError("the consumer is closed")
         if self._fetching or self._consumption is not None:
             busy = "fetch" if self._fetching else "consume (stop or drain it first)"
             raise RuntimeError(f"the consumer is busy with a {busy}")

@@ -228,9 +228,7 @@ class Selection:
         if self.resource is not None:
             params.append(("resource", self.resource))
         params += [("sub", sub) for sub in self.sub_resources]
-        params += [("id", id) for id in sorted(self.watch.ids)]
-        params += [("prefix", prefix) for prefix in self.watch.prefixes]
-        return params
+        return params + self.watch.to_query()
 
 
 def _names(option: str, values: Iterable[str]) -> tuple[str, ...]:

@@ -25,7 +25,7 @@
                                         heartbeat; reported, then pulls again (.url, .seconds)
 
 Errors of websockets and aiohttp are translated into these in exactly one place per transport
-(`listener.connection.translate_errors`, `listener.consumer.translate_pull_errors`); errors of
+(`listener.connection.translate_errors`, `listener.consumer.request_events`); errors of
 redis-py in `listener.buffer`. Whether a failure is retried is decided by
 `listener.state.ListenerCore.failed`, and for the pull consumer by `listener.consumer_state`.
 """

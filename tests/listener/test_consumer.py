@@ -4,12 +4,14 @@ thresholds, drain, stop, restarts, trimmed cursors and missed heartbeats."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 from structlog.testing import capture_logs
 
 from listener import (
@@ -41,8 +43,6 @@ async def commit(bucket: ChangeBucket, prefix: str, count: int, subs: tuple[str,
 
 def cursors(items: list[ChangeItem]) -> list[str]:
     return [item.cursor for item in items]
-
-
 
 
 async def collect(source: AsyncIterator[ChangeItem], into: list[ChangeItem],
@@ -339,3 +339,56 @@ async def test_a_publisher_whose_redis_is_down_is_retried(
             async with asyncio.timeout(scaled(30)):
                 assert cursors(await fetching) == later
     assert errors and all(isinstance(e, PullFailed) and e.status == 503 for e in errors)
+
+
+async def test_a_closed_consumer_refuses_work_and_closing_twice_is_harmless(
+    publisher: Service,
+) -> None:
+    consumer = PullConsumer(publisher.url, resource="vm")
+    assert await consumer.fetch(1, expires=1, idle_heartbeat=0.5) == []
+    await consumer.aclose()
+    await consumer.aclose()
+    with pytest.raises(RuntimeError, match="closed"):
+        await consumer.fetch(1, expires=1)
+    with pytest.raises(RuntimeError, match="closed"):
+        consumer.consume(max_messages=1)
+
+
+@contextlib.asynccontextmanager
+async def http_server(handler: Callable[[web.Request], Any]) -> AsyncIterator[str]:
+    """A real HTTP server on a free port answering `/changefeeds/events` with `handler`."""
+    app = web.Application()
+    app.router.add_get("/changefeeds/events", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_server_without_events_is_rejected_and_429_is_retried() -> None:
+    async def not_found(request: web.Request) -> web.Response:
+        return web.Response(status=404, text="no such route")
+
+    async with http_server(not_found) as url, PullConsumer(url, backoff=FAST) as consumer:
+        with pytest.raises(PullRejected) as rejected:
+            await consumer.fetch(1, expires=2)
+        assert rejected.value.status == 404 and "no such route" in str(rejected.value)
+
+    calls = 0
+
+    async def busy_then_empty(request: web.Request) -> web.Response:
+        nonlocal calls
+        calls += 1
+        if calls < 3:
+            return web.Response(status=429, text="slow down")
+        body = {"items": [], "more": False, "oldest": "", "newest": "", "missed": False}
+        return web.json_response(body)
+
+    async with http_server(busy_then_empty) as url, PullConsumer(url, backoff=FAST) as consumer:
+        assert await consumer.fetch(1, expires=3, idle_heartbeat=1) == []
+    assert calls >= 3, "the 429s were retried, not raised"

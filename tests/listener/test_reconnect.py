@@ -32,8 +32,6 @@ FAST = ListenerConfig(backoff=Backoff(initial=0.02, maximum=0.2), ping_interval=
                       ping_timeout=0.5, open_timeout=2)
 
 
-
-
 @contextlib.asynccontextmanager
 async def consuming(view: View, errors: list[BaseException] | None = None
                     ) -> AsyncIterator[asyncio.Task[None]]:
@@ -48,8 +46,6 @@ async def consuming(view: View, errors: list[BaseException] | None = None
         with contextlib.suppress(asyncio.CancelledError):
             await task
         await view.feed.aclose()
-
-
 
 
 def fixed_port_config(tmp_path: Path, redis: RedisServer) -> Path:
