@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import logging
 import shlex
+import subprocess
 import sys
 import tempfile
 import time
@@ -47,6 +48,16 @@ IMAGES = ROOT / "docs" / "img"
 SCENARIOS: dict[str, Callable[[Context], Awaitable[Result]]] = {
     "P1": p1, "P2": p2, "P3": p3, "P4": p4, "P5": p5, "P6": p6, "P7": p7, "P8": p8, "P9": p9,
 }
+
+
+def revision() -> str:
+    """`git describe --always --dirty` of this repository ("unknown" outside a git checkout)."""
+    try:
+        done = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT,
+                              capture_output=True, text=True, timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return done.stdout.strip() or "unknown"
 
 
 def _arguments(argv: list[str] | None) -> argparse.Namespace:
@@ -111,8 +122,10 @@ def main(argv: list[str] | None = None) -> int:
     command = "python -m bench " + shlex.join(argv if argv is not None else sys.argv[1:])
     started = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     machine = describe()
-    print(f"{command.strip()}\nmachine: {machine['cores']} cores, Python {machine['python']}, "
-          f"{machine['redis']}; server core(s) {sorted(ctx.cores.server)}, load core(s) "
+    at = revision()
+    print(f"{command.strip()} at {at}\nmachine: {machine['cores']} cores, Python "
+          f"{machine['python']}, {machine['redis']}; server core(s) "
+          f"{sorted(ctx.cores.server)}, load core(s) "
           f"{sorted(ctx.cores.load)}; scratch {work}", flush=True)
     began = time.monotonic()
     ran: dict[str, dict[str, Any]] = {}
@@ -120,12 +133,15 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.run(_run(ctx, chosen, ran))
     for data in ran.values():
         data["command"] = command.strip()
+        data["revision"] = at
         data["measured"] = started
     run: dict[str, Any] = {
         "command": command.strip(), "started": started, "quick": args.quick,
         "seconds": round(time.monotonic() - began, 1), "machine": machine,
         "variant": {"loop": args.loop or "default", "publisher_src": str(args.publisher_src or "")},
         "publisher_loop": sorted(ctx.publisher_loops),
+        "baseline_loop": sorted(ctx.baseline_loops),
+        "revisions": [at],
         "charts": "written" if charts is not None else "skipped: matplotlib not installed",
         "scenarios": ran,
     }
@@ -134,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         run["scenarios"] = {**previous.get("scenarios", {}), **ran}
         run["scenarios"] = {k: run["scenarios"][k] for k in SCENARIOS if k in run["scenarios"]}
         run["command"] = previous.get("command", "python -m bench") + f"; then {command.strip()}"
+        run["revisions"] = sorted({*previous.get("revisions", []), at})
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(orjson.dumps(run, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS))
     print(f"\nresults: {out}")

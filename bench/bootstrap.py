@@ -17,10 +17,10 @@ import structlog
 
 from bench.objects import object_id, state
 from bench.scenario import Check, Context, Figure, Result
-from bench.servers import python_module
+from bench.servers import baseline_loop, baseline_port, python_module
 from bench.stack import Seed, ours
 from listener import BootstrapDone, BootstrapRecords, Listener, ListenerConfig
-from publisher.bucket import Change, ChangeBucket
+from publisher.bucket import Change, ChangeBucket, Keys
 
 PAGE = 1000
 
@@ -59,7 +59,8 @@ async def _listener(url: str, count: int) -> float:
 async def _raw_paging(url: str, count: int) -> float:
     """Rows/s of keyset paging straight from Redis (ZRANGEBYLEX + HMGET), decoding each state."""
     client = aioredis.Redis.from_url(url)
-    index, states = "{bench}:index:vm", "{bench}:state:vm"
+    keys = Keys("bench")
+    index, states = keys.index("vm"), keys.state("vm")
     rows = 0
     start: bytes = b"-"
     began = time.perf_counter()
@@ -104,17 +105,20 @@ async def p4(ctx: Context) -> Result:
         mine = await _listener(f"http://127.0.0.1:{stack.port}", count)
         server_share = (stack.server.cpu_seconds() - cpu_before) / (time.perf_counter() - began)
         raw = await _raw_paging(stack.redis_url, count)
+        mine_loop = stack.loop
     pages = python_module(
         "pages", "bench.pages", ["--pages", str(count // PAGE), "--size", str(PAGE)],
-        ctx.work / "p4-pages.log", ctx.cores.server,
+        ctx.work / "p4-pages.log", ctx.cores.server, ctx.loop,
     )
     with pages:
-        assert pages.match is not None
-        constant = await _constant_pages(int(pages.match.group(1)), count)
+        pages_loop = baseline_loop(pages)
+        ctx.baseline_loops.add(pages_loop)
+        constant = await _constant_pages(baseline_port(pages), count)
     slower = min(raw, constant)
     result.details = {"objects": count, "page": PAGE,
                       "rows_per_second": {"listener": round(mine), "raw redis paging": round(raw),
-                                          "constant aiohttp pages": round(constant)}}
+                                          "constant aiohttp pages": round(constant)},
+                      "loops": {"publisher": mine_loop, "constant aiohttp pages": pages_loop}}
     result.cpu = {"listener": {"server": round(server_share, 3)}}
     result.checks.append(Check(
         "bootstrap rows/s",

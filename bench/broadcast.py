@@ -2,7 +2,7 @@
 clients, with nothing of the change feed around it (no window, cursors, epochs or slow-consumer
 handling). Run as a process of its own:
 
-    python -m bench.broadcast --mode stream --redis unix:///tmp/r/redis.sock --stream '{bench}:log'
+    python -m bench.broadcast --mode stream --redis unix:///tmp/r/redis.sock --loop uvloop
     python -m bench.broadcast --mode timer --rate 200 --origin 123456789
     python -m bench.broadcast --mode idle
 
@@ -10,7 +10,8 @@ It reads a listener's registration (docs/protocol.md v1), answers it, and indexe
 the sub-resources it asked for. `stream` tails a Redis stream written by `ChangeBucket` (the
 publisher's log) and sends each entry, encoded once as the publisher's item, to exactly the
 sockets registered for its sub-resource, with `websockets.broadcast`. `timer` makes `--rate`
-items a second itself, stamped with the time each is due (`bench.items`). `idle` sends nothing.
+items a second itself, stamped with the time each is due (`bench.items.due_times`, as the driver
+stamps a commit). `idle` sends nothing. `--loop` is the publisher's event loop (`bench.loops`).
 """
 
 from __future__ import annotations
@@ -26,9 +27,12 @@ import orjson
 import redis.asyncio as aioredis
 from websockets.asyncio.server import ServerConnection, broadcast, serve
 
-from bench import items
+from bench import items, loops
+from publisher.bucket import Keys, parse_entry
+from publisher.protocol import Resource
 
-REPLY = orjson.dumps({"resource": "vm", "subResources": ["nic"], "bootstrapRoute": "/vms"})
+REPLY = orjson.dumps(Resource("vm", ("nic",), "/vms").to_wire()).decode()
+BUCKET = Keys("bench")
 
 
 class Broadcaster:
@@ -39,7 +43,7 @@ class Broadcaster:
     async def handle(self, ws: ServerConnection) -> None:
         registration = orjson.loads(await ws.recv())
         subs = registration["changeKind"]["subResources"]
-        await ws.send(REPLY.decode())
+        await ws.send(REPLY)
         self.everyone.add(ws)
         for sub in subs:
             self.index[sub].add(ws)
@@ -58,33 +62,19 @@ class Broadcaster:
             for _, entries in reply:
                 for entry_id, fields in entries:
                     last = entry_id
-                    ms, seq = (int(part) for part in entry_id.split(b"-"))
-                    subs = orjson.loads(fields[b"s"])
-                    payload = items.item_json(
-                        fields[b"r"].decode(), subs, fields[b"i"].decode(), ms,
-                        items.fake_cursor(ms, seq),
-                    )
+                    entry = parse_entry(entry_id, fields)
+                    subs = entry.sub_resources
                     targets = self.index[subs[0]] if len(subs) == 1 else set().union(
                         *(self.index[s] for s in subs)
                     )
-                    broadcast(targets, payload.decode())
+                    broadcast(targets, entry.item(items.EPOCH).encode().decode())
 
     async def timer(self, rate: float, origin_ns: int) -> None:
-        started = time.monotonic_ns()
-        number = 0
-        while True:
-            due = started + int(number * 1e9 / rate)
-            now = time.monotonic_ns()
+        for due in items.due_times(time.monotonic_ns(), rate):
             # Behind schedule it still yields, so new connections are accepted meanwhile.
-            await asyncio.sleep(max(0, due - now) / 1e9)
-            # Stamped with the time it is due, as the driver stamps a commit: when the server
-            # falls behind its schedule, the delay shows as latency, not as a lower rate.
-            payload = items.item_json(
-                "vm", ["nic"], items.stamp(due, origin_ns), time.time_ns() // 1_000_000,
-                items.fake_cursor(time.time_ns() // 1_000_000, number % 4096),
-            )
+            await asyncio.sleep(max(0, due - time.monotonic_ns()) / 1e9)
+            payload = items.item(items.stamp(due, origin_ns), time.time_ns() // 1_000_000)
             broadcast(self.everyone, payload.decode())
-            number += 1
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -94,7 +84,7 @@ async def main(args: argparse.Namespace) -> None:
         ping_interval=20, ping_timeout=10, backlog=1024,
     ) as server:
         port = next(iter(server.sockets)).getsockname()[1]
-        print(f"listening port={port}", flush=True)
+        print(f"listening port={port} loop={loops.running()}", flush=True)
         if args.mode == "stream":
             await broadcaster.tail(args.redis, args.stream)
         elif args.mode == "timer":
@@ -107,8 +97,11 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mode", choices=["stream", "timer", "idle"], default="idle")
     parser.add_argument("--redis", default="")
-    parser.add_argument("--stream", default="{bench}:log")
+    parser.add_argument("--stream", default=BUCKET.log,
+                        help="the log of a one-partition bucket (default: bucket `bench`'s)")
     parser.add_argument("--rate", type=float, default=200.0)
     parser.add_argument("--origin", type=int, default=0)
+    parser.add_argument("--loop", choices=loops.LOOPS, default="asyncio")
+    arguments = parser.parse_args()
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(main(parser.parse_args()))
+        loops.run(main(arguments), arguments.loop)

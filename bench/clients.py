@@ -17,7 +17,7 @@ import signal
 import socket
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.sharedctypes import Synchronized
 from typing import Any, Literal
@@ -28,6 +28,9 @@ from bench.histogram import Histogram
 BATCH = 100
 """Connections opened at a time: below the servers' listen backlogs."""
 SETUP_TIMEOUT = 60.0
+PATH = "/changefeeds"
+HEADERS = {"Accept-Version": "~1"}
+"""The websocket upgrade: the publisher's route, registrations in v1."""
 
 
 @dataclass(frozen=True)
@@ -39,8 +42,6 @@ class WorkerSpec:
     port: int
     registrations: tuple[bytes, ...]
     """One per connection: the registration JSON (ws) or the subject (nats)."""
-    path: str = "/changefeeds"
-    headers: dict[str, str] = field(default_factory=lambda: {"Accept-Version": "~1"})
     latency: bool = False
     origin_ns: int = 0
     cores: frozenset[int] | None = None
@@ -63,7 +64,7 @@ class PoolReport:
     histogram: Histogram
     cpu_seconds: float
     wall_seconds: float
-    closed: int
+    """The longest of the workers' measured intervals (mark to report)."""
     close_codes: dict[int, int]
     connections: int
 
@@ -100,10 +101,6 @@ class ClientPool:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    @property
-    def pids(self) -> list[int]:
-        return [process.pid for process, _, _ in self._workers]
 
     def ready(self, timeout: float = SETUP_TIMEOUT) -> int:
         """Wait until every worker has registered all its connections; their number."""
@@ -146,7 +143,6 @@ class ClientPool:
             histogram=Histogram.merged(r["histogram"] for r in reports if r["histogram"]),
             cpu_seconds=sum(r["cpu"] for r in reports),
             wall_seconds=max((r["wall"] for r in reports), default=0.0),
-            closed=sum(r["closed"] for r in reports),
             close_codes=codes,
             connections=sum(r["connections"] for r in reports),
         )
@@ -233,7 +229,7 @@ def _websockets(
     spec: WorkerSpec, socks: list[socket.socket], regs: tuple[bytes, ...]
 ) -> Iterator[_Conn]:
     for sock in socks:
-        sock.sendall(wire.upgrade_request(spec.host, spec.port, spec.path, spec.headers))
+        sock.sendall(wire.upgrade_request(spec.host, spec.port, PATH, HEADERS))
     rests = []
     for sock in socks:
         head, rest = _read_until(sock, b"", b"\r\n\r\n")
@@ -288,7 +284,6 @@ class _Loop:
         self.by_fd = {c.sock.fileno(): c for c in conns}
         self.connections = len(conns)
         self.total = 0
-        self.closed = 0
         self.close_codes: dict[int, int] = {}
         self.histogram: Histogram | None = Histogram() if spec.latency else None
         self._mark()
@@ -306,7 +301,6 @@ class _Loop:
             "histogram": self.histogram.to_wire() if self.histogram is not None else None,
             "cpu": time.process_time() - self.marked_cpu,
             "wall": time.monotonic() - self.marked_wall,
-            "closed": self.closed,
             "close_codes": self.close_codes,
             "connections": self.connections,
         }
@@ -348,7 +342,6 @@ class _Loop:
                     data = b""
                 if not data:
                     poller.unregister(fd)
-                    self.closed += 1
                     continue
                 if conn.tail:
                     data = conn.tail + data

@@ -12,7 +12,9 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from bench import items
 from bench.clients import ClientPool, PoolReport
+from bench.scenario import ScenarioError
 from bench.servers import cpu_seconds
 
 Push = Callable[[int], Awaitable[None]]
@@ -50,23 +52,35 @@ class CpuWatch:
         self.before = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
         self.driver = time.process_time()
 
-    def shares(self, report: PoolReport | None = None) -> dict[str, float]:
+    def shares(self) -> dict[str, float]:
         wall = time.monotonic() - self.started
         out = {
             name: round((cpu_seconds(pid) - self.before[name]) / wall, 3)
             for name, pid in self.pids.items()
         }
         out["driver"] = round((time.process_time() - self.driver) / wall, 3)
-        if report is not None:
-            out["clients"] = round(report.cpu_seconds / wall, 3)
         return out
+
+
+def _clients(cpu: dict[str, float], report: PoolReport) -> dict[str, float]:
+    """`cpu` plus the client processes' share, over their own measured interval."""
+    wall = report.wall_seconds
+    return {**cpu, "clients": round(report.cpu_seconds / wall, 3) if wall else 0.0}
+
+
+def _require_samples(report: PoolReport, side: str) -> None:
+    if report.histogram.count == 0:
+        raise ScenarioError(f"{side}: no item reached a latency probe in the measured interval")
 
 
 async def closed_loop(
     push: Push, pool: ClientPool, fanout: int, watch: CpuWatch, *, batch: int, inflight: int,
     warmup: float, duration: float,
 ) -> Measured:
-    """Publish batches while fewer than `inflight` items are undelivered; count deliveries."""
+    """Publish batches while fewer than `inflight` items are undelivered; count deliveries.
+
+    A side that delivers nothing, or leaves items undelivered 10 s after the run, raises
+    ScenarioError: its rate would not be a delivery rate."""
     published = 0
     started = time.monotonic()
     mark: tuple[float, int, int] | None = None
@@ -87,48 +101,74 @@ async def closed_loop(
             await asyncio.sleep(0.0002)
     seconds = now - mark[0]
     report = pool.report()
-    cpu = watch.shares(report)
+    cpu = _clients(watch.shares(), report)
     deliveries = received - mark[1]
     expected = published * fanout
     for _ in range(1000):  # up to 10 s for the items in flight
         if pool.received() >= expected:
             break
         await asyncio.sleep(0.01)
-    return Measured(
-        seconds, deliveries, published - mark[2], cpu, report, expected - pool.received()
-    )
+    undelivered = expected - pool.received()
+    if deliveries <= 0:
+        raise ScenarioError(f"nothing delivered in {seconds:.1f} s ({published} items published)")
+    if undelivered > 0:
+        raise ScenarioError(f"{undelivered} of {expected} deliveries missing 10 s after the run")
+    return Measured(seconds, deliveries, published - mark[2], cpu, report, undelivered)
+
+
+async def pace(
+    send: Callable[[int], Awaitable[None]], *, rate: float, warmup: float, duration: float,
+    on_mark: Callable[[], None], on_tick: Callable[[float], None] | None = None,
+) -> tuple[float, int]:
+    """`send(due)` at each of `due_times` for `warmup + duration` seconds of schedule, calling
+    `on_mark()` when the warm-up is over; (seconds since the mark, sends since the mark)."""
+    started = time.monotonic_ns()
+    warm, end = started + int(warmup * 1e9), started + int((warmup + duration) * 1e9)
+    marked: int | None = None
+    sent = 0
+    for due in items.due_times(started, rate):
+        if due >= end:
+            break
+        now = time.monotonic_ns()
+        if due > now:
+            await asyncio.sleep((due - now) / 1e9)
+        if marked is None and due >= warm:
+            on_mark()
+            marked = time.monotonic_ns()
+        if marked is not None:
+            if on_tick is not None:
+                on_tick((due - warm) / 1e9)
+            sent += 1
+        await send(due)
+    assert marked is not None, "a warm-up longer than the run"
+    return (time.monotonic_ns() - marked) / 1e9, sent
+
+
+def _marker(pool: ClientPool, watch: CpuWatch) -> Callable[[], None]:
+    def mark() -> None:
+        pool.mark()
+        watch.start()
+
+    return mark
 
 
 async def paced(
     send: Send, pool: ClientPool, watch: CpuWatch, *, rate: float, warmup: float,
-    duration: float, stamp: Callable[[], str], on_tick: Callable[[float], None] | None = None,
+    duration: float, origin_ns: int, on_tick: Callable[[float], None] | None = None,
 ) -> Measured:
-    """Publish `rate` items a second, each stamped when sent; histograms from the clients."""
-    started = time.monotonic_ns()
-    number = 0
-    marked: float | None = None
-    sent_at_mark = 0
-    while True:
-        due = started + int(number * 1e9 / rate)
-        now = time.monotonic_ns()
-        if due > now:
-            await asyncio.sleep((due - now) / 1e9)
-        elapsed = (time.monotonic_ns() - started) / 1e9
-        if marked is None and elapsed >= warmup:
-            pool.mark()
-            watch.start()
-            marked, sent_at_mark = elapsed, number
-        if elapsed >= warmup + duration:
-            break
-        if on_tick is not None and marked is not None:
-            on_tick(elapsed - marked)
-        await send(stamp())
-        number += 1
+    """Publish `rate` items a second, each stamped with its due time; histograms from the
+    clients. No sample at all raises ScenarioError."""
+
+    async def stamped(due: int) -> None:
+        await send(items.stamp(due, origin_ns))
+
+    seconds, sent = await pace(stamped, rate=rate, warmup=warmup, duration=duration,
+                               on_mark=_marker(pool, watch), on_tick=on_tick)
+    cpu = watch.shares()  # before the drain: the sides' shares of the measured interval
     await asyncio.sleep(0.5)  # the last items in flight
     report = pool.report()
-    cpu = watch.shares(report)
-    assert marked is not None
-    return Measured(elapsed - marked, report.frames, number - sent_at_mark, cpu, report)
+    _require_samples(report, "paced run")
+    return Measured(seconds, report.frames, sent, _clients(cpu, report), report)
 
 
 async def passive(
@@ -136,8 +176,8 @@ async def passive(
 ) -> Measured:
     """For a server that makes its own items (`bench.broadcast --mode timer`): only listen."""
     await asyncio.sleep(warmup)
-    pool.mark()
-    watch.start()
+    _marker(pool, watch)()
     await asyncio.sleep(duration)
     report = pool.report()
-    return Measured(duration, report.frames, 0, watch.shares(report), report)
+    _require_samples(report, "bare broadcast server")
+    return Measured(duration, report.frames, 0, _clients(watch.shares(), report), report)

@@ -19,12 +19,20 @@ from bench.servers import SUB_KINDS
 from bench.stack import Stack, bare, ours
 
 
+def throughput_timing(
+    ctx: Context, *, batch: tuple[int, int] = (10, 5), inflight: tuple[int, int] = (50, 50)
+) -> dict[str, Any]:
+    """`closed_loop`'s load and interval: `batch` and `inflight` as (full run, quick run); the
+    defaults are P1's (and P9's, which compares with P1)."""
+    return {"batch": ctx.size(*batch), "inflight": ctx.size(*inflight),
+            "warmup": ctx.size(2.0, 0.5), "duration": ctx.size(10.0, 1.5)}
+
+
 async def deliver(
     ctx: Context, stack: Stack, registrations: list[bytes], subs: tuple[str, ...], fanout: int,
-    *, batch: int, inflight: int, profile: str | None = None,
+    timing: dict[str, Any], *, profile: str | None = None,
 ) -> tuple[Measured, dict[str, Any] | None]:
     """Closed-loop deliveries/s of `stack` to `registrations`; items cycle over `subs`."""
-    warmup, duration = ctx.size(2.0, 0.5), ctx.size(10.0, 1.5)
     with ClientPool(ctx.specs(stack.port, registrations)) as pool:
         pool.ready()
         bucket = stack.bucket()
@@ -39,24 +47,24 @@ async def deliver(
 
         recording = None
         if profile and ctx.profile:
-            recording = Recording(stack.server.pid, warmup + duration,
+            recording = Recording(stack.server.pid, timing["warmup"] + timing["duration"],
                                   ctx.work / "profiles" / f"{profile}.txt")
         watch = CpuWatch(stack.pids())
-        measured = await closed_loop(push, pool, fanout, watch, batch=batch, inflight=inflight,
-                                     warmup=warmup, duration=duration)
+        measured = await closed_loop(push, pool, fanout, watch, **timing)
         await bucket.redis.aclose()
     return measured, recording.summary() if recording else None
 
 
-def server_us_per_delivery(measured: Measured) -> float:
-    """CPU microseconds the server spent per delivery: comparable when the clients, not the
-    server, are the bottleneck."""
+def server_us_per_delivery(measured: Measured, side: str = "server") -> float:
+    """CPU microseconds the process `side` spent per delivery: comparable when the clients, not
+    the server, are the bottleneck."""
     rate = measured.deliveries_per_second
-    return round(measured.cpu.get("server", 0.0) / rate * 1e6, 3) if rate else 0.0
+    return round(measured.cpu.get(side, 0.0) / rate * 1e6, 3) if rate else 0.0
 
 
-def _describe(measured: Measured) -> dict[str, Any]:
+def _describe(measured: Measured, loop: str) -> dict[str, Any]:
     return {
+        "loop": loop,
         "deliveries_per_second": round(measured.deliveries_per_second),
         "server_cpu_us_per_delivery": server_us_per_delivery(measured),
         "items_per_second": round(measured.items / measured.seconds) if measured.seconds else 0,
@@ -69,18 +77,19 @@ def _describe(measured: Measured) -> dict[str, Any]:
 
 async def measure_fanout(
     ctx: Context, result: Result, name: str, count: int, subs: tuple[str, ...], fanout: int,
-    batch: int, inflight: int,
+    timing: dict[str, Any],
 ) -> tuple[Measured, Measured]:
     registrations = listeners(count, subs)
     async with ours(ctx, f"{name}-ours") as stack:
-        mine, profile = await deliver(ctx, stack, registrations, subs, fanout, batch=batch,
-                                      inflight=inflight, profile=f"{name}-publisher")
+        mine, profile = await deliver(ctx, stack, registrations, subs, fanout, timing,
+                                      profile=f"{name}-publisher")
+        mine_loop = stack.loop
     with bare(ctx, f"{name}-bare", "stream") as stack:
-        base, _ = await deliver(ctx, stack, registrations, subs, fanout, batch=batch,
-                                inflight=inflight)
+        base, _ = await deliver(ctx, stack, registrations, subs, fanout, timing)
+        base_loop = stack.loop
     result.cpu = {"publisher": mine.cpu, "bare broadcast": base.cpu}
-    result.details = {"listeners": count, "publisher": _describe(mine),
-                      "bare broadcast": _describe(base)}
+    result.details = {"listeners": count, **timing, "publisher": _describe(mine, mine_loop),
+                      "bare broadcast": _describe(base, base_loop)}
     if profile:
         result.details["profile"] = profile
     return mine, base
@@ -90,7 +99,7 @@ async def p1(ctx: Context) -> Result:
     count = ctx.size(1000, 20)
     result = Result("P1", f"Fan-out: deliveries/s to {count:,} listeners, 150-byte items")
     mine, base = await measure_fanout(ctx, result, "p1", count, ("nic",), count,
-                                      batch=ctx.size(10, 5), inflight=ctx.size(50, 50))
+                                      throughput_timing(ctx))
     result.checks.append(Check(
         "deliveries/s",
         Figure(f"publisher, {count:,} listeners", round(mine.deliveries_per_second),
@@ -107,8 +116,8 @@ async def p6(ctx: Context) -> Result:
     fanout = count // len(SUB_KINDS)
     result = Result("P6", f"{count:,} listeners over {len(SUB_KINDS)} change kinds, "
                           "each change matching 1%")
-    mine, base = await measure_fanout(ctx, result, "p6", count, SUB_KINDS, fanout,
-                                      batch=ctx.size(100, 50), inflight=ctx.size(1000, 200))
+    timing = throughput_timing(ctx, batch=(100, 50), inflight=(1000, 200))
+    mine, base = await measure_fanout(ctx, result, "p6", count, SUB_KINDS, fanout, timing)
     result.checks.append(Check(
         "deliveries/s",
         Figure(f"publisher, {count:,} listeners, {fanout} per change",

@@ -1,18 +1,24 @@
 """The change items the benchmarks send: 150 bytes of JSON, shaped as the publisher's.
 
-Latency runs carry the send time in the item itself: `changedResourceId` is the time of the
-commit (or publish), in microseconds since an origin shared by every process of the run, as 7
-base-36 digits. CLOCK_MONOTONIC is system-wide on Linux, so a client process computes an item's
-age from its own clock. Pure code.
+Latency runs carry the send time in the item itself: `changedResourceId` is the time the commit
+(or publish) was due (`due_times`), in microseconds since an origin shared by every process of the
+run, as 7 base-36 digits. CLOCK_MONOTONIC is system-wide on Linux, so a client process computes
+an item's age from its own clock. Pure code.
 """
 
 from __future__ import annotations
 
-import orjson
+import itertools
+from collections.abc import Iterator
+
+from publisher.cursor import Cursor, StreamId
+from publisher.protocol import ChangeItem
 
 ID_LENGTH = 7
 """Characters of a changedResourceId: with the rest of an item, 150 bytes of JSON."""
 ID_MARK = b'"changedResourceId":"'
+EPOCH = "benchbench"
+"""The epoch of the baselines' cursors: as long as the publisher's."""
 _DIGITS = "0123456789abcdefghijklmnopqrstuvwxyz"
 _SPAN = 36**ID_LENGTH
 
@@ -37,31 +43,27 @@ def counter_id(number: int) -> str:
     return f"{number % 10**ID_LENGTH:0{ID_LENGTH}d}"
 
 
-def stamp_in(payload: bytes | memoryview, start: int, end: int) -> bytes | None:
+def stamp_in(payload: bytes, start: int, end: int) -> bytes | None:
     """The id of the item at payload[start:end], or None if it has none."""
-    data = bytes(payload) if isinstance(payload, memoryview) else payload
-    at = data.find(ID_MARK, start, end)
+    at = payload.find(ID_MARK, start, end)
     if at < 0:
         return None
     at += len(ID_MARK)
-    return data[at : at + ID_LENGTH]
+    return payload[at : at + ID_LENGTH]
 
 
-def item_json(
-    resource: str, sub_resources: list[str], changed_id: str, ms: int, cursor: str
-) -> bytes:
-    """An item in the publisher's wire format (docs/protocol.md), for the baseline servers."""
-    return orjson.dumps(
-        {
-            "changeKind": {"resource": resource, "subResources": sub_resources},
-            "changedResourceId": changed_id,
-            "published": str(ms),
-            "cursor": cursor,
-        }
-    )
+def item(changed_id: str, ms: int) -> bytes:
+    """A `vm`/`nic` item encoded as the publisher encodes it (docs/protocol.md), published at
+    `ms` (a real time: as many digits as the publisher's) with the cursor of stream id ms-0:
+    what the baseline servers and the NATS and pub/sub publishers send."""
+    cursor = Cursor(EPOCH, StreamId(ms, 0)).encode()
+    return ChangeItem("vm", ("nic",), changed_id, ms, cursor).encode()
 
 
-def fake_cursor(ms: int, seq: int) -> str:
-    """A string as long as the publisher's cursor for stream id ms-seq (not a valid cursor)."""
-    hexseq = f"{seq:x}"
-    return f"benchbench.{ms:012x}{chr(ord('a') + len(hexseq) - 1)}{hexseq}"
+def due_times(start_ns: int, rate: float) -> Iterator[int]:
+    """The time each send is due at `rate` a second from `start_ns`: start, start + 1/rate...
+
+    Every paced side stamps an item with its due time, not the time it got round to sending
+    it, so a side that falls behind its schedule shows it as latency."""
+    for number in itertools.count():
+        yield start_ns + int(number * 1e9 / rate)

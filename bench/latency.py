@@ -1,8 +1,9 @@
 """P2 (commit -> listener receive latency at 1,000 listeners, 200 changes/s) and P7 (1% of the
 listeners paused: the others' p99, and the publisher's memory).
 
-Each change is stamped with the time just before its commit (`bench.items`); every client
-process computes the age of each item it receives from the same system-wide monotonic clock.
+Each change is stamped with the time its commit was due (`bench.items.due_times`), as the bare
+broadcast server and the pub/sub publisher stamp theirs; every client process computes the age
+of each item it receives from the same system-wide monotonic clock.
 """
 
 from __future__ import annotations
@@ -12,14 +13,15 @@ import time
 from typing import Any
 
 import aiohttp
+import redis.asyncio as aioredis
 
 from bench import items
 from bench.clients import ClientPool
-from bench.drive import CpuWatch, Measured, paced, passive
+from bench.drive import CpuWatch, Measured, pace, paced, passive
 from bench.histogram import Histogram
 from bench.profiling import Recording
 from bench.pubsub import CHANNEL, Subscriber
-from bench.scenario import Check, Context, Figure, Result, listeners, ratio
+from bench.scenario import Check, Context, Figure, Result, ScenarioError, listeners, ratio
 from bench.servers import redis_server, redis_url
 from bench.stack import Stack, bare, ours
 
@@ -30,6 +32,9 @@ this machine, see P2) and the p99s compare the effect of the pauses, not queuein
 P7_LIMITS = {"sendBuffer": 262144, "window": 1000}
 """P7's publisher limits: a paused listener passes its send buffer within seconds and falls out
 of the window (10 s of items at 100/s) within the run."""
+KEPT_UP = 0.95
+"""P2's ratio check needs a baseline that delivered this share of rate x duration x listeners:
+one that fell further behind its schedule is not a baseline (the check is then not met)."""
 
 
 def latency_timing(ctx: Context) -> dict[str, float]:
@@ -77,8 +82,7 @@ async def commit_latency(
                                   ctx.work / "profiles" / f"{profile}.txt")
         measured = await paced(
             send, pool, CpuWatch(stack.pids()), rate=timing["rate"], warmup=timing["warmup"],
-            duration=timing["duration"], stamp=lambda: items.stamp(time.monotonic_ns(), origin),
-            on_tick=tick,
+            duration=timing["duration"], origin_ns=origin, on_tick=tick,
         )
         if recording:
             extra["profile"] = recording.summary()
@@ -98,16 +102,18 @@ async def _paused_state(stack: Stack, paused: int) -> dict[str, Any]:
             "lagging_at_end": len(behind), "max_items_behind": max(behind, default=0)}
 
 
-async def bare_latency(ctx: Context, registrations: list[bytes]) -> Measured:
-    """The bare broadcast server making the same items at the same rate, stamped as it sends."""
+async def bare_latency(ctx: Context, registrations: list[bytes]) -> tuple[Measured, str]:
+    """The bare broadcast server making the same items at the same rate, each stamped with the
+    time it was due; and the server's event loop."""
     timing = latency_timing(ctx)
     origin = time.monotonic_ns()
     with bare(ctx, "p2-bare", "timer", rate=timing["rate"], origin_ns=origin) as stack:
         specs = ctx.specs(stack.port, registrations, latency=True, origin_ns=origin)
         with ClientPool(specs) as pool:
             pool.ready()
-            return await passive(pool, CpuWatch(stack.pids()), warmup=timing["warmup"],
-                                 duration=timing["duration"])
+            measured = await passive(pool, CpuWatch(stack.pids()), warmup=timing["warmup"],
+                                     duration=timing["duration"])
+            return measured, stack.loop
 
 
 async def pubsub_latency(ctx: Context) -> Histogram:
@@ -119,32 +125,22 @@ async def pubsub_latency(ctx: Context) -> Histogram:
         url = redis_url(directory / "redis")
         subscriber = Subscriber(url, origin, ctx.cores.load)
         try:
-            import redis.asyncio as aioredis
-
             client = aioredis.Redis.from_url(url)
-            started = time.monotonic_ns()
-            number = 0
-            marked = False
-            while True:
-                due = started + int(number * 1e9 / timing["rate"])
-                now = time.monotonic_ns()
-                if due > now:
-                    await asyncio.sleep((due - now) / 1e9)
-                elapsed = (time.monotonic_ns() - started) / 1e9
-                if not marked and elapsed >= timing["warmup"]:
-                    subscriber.mark()
-                    marked = True
-                if elapsed >= timing["warmup"] + timing["duration"]:
-                    break
-                payload = items.item_json("vm", ["nic"], items.stamp(time.monotonic_ns(), origin),
-                                          0, items.fake_cursor(0, number))
+
+            async def send(due: int) -> None:
+                payload = items.item(items.stamp(due, origin), time.time_ns() // 1_000_000)
                 await client.publish(CHANNEL, payload)
-                number += 1
+
+            await pace(send, rate=timing["rate"], warmup=timing["warmup"],
+                       duration=timing["duration"], on_mark=subscriber.mark)
             await asyncio.sleep(0.3)
             await client.aclose()
-            return subscriber.report()
+            histogram = subscriber.report()
         finally:
             subscriber.close()
+    if histogram.count == 0:
+        raise ScenarioError("redis pub/sub: the subscriber timed no item")
+    return histogram
 
 
 def _latency(label: str, histogram: Histogram) -> dict[str, float]:
@@ -159,8 +155,10 @@ async def p2(ctx: Context) -> Result:
     registrations = listeners(count)
     async with ours(ctx, "p2-ours") as stack:
         mine, _, extra = await commit_latency(ctx, stack, registrations, profile="p2-publisher")
-    base = await bare_latency(ctx, registrations)
+        mine_loop = stack.loop
+    base, base_loop = await bare_latency(ctx, registrations)
     pubsub = await pubsub_latency(ctx)
+    scheduled = round(timing["rate"] * timing["duration"] * count)
     ours_h, bare_h = mine.report.histogram, base.report.histogram
     baseline_p99 = pubsub.percentile(99) + bare_h.percentile(99)
     result.details = {
@@ -170,7 +168,9 @@ async def p2(ctx: Context) -> Result:
         "bare broadcast": _latency("server send -> receive", bare_h),
         "baseline": {"p50_ms": pubsub.percentile(50) + bare_h.percentile(50),
                      "p99_ms": baseline_p99, "max_ms": (pubsub.max_us + bare_h.max_us) / 1000},
-        "items_received": {"publisher": mine.report.frames, "bare broadcast": base.report.frames},
+        "items_received": {"publisher": mine.report.frames, "bare broadcast": base.report.frames,
+                           "scheduled": scheduled},
+        "loops": {"publisher": mine_loop, "bare broadcast": base_loop},
         **extra,
     }
     result.details["cdf"] = {"publisher": ours_h.cdf(), "bare broadcast": bare_h.cdf(),
@@ -181,8 +181,15 @@ async def p2(ctx: Context) -> Result:
                     f"{ours_h.max_us / 1000:.1f})", mine_p99, "ms")
     baseline = Figure(f"pubsub p99 {pubsub.percentile(99):.2f} + bare broadcast p99 "
                       f"{bare_h.percentile(99):.2f}", round(baseline_p99, 3), "ms")
-    result.checks.append(Check("p99 latency", figure, baseline, "<= 1.5x",
-                               mine_p99 <= 1.5 * baseline_p99))
+    if base.report.frames >= KEPT_UP * scheduled:
+        result.checks.append(Check("p99 latency", figure, baseline, "<= 1.5x",
+                                   mine_p99 <= 1.5 * baseline_p99))
+    else:
+        result.checks.append(Check(
+            "p99 latency", figure, baseline, "<= 1.5x", None,
+            note=f"baseline fell behind: it delivered {base.report.frames:,} of the "
+                 f"{scheduled:,} items due ({base.report.frames / scheduled:.0%})",
+        ))
     result.checks.append(Check("p99 latency, absolute", figure,
                                Figure("the absolute bound", 20.0, "ms"), "< 20 ms",
                                mine_p99 < 20.0))

@@ -1,9 +1,10 @@
 """P4's second baseline: an aiohttp route answering constant bootstrap pages, no Redis behind it.
 
-    python -m bench.pages --pages 100 --size 1000
+    python -m bench.pages --pages 100 --size 1000 --loop uvloop
 
 `GET /c?page=N` returns `{"items": [...], "next": "/c?page=N+1" | null, "cursor": ...}` with the
-same objects P4 commits, built once at start-up: the cost of HTTP and JSON framing alone.
+same objects P4 commits, built once at start-up: the cost of HTTP and JSON framing alone. `--loop`
+is the publisher's event loop (`bench.loops`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import contextlib
 import orjson
 from aiohttp import web
 
+from bench import loops
 from bench.objects import state
 
 
@@ -41,7 +43,7 @@ async def main(args: argparse.Namespace) -> None:
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = runner.addresses[0][1]
-    print(f"listening port={port}", flush=True)
+    print(f"listening port={port} loop={loops.running()}", flush=True)
     await asyncio.Event().wait()
 
 
@@ -49,5 +51,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pages", type=int, default=100)
     parser.add_argument("--size", type=int, default=1000)
+    parser.add_argument("--loop", choices=loops.LOOPS, default="asyncio")
+    arguments = parser.parse_args()
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(main(parser.parse_args()))
+        loops.run(main(arguments), arguments.loop)

@@ -30,7 +30,7 @@ class Recording:
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         )
 
-    def summary(self, top: int = 12) -> dict[str, Any]:
+    def summary(self) -> dict[str, Any]:
         if self.process is None:
             return {"error": self.missing}
         try:
@@ -40,7 +40,7 @@ class Recording:
             return {"error": "py-spy did not finish"}
         if not self.out.exists():
             return {"error": err.decode(errors="replace")[-500:]}
-        return summarize(self.out.read_text(), top) | {"raw": str(self.out)}
+        return summarize(self.out.read_text()) | {"raw": str(self.out)}
 
 
 def _name(frame: str) -> str:

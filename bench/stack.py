@@ -10,7 +10,10 @@ from urllib.parse import urlsplit
 
 from bench.scenario import Context
 from bench.servers import (
+    RESOURCE,
     Server,
+    baseline_loop,
+    baseline_port,
     publisher,
     publisher_loop,
     publisher_url,
@@ -34,6 +37,8 @@ class Stack:
     redis: Server | None
     redis_url: str
     resources: list[Resource]
+    loop: str
+    """The event loop the server says it runs on."""
 
     def bucket(self) -> ChangeBucket:
         return ChangeBucket(connect(self.redis_url), "bench", self.resources)
@@ -63,17 +68,19 @@ async def ours(
         serve = publisher(config, directory / "publisher.log", ctx.cores.server,
                           loop=ctx.loop, source=ctx.source)
         with serve:
-            ctx.publisher_loops.add(publisher_loop(serve))
+            loop = publisher_loop(serve)
+            ctx.publisher_loops.add(loop)
             port = urlsplit(publisher_url(serve)).port
             assert port is not None
-            yield Stack(serve, port, redis, url, resources)
+            yield Stack(serve, port, redis, url, resources, loop)
 
 
 @contextlib.contextmanager
 def bare(
     ctx: Context, name: str, mode: str, *, rate: float = 0.0, origin_ns: int = 0
 ) -> Iterator[Stack]:
-    """The bare websockets broadcast server; with `mode="stream"` a private Redis as well."""
+    """The bare websockets broadcast server, on the publisher's event loop; with
+    `mode="stream"` a private Redis as well."""
     directory = ctx.work / name
     with contextlib.ExitStack() as stack:
         redis = None
@@ -84,8 +91,8 @@ def bare(
         args = ["--mode", mode, "--redis", url, "--rate", str(rate), "--origin", str(origin_ns)]
         server = stack.enter_context(
             python_module("broadcast", "bench.broadcast", args, directory / "broadcast.log",
-                          ctx.cores.server)
+                          ctx.cores.server, ctx.loop)
         )
-        assert server.match is not None
-        resources = list(load_config(write_config(directory / "config.js", url or "redis://x")).resources)
-        yield Stack(server, int(server.match.group(1)), redis, url, resources)
+        loop = baseline_loop(server)
+        ctx.baseline_loops.add(loop)
+        yield Stack(server, baseline_port(server), redis, url, [RESOURCE], loop)

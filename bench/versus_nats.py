@@ -1,6 +1,7 @@
-"""P9: what a user would use instead. NATS core pub/sub (the machine's nats-server) fanning out
-the same 150-byte items to the same number of Python subscribers, at full speed and at P2's rate,
-against this run's P1 (deliveries/s) and P2 (p99) figures of the publisher.
+"""P9: what a user would use instead. NATS core pub/sub (a private nats-server on a free port,
+pinned to the server core like the publisher) fanning out the same 150-byte items to the same
+number of Python subscribers, at full speed and at P2's rate, against this run's P1
+(deliveries/s) and P2 (p99) figures of the publisher.
 
 The subscribers are the same epoll load generators as the websocket listeners (`bench.clients`,
 speaking the NATS text protocol), so both sides pay the same client cost; the items are published
@@ -14,54 +15,35 @@ import contextlib
 import itertools
 import os
 import shutil
-import socket
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 from bench import items
 from bench.clients import ClientPool
 from bench.drive import CpuWatch, closed_loop, paced
-from bench.fanout import p1
-from bench.latency import latency_timing, p2
-from bench.scenario import Check, Context, Figure, Result
+from bench.fanout import p1, server_us_per_delivery, throughput_timing
+from bench.latency import KEPT_UP, latency_timing, p2
+from bench.scenario import Check, Context, Figure, Result, ScenarioError
 from bench.servers import Server
+from tests.servers import free_port
 
-HOST, PORT = "127.0.0.1", 4222
-
-
-def _reachable(port: int) -> bool:
-    with contextlib.suppress(OSError), socket.create_connection((HOST, port), timeout=1):
-        return True
-    return False
-
-
-def _pid_of(name: str) -> int | None:
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                if (entry / "comm").read_text().strip() == name:
-                    return int(entry.name)
-    return None
+FELL_BEHIND_P50_MS = 1000.0
+"""A baseline whose median latency passes this did not keep up with the offered rate."""
+HOST = "127.0.0.1"
 
 
 @contextlib.contextmanager
-def nats_server(ctx: Context) -> Iterator[tuple[int, int | None, str]]:
-    """(port, pid, which): the running nats-server, else a private one."""
-    if _reachable(PORT):
-        yield PORT, _pid_of("nats-server"), f"running nats-server on {HOST}:{PORT}"
-        return
+def nats_server(ctx: Context) -> Iterator[tuple[int, int, str]]:
+    """(port, pid, which): a private nats-server on a free port, pinned to the server core."""
     binary = shutil.which("nats-server")
     if binary is None:
-        raise RuntimeError("no nats-server on 127.0.0.1:4222 and none on PATH")
-    with socket.socket() as probe:
-        probe.bind((HOST, 0))
-        port = probe.getsockname()[1]
+        raise ScenarioError("nats-server is not on PATH")
+    port = free_port()
     server = Server("nats-server", [binary, "-a", HOST, "-p", str(port)],
-                    ctx.work / "nats.log", r"(?i)server is ready", None)
+                    ctx.work / "nats.log", r"(?i)server is ready", ctx.cores.server)
     with server:
-        yield port, server.pid, f"private nats-server on {HOST}:{port} (none was running)"
+        yield port, server.pid, f"private nats-server on {HOST}:{port}, on the server core"
 
 
 class Publisher:
@@ -114,7 +96,7 @@ async def _nats_figures(ctx: Context, count: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     with nats_server(ctx) as (port, pid, which):
         out["server"] = which
-        pids = {"nats-server": pid} if pid else {}
+        pids = {"nats-server": pid}
         publisher = Publisher(port, subject)
         await publisher.connect()
         out["publisher"] = publisher.kind
@@ -124,23 +106,16 @@ async def _nats_figures(ctx: Context, count: int) -> dict[str, Any]:
             numbers = itertools.count()
 
             async def push(n: int) -> None:
-                await publisher.publish([
-                    items.item_json("vm", ["nic"], items.counter_id(next(numbers)), 0,
-                                    items.fake_cursor(0, 1))
-                    for _ in range(n)
-                ])
+                ms = time.time_ns() // 1_000_000
+                await publisher.publish([items.item(items.counter_id(next(numbers)), ms)
+                                         for _ in range(n)])
 
-            measured = await closed_loop(
-                push, pool, count, CpuWatch(pids), batch=ctx.size(10, 5),
-                inflight=ctx.size(50, 50), warmup=ctx.size(2.0, 0.5),
-                duration=ctx.size(10.0, 1.5),
-            )
-        rate = measured.deliveries_per_second
+            measured = await closed_loop(push, pool, count, CpuWatch(pids),
+                                         **throughput_timing(ctx))
         out["throughput"] = {
-            "deliveries_per_second": round(rate), "cpu": measured.cpu,
+            "deliveries_per_second": round(measured.deliveries_per_second), "cpu": measured.cpu,
             "undelivered": measured.undelivered,
-            "server_cpu_us_per_delivery":
-                round(measured.cpu.get("nats-server", 0.0) / rate * 1e6, 3) if rate else 0.0,
+            "server_cpu_us_per_delivery": server_us_per_delivery(measured, "nats-server"),
         }
         origin = time.monotonic_ns()
         specs = ctx.specs(port, registrations, latency=True, origin_ns=origin, kind="nats")
@@ -148,15 +123,15 @@ async def _nats_figures(ctx: Context, count: int) -> dict[str, Any]:
             pool.ready()
 
             async def send(changed_id: str) -> None:
-                await publisher.publish([items.item_json("vm", ["nic"], changed_id, 0,
-                                                         items.fake_cursor(0, 1))])
+                await publisher.publish([items.item(changed_id, time.time_ns() // 1_000_000)])
 
             latency = await paced(
                 send, pool, CpuWatch(pids), rate=timing["rate"], warmup=timing["warmup"],
-                duration=timing["duration"], stamp=lambda: items.stamp(time.monotonic_ns(), origin),
+                duration=timing["duration"], origin_ns=origin,
             )
         out["latency"] = {**latency.report.histogram.summary(), "cpu": latency.cpu,
-                          "rate": timing["rate"]}
+                          "rate": timing["rate"], "delivered": latency.report.frames,
+                          "scheduled": round(timing["rate"] * timing["duration"] * count)}
         await publisher.close()
     return out
 
@@ -188,13 +163,22 @@ async def p9(ctx: Context) -> Result:
         Figure(f"NATS core, {count:,} subscribers", nats_rate, "deliveries/s"),
         ">= 0.5x (within 2x)", mine_rate >= 0.5 * nats_rate,
     ))
+    # NATS delivers every item in the end, but late: a median over a second means it did not
+    # keep up with the offered rate, and its p99 measures its queue, not its latency.
+    delivered, scheduled = theirs["latency"]["delivered"], theirs["latency"]["scheduled"]
+    nats_p50 = theirs["latency"]["p50_ms"]
+    kept_up = delivered >= KEPT_UP * scheduled and nats_p50 <= FELL_BEHIND_P50_MS
     result.checks.append(Check(
         "p99 latency", Figure(f"publisher (P2), {latency.details['rate']:g}/s", mine_p99, "ms"),
         Figure(f"NATS core, same rate (p50 {theirs['latency']['p50_ms']:.2f})", nats_p99, "ms"),
-        "<= 2x", mine_p99 <= 2 * nats_p99,
+        "<= 2x", mine_p99 <= 2 * nats_p99 if kept_up else None,
+        note="" if kept_up else (
+            f"baseline fell behind: median {nats_p50:,.0f} ms, {delivered:,} of the "
+            f"{scheduled:,} items due delivered"
+        ),
     ))
     result.checks.append(Check(
         "server CPU per delivery", Figure("publisher (P1), pinned to one core", mine_us, "µs"),
-        Figure("nats-server (not pinned: not ours)", nats_us, "µs"), "(information)", None,
+        Figure("nats-server, pinned to the same core", nats_us, "µs"), "(information)", None,
     ))
     return result

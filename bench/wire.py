@@ -86,11 +86,11 @@ def close_code(data: bytes, start: int, end: int) -> int:
 NATS_MSG, NATS_PING, NATS_OTHER = 0, 1, 2
 
 
-def nats_connect(subject: str, sid: int = 1) -> bytes:
-    """CONNECT, SUB and a PING whose PONG says the subscription is in place."""
+def nats_connect(subject: str) -> bytes:
+    """CONNECT, SUB (sid 1) and a PING whose PONG says the subscription is in place."""
     return (
         b'CONNECT {"verbose":false,"pedantic":false,"name":"bench","protocol":1}\r\n'
-        + f"SUB {subject} {sid}\r\n".encode()
+        + f"SUB {subject} 1\r\n".encode()
         + b"PING\r\n"
     )
 

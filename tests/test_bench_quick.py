@@ -1,11 +1,14 @@
 """The benchmark suite's smoke run: `python -m bench --quick` runs every scenario at tiny sizes.
 
-It checks that each scenario runs and reports a figure and a baseline, never the timings (the
-machine is shared; docs/benchmarks.md holds the measured figures).
+It checks that each scenario runs and reports a figure and a baseline, that throughput and latency
+runs actually delivered items (a broken publisher fails here), never the timings (the machine is
+shared; docs/benchmarks.md holds the measured figures). The tools the scenarios need must be on
+PATH: a missing one fails the test by name, it is not skipped.
 """
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,10 +20,16 @@ from tests.servers import scaled
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = [f"P{n}" for n in range(1, 10)]
+TOOLS = {"redis-benchmark": "P3", "nats-server": "P9", "java": "P8 (Spark)"}
+THROUGHPUT = ("P1", "P6", "P9")
+"""Scenarios whose first check is deliveries/s, publisher against a baseline."""
 
 
 @pytest.mark.timeout(scaled(240))
 def test_quick_run_reports_every_scenario(tmp_path: Path) -> None:
+    for tool, needed_by in TOOLS.items():
+        if shutil.which(tool) is None:
+            pytest.fail(f"{tool} is not on PATH: the benchmarks need it for {needed_by}")
     out = tmp_path / "bench.json"
     published = ROOT / "docs" / "benchmarks.md"
     docs = published.read_bytes() if published.exists() else None
@@ -39,6 +48,20 @@ def test_quick_run_reports_every_scenario(tmp_path: Path) -> None:
             assert isinstance(scenario[side]["value"], int | float), f"{key} {side}"
             assert scenario[side]["unit"], f"{key} {side}"
         assert scenario["command"].startswith("python -m bench --quick")
+        assert scenario["revision"], key
+    scenarios = run["scenarios"]
+    for key in THROUGHPUT:
+        for side in ("figure", "baseline"):
+            assert scenarios[key][side]["value"] > 0, f"{key} {side}: nothing delivered"
+    samples = {
+        "P2 publisher": scenarios["P2"]["details"]["publisher"]["samples"],
+        "P2 bare broadcast": scenarios["P2"]["details"]["bare broadcast"]["samples"],
+        "P2 redis pubsub": scenarios["P2"]["details"]["redis pubsub"]["samples"],
+        "P7 without pauses": scenarios["P7"]["details"]["without pauses"]["samples"],
+        "P7 with pauses": scenarios["P7"]["details"]["with pauses"]["samples"],
+        "P9 NATS": scenarios["P9"]["details"]["nats"]["latency"]["samples"],
+    }
+    assert all(count > 0 for count in samples.values()), samples
     # A smoke run never rewrites the published figures.
     if docs is not None:
         assert published.read_bytes() == docs
