@@ -28,8 +28,8 @@ import redis.asyncio as aioredis
 from websockets.asyncio.server import ServerConnection, broadcast, serve
 
 from bench import items, loops
+from changefeed.protocol import Resource
 from publisher.bucket import Keys, parse_entry
-from publisher.protocol import Resource
 
 REPLY = orjson.dumps(Resource("vm", ("nic",), "/vms").to_wire()).decode()
 BUCKET = Keys("bench")

@@ -11,8 +11,8 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 
-from publisher.cursor import Cursor, StreamId
-from publisher.protocol import ChangeItem
+from changefeed.cursor import Cursor, StreamId
+from changefeed.protocol import ChangeItem
 
 ID_LENGTH = 7
 """Characters of a changedResourceId: with the rest of an item, 150 bytes of JSON."""

@@ -12,7 +12,7 @@ import orjson
 
 from bench.clients import WorkerSpec, split
 from bench.servers import Cores
-from publisher.protocol import ChangeKind, Registration
+from changefeed.protocol import ChangeKind, Registration
 
 
 class ScenarioError(RuntimeError):

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import loops
-from publisher.protocol import Resource
+from changefeed.protocol import Resource
 from tests import servers as test_servers
 
 READY_TIMEOUT = 60.0
@@ -179,7 +179,7 @@ def publisher(
 ) -> Server:
     """`changefeed serve` (with `--loop loop` when given; from another source tree with
     `source`)."""
-    argv = [sys.executable, "-m", "publisher.cli", "serve", "--config", str(config)]
+    argv = [sys.executable, "-m", "changefeed_cli", "serve", "--config", str(config)]
     if loop:
         argv += ["--loop", loop]
     return Server("publisher", argv, log, test_servers.PublisherProcess._LISTENING, cores,

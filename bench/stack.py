@@ -22,9 +22,9 @@ from bench.servers import (
     redis_url,
     write_config,
 )
+from changefeed.protocol import Resource
 from publisher.bucket import ChangeBucket, connect
 from publisher.config import load_config
-from publisher.protocol import Resource
 
 Seed = Callable[[ChangeBucket], Awaitable[None]]
 

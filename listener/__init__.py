@@ -16,17 +16,8 @@ The pull consumer (JetStream ADR-37 over the publisher's `events` long poll):
 docs/listener.md describes the events, the settings and the failure handling.
 """
 
-from listener.buffer import Buffer, MemoryBuffer, RedisBuffer
-from listener.client import Listener
-from listener.config import (
-    BufferConfig,
-    ListenerConfig,
-    load_listener_config,
-    parse_listener_config,
-)
-from listener.consumer import Consumption, PullConsumer
-from listener.consumer_state import ConsumeState
-from listener.errors import (
+from changefeed.backoff import Backoff
+from changefeed.errors import (
     BootstrapFailed,
     BufferOverflow,
     BufferUnavailable,
@@ -42,6 +33,18 @@ from listener.errors import (
     RegistrationRejected,
     RetriesExhausted,
 )
+from changefeed.protocol import ChangeItem
+from changefeed.watch import Watch
+from listener.buffer import Buffer, MemoryBuffer
+from listener.client import Listener
+from listener.config import (
+    BufferConfig,
+    ListenerConfig,
+    load_listener_config,
+    parse_listener_config,
+)
+from listener.consumer import Consumption, PullConsumer
+from listener.consumer_state import ConsumeState
 from listener.events import (
     BootstrapDone,
     BootstrapRecords,
@@ -52,9 +55,6 @@ from listener.events import (
 )
 from listener.pager import LinkHeaderPager, OffsetPager, Page, Pager, PublisherPager
 from listener.state import Phase
-from publisher.backoff import Backoff
-from publisher.protocol import ChangeItem
-from publisher.watch import Watch
 
 __all__ = [
     "Backoff",
@@ -98,3 +98,16 @@ __all__ = [
     "load_listener_config",
     "parse_listener_config",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """`RedisBuffer` is imported on first use, so that `import listener` needs no redis-py."""
+    if name == "RedisBuffer":
+        from listener.redis_buffer import RedisBuffer
+
+        return RedisBuffer
+    raise AttributeError(f"module 'listener' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), "RedisBuffer"])

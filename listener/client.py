@@ -23,15 +23,14 @@ import aiohttp
 import orjson
 import structlog
 
+from changefeed.errors import ChangefeedError, FetchFailed
+from changefeed.watch import Watch
 from listener.buffer import Buffer, make_buffer
 from listener.config import ListenerConfig
 from listener.connection import Connection, fetch_page, translate_errors
-from listener.errors import FetchFailed
 from listener.events import BootstrapRecords, BootstrapStart, Change, Event
 from listener.pager import Pager, PublisherPager
 from listener.state import ListenerCore, Phase
-from publisher.errors import ChangefeedError
-from publisher.watch import Watch
 
 log = structlog.get_logger(__name__)
 

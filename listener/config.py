@@ -1,7 +1,7 @@
 """The listener's settings: from arguments, or from a section of the service's config.js.
 
 Built by one pure function (`parse_listener_config`) into frozen dataclasses, with the same
-rules and messages as the publisher's config.js (`publisher.config`): unknown keys are errors and
+rules and messages as the publisher's config.js (`changefeed.configjs`): unknown keys are errors and
 every error names the key, the value and what was expected. docs/listener.md lists the keys.
 """
 
@@ -13,18 +13,9 @@ from typing import Any, Literal
 
 import json5
 
-from publisher.backoff import Backoff
-from publisher.config import (
-    _MODULE_EXPORTS,
-    _get,
-    _name,
-    _only,
-    _positive,
-    _positive_int,
-    _redis_url,
-    _section,
-)
-from publisher.errors import ConfigError
+from changefeed import configjs as cj
+from changefeed.backoff import Backoff
+from changefeed.errors import ConfigError
 
 BufferKind = Literal["memory", "redis"]
 
@@ -79,70 +70,67 @@ def load_listener_config(path: str | Path, section: str | None = None) -> Listen
 
 def parse_listener_config(text: str, section: str | None = None) -> ListenerConfig:
     """Build a ListenerConfig from the text of a config.js."""
-    body = _MODULE_EXPORTS.sub("", text, count=1).rstrip().rstrip(";")
     try:
-        raw = json5.loads(body)
+        raw = json5.loads(cj.object_literal(text), allow_duplicate_keys=False)
     except ValueError as exc:
-        raise ConfigError(
-            "<file>", text[:40] + "...", f"a JavaScript object literal ({exc})"
-        ) from None
-    obj = _section(raw, "<top level>")
+        raise cj.syntax_error(text, exc) from None
+    obj = cj.section(raw, "<top level>")
     prefix = ""
     if section is not None:
-        obj = _section(obj.get(section, {}), section)
+        obj = cj.section(obj.get(section, {}), section)
         prefix = section + "."
     return listener_config_from(obj, prefix)
 
 
 def listener_config_from(obj: dict[str, Any], prefix: str = "") -> ListenerConfig:
     """Build a ListenerConfig from an already parsed object (keys are named `prefix` + key)."""
-    _only(obj, prefix, _TOP_KEYS)
+    cj.only(obj, prefix, _TOP_KEYS)
     defaults = ListenerConfig()
+    optional = cj.optional_positive
     return ListenerConfig(
-        buffer=_buffer(_section(obj.get("buffer", {}), prefix + "buffer"), prefix + "buffer."),
-        backoff=_backoff(_section(obj.get("backoff", {}), prefix + "backoff"), prefix + "backoff."),
-        healthy_after=_get(obj, prefix, "healthyAfter", defaults.healthy_after, _positive),
-        page_size=_get(obj, prefix, "pageSize", defaults.page_size, _positive_int),
-        heartbeat_interval=_get(obj, prefix, "heartbeatInterval", defaults.heartbeat_interval,
-                                _optional_positive),
-        ping_interval=_get(obj, prefix, "pingInterval", defaults.ping_interval, _optional_positive),
-        ping_timeout=_get(obj, prefix, "pingTimeout", defaults.ping_timeout, _optional_positive),
-        open_timeout=_get(obj, prefix, "openTimeout", defaults.open_timeout, _positive),
-        http_timeout=_get(obj, prefix, "httpTimeout", defaults.http_timeout, _positive),
+        buffer=_buffer(cj.section(obj.get("buffer", {}), prefix + "buffer"), prefix + "buffer."),
+        backoff=_backoff(
+            cj.section(obj.get("backoff", {}), prefix + "backoff"), prefix + "backoff."
+        ),
+        healthy_after=cj.get(obj, prefix, "healthyAfter", defaults.healthy_after, cj.positive),
+        page_size=cj.get(obj, prefix, "pageSize", defaults.page_size, cj.positive_int),
+        heartbeat_interval=cj.get(obj, prefix, "heartbeatInterval", defaults.heartbeat_interval,
+                                  optional),
+        ping_interval=cj.get(obj, prefix, "pingInterval", defaults.ping_interval, optional),
+        ping_timeout=cj.get(obj, prefix, "pingTimeout", defaults.ping_timeout, optional),
+        open_timeout=cj.get(obj, prefix, "openTimeout", defaults.open_timeout, cj.positive),
+        http_timeout=cj.get(obj, prefix, "httpTimeout", defaults.http_timeout, cj.positive),
     )
 
 
-def _optional_positive(key: str, value: Any) -> float | None:
-    return None if value is None else _positive(key, value)
-
 
 def _buffer(obj: dict[str, Any], prefix: str) -> BufferConfig:
-    _only(obj, prefix, {"kind", "size", "redisUrl", "key"})
+    cj.only(obj, prefix, {"kind", "size", "redisUrl", "key"})
     default = BufferConfig()
     kind = obj.get("kind", "memory")
     if kind not in ("memory", "redis"):
         raise ConfigError(prefix + "kind", kind, '"memory" or "redis"')
     redis_url = obj.get("redisUrl")
     if redis_url is not None:
-        redis_url = _redis_url(prefix + "redisUrl", redis_url)
+        redis_url = cj.redis_url(prefix + "redisUrl", redis_url)
     elif kind == "redis":
         raise ConfigError(prefix + "redisUrl", None, 'a Redis URL when buffer.kind is "redis"')
     return BufferConfig(
         kind=kind,
-        size=_get(obj, prefix, "size", default.size, _positive_int),
+        size=cj.get(obj, prefix, "size", default.size, cj.positive_int),
         redis_url=redis_url,
-        key=_get(obj, prefix, "key", None, _name),
+        key=cj.get(obj, prefix, "key", None, cj.name),
     )
 
 
 def _backoff(obj: dict[str, Any], prefix: str) -> Backoff:
-    _only(obj, prefix, {"initial", "maximum", "factor", "jitter", "retries"})
+    cj.only(obj, prefix, {"initial", "maximum", "factor", "jitter", "retries"})
     default = ListenerConfig().backoff
-    initial = _get(obj, prefix, "initial", default.initial, _positive)
-    maximum = _get(obj, prefix, "maximum", max(default.maximum, initial), _positive)
+    initial = cj.get(obj, prefix, "initial", default.initial, cj.positive)
+    maximum = cj.get(obj, prefix, "maximum", max(default.maximum, initial), cj.positive)
     if maximum < initial:
         raise ConfigError(prefix + "maximum", maximum, f"at least {prefix}initial ({initial})")
-    factor = _get(obj, prefix, "factor", default.factor, _positive)
+    factor = cj.get(obj, prefix, "factor", default.factor, cj.positive)
     if factor < 1:
         raise ConfigError(prefix + "factor", factor, "a number >= 1")
     jitter = obj.get("jitter", default.jitter)

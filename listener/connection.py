@@ -19,13 +19,12 @@ import structlog
 import websockets
 from websockets.asyncio.client import ClientConnection, connect
 
+from changefeed.errors import BootstrapFailed, ChangefeedError, ConnectionLost, FetchFailed
+from changefeed.protocol import HEARTBEAT, ChangeItem
 from listener.buffer import Buffer
 from listener.config import ListenerConfig
-from listener.errors import BootstrapFailed, ConnectionLost, FetchFailed
 from listener.pager import Page, Pager
 from listener.state import Attempt, ListenerCore
-from publisher.errors import ChangefeedError
-from publisher.protocol import HEARTBEAT, ChangeItem
 
 log = structlog.get_logger(__name__)
 

@@ -21,6 +21,15 @@ import aiohttp
 import orjson
 import structlog
 
+from changefeed.backoff import Backoff
+from changefeed.errors import (
+    ChangefeedError,
+    HeartbeatMissed,
+    InvalidOption,
+    PullFailed,
+    PullRejected,
+)
+from changefeed.protocol import ChangeItem
 from listener.consumer_state import (
     DEFAULT_EXPIRES,
     ConsumeCore,
@@ -34,11 +43,7 @@ from listener.consumer_state import (
     fetch_options,
     parse_reply,
 )
-from listener.errors import HeartbeatMissed, InvalidOption, PullFailed, PullRejected
 from listener.state import CHANGEFEEDS, publisher_urls
-from publisher.backoff import Backoff
-from publisher.errors import ChangefeedError
-from publisher.protocol import ChangeItem
 
 log = structlog.get_logger(__name__)
 

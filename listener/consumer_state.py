@@ -34,12 +34,17 @@ from typing import Any
 
 import orjson
 
-from listener.errors import InvalidOption, ItemsMissed, RetriesExhausted
+from changefeed.backoff import Backoff
+from changefeed.errors import (
+    ChangefeedError,
+    InvalidOption,
+    ItemsMissed,
+    ProtocolError,
+    RetriesExhausted,
+)
+from changefeed.protocol import ChangeItem, decode_item
+from changefeed.watch import EVERYTHING, Watch, parse_watch
 from listener.state import is_retryable
-from publisher.backoff import Backoff
-from publisher.errors import ChangefeedError, ProtocolError
-from publisher.protocol import ChangeItem, decode_item
-from publisher.watch import EVERYTHING, Watch, parse_watch
 
 DEFAULT_MAX_MESSAGES = 500
 """ADR-37: "probably between 100 and 1000"."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from publisher.protocol import ChangeItem
+from changefeed.protocol import ChangeItem
 
 
 @dataclass(frozen=True, slots=True)

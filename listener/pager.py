@@ -15,7 +15,7 @@ from urllib.parse import parse_qsl, urlencode, urljoin, urlsplit, urlunsplit
 
 import orjson
 
-from publisher.errors import ProtocolError
+from changefeed.errors import ProtocolError
 
 
 @dataclass(frozen=True, slots=True)

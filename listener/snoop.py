@@ -7,19 +7,21 @@ terminal), reports reconnects and resyncs on stderr, and stops cleanly on Ctrl-C
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import TextIO
 
+import click
 import orjson
 
+from changefeed.errors import ChangefeedError, RegistrationRejected, RetriesExhausted
+from changefeed.watch import Watch
 from listener.client import Listener
 from listener.config import ListenerConfig
 from listener.events import Change, Event, Resync
-from publisher.errors import ChangefeedError
-from publisher.watch import Watch
 
 
 def format_change(event: Change, as_json: bool) -> str:
@@ -69,3 +71,57 @@ async def run_snoop(
                         bootstrap=False)
     async with listener:
         await listener.run(on_bootstrap=on_resync, on_change=on_change, on_error=on_error)
+
+
+@click.command()
+@click.argument("url")
+@click.argument("resource")
+@click.option(
+    "--sub",
+    "subs",
+    default="*",
+    show_default=True,
+    help="Comma-separated sub-resources to hear about ('*': all).",
+)
+@click.option("--since", help="A cursor: start with the changes after it.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    default=None,
+    help="JSON lines (the default when stdout is not a terminal).",
+)
+@click.option(
+    "--id", "ids", multiple=True, help="Only this id (repeatable; with --prefix: either)."
+)
+@click.option(
+    "--prefix",
+    "prefixes",
+    multiple=True,
+    help="Only ids under this '/'-separated prefix, and the prefix itself (repeatable).",
+)
+def snoop(
+    url: str,
+    resource: str,
+    subs: str,
+    since: str | None,
+    as_json: bool | None,
+    ids: tuple[str, ...],
+    prefixes: tuple[str, ...],
+) -> None:
+    """Print RESOURCE's change items from the publisher at URL as they arrive; Ctrl-C stops.
+
+    URL may be repeated with commas to rotate between publishers on failure.
+    """
+    sub_resources = [s.strip() for s in subs.split(",") if s.strip()]
+    urls = [u.strip() for u in url.split(",") if u.strip()]
+    try:
+        asyncio.run(
+            run_snoop(
+                urls, resource, sub_resources, since, as_json or None, ids=ids, prefixes=prefixes
+            )
+        )
+    except KeyboardInterrupt:
+        pass
+    except (RegistrationRejected, RetriesExhausted, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None

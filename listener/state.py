@@ -26,17 +26,17 @@ from urllib.parse import urlencode, urljoin, urlsplit, urlunsplit
 
 import orjson
 
-from listener.errors import (
+from changefeed.backoff import Backoff
+from changefeed.errors import (
     BufferOverflow,
+    ChangefeedError,
     ConnectionFailed,
     ConnectionLost,
+    ProtocolError,
     RegistrationRejected,
     RetriesExhausted,
 )
-from listener.events import BootstrapDone, Change, Resync
-from publisher.backoff import Backoff
-from publisher.errors import ChangefeedError, ProtocolError
-from publisher.protocol import (
+from changefeed.protocol import (
     HEARTBEAT,
     ChangeItem,
     ChangeKind,
@@ -47,7 +47,8 @@ from publisher.protocol import (
     is_registration_reply,
     reply_routes,
 )
-from publisher.watch import EVERYTHING, Watch, parse_watch
+from changefeed.watch import EVERYTHING, Watch, parse_watch
+from listener.events import BootstrapDone, Change, Resync
 
 REJECTIONS = frozenset({1002, CloseCode.UNSUPPORTED_DATA, 1007, CloseCode.POLICY_VIOLATION,
                         CloseCode.MESSAGE_TOO_BIG})

@@ -3,11 +3,9 @@
 The public surface is what `__all__` lists; tests/publisher/test_exported_members.py pins it.
 """
 
-from publisher.backoff import Backoff
-from publisher.bucket import Change, ChangeBucket, connect
-from publisher.config import Config, load_config, parse_config
-from publisher.cursor import Cursor
-from publisher.errors import (
+from changefeed.backoff import Backoff
+from changefeed.cursor import Cursor
+from changefeed.errors import (
     BucketUnavailable,
     ChangeError,
     ChangefeedError,
@@ -17,9 +15,11 @@ from publisher.errors import (
     ProtocolError,
     RegistrationError,
 )
-from publisher.protocol import ChangeItem, ChangeKind, CloseCode, Registration, Resource
+from changefeed.protocol import ChangeItem, ChangeKind, CloseCode, Registration, Resource
+from changefeed.watch import Watch
+from publisher.bucket import Change, ChangeBucket, connect
+from publisher.config import Config, load_config, parse_config
 from publisher.service import Service
-from publisher.watch import Watch
 
 __all__ = [
     "Backoff",

@@ -32,9 +32,9 @@ import redis.exceptions
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from publisher.cursor import Cursor, StreamId, new_epoch
-from publisher.errors import BucketUnavailable, ChangeError, ChangefeedError, PartitionMismatch
-from publisher.protocol import ChangeItem, Resource
+from changefeed.cursor import Cursor, StreamId, new_epoch
+from changefeed.errors import BucketUnavailable, ChangeError, ChangefeedError, PartitionMismatch
+from changefeed.protocol import ChangeItem, Resource
 
 MAX_ID_BYTES = 512
 BATCH = 500

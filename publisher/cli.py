@@ -1,4 +1,7 @@
-"""The `changefeed` command: serve, publish, stats (and snoop, from the listener package)."""
+"""The publisher's commands of the `changefeed` CLI: serve, publish, stats.
+
+The `changefeed` group that holds them (and the listener's `snoop`) is `changefeed_cli`.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +9,6 @@ import asyncio
 import contextlib
 import gc
 import signal
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,11 +18,10 @@ import click
 import orjson
 import structlog
 
+from changefeed.errors import ChangefeedError
 from publisher.bucket import ChangeBucket, connect
 from publisher.config import Config, load_config
 from publisher.embedded import EmbeddedRedis
-from publisher.errors import ChangefeedError
-from publisher.logs import configure
 from publisher.service import Service
 
 log = structlog.get_logger("changefeed")
@@ -56,19 +57,6 @@ def bucket_redis(config: Config) -> Iterator[tuple[Config, str]]:
         embedded.stop()
 
 
-@click.group()
-@click.option(
-    "--log-format",
-    type=click.Choice(["auto", "json", "console"]),
-    default="auto",
-    help="JSON lines (default when not on a terminal) or readable lines.",
-)
-@click.option("--log-level", default="info", show_default=True)
-def main(log_format: str, log_level: str) -> None:
-    """Change feeds on Redis (RFD 5): publish changes and serve them to listeners."""
-    configure(json=None if log_format == "auto" else log_format == "json", level=log_level)
-
-
 def _event_loop_policy(loop: str) -> asyncio.AbstractEventLoopPolicy | None:
     """uvloop's policy for `--loop uvloop` (and `auto` when uvloop is installed), else None."""
     if loop == "asyncio":
@@ -83,7 +71,7 @@ def _event_loop_policy(loop: str) -> asyncio.AbstractEventLoopPolicy | None:
     return policy
 
 
-@main.command()
+@click.command()
 @config_option
 @click.option("--host", help="Overrides server.host.")
 @click.option("--port", type=int, help="Overrides server.port (0: any free port).")
@@ -142,7 +130,7 @@ async def _serve(config: Config, which: str) -> None:
     await service.stop()
 
 
-@main.command()
+@click.command()
 @config_option
 @redis_option
 @click.argument("resource")
@@ -211,7 +199,7 @@ async def _publish(
         await bucket.aclose()
 
 
-@main.command()
+@click.command()
 @click.argument("url")
 @click.option("--json", "as_json", is_flag=True, help="Print the raw JSON.")
 def stats(url: str, as_json: bool) -> None:
@@ -251,62 +239,4 @@ async def _get_json(url: str) -> Any:
         return await response.json()
 
 
-@main.command()
-@click.argument("url")
-@click.argument("resource")
-@click.option(
-    "--sub",
-    "subs",
-    default="*",
-    show_default=True,
-    help="Comma-separated sub-resources to hear about ('*': all).",
-)
-@click.option("--since", help="A cursor: start with the changes after it.")
-@click.option(
-    "--json",
-    "as_json",
-    is_flag=True,
-    default=None,
-    help="JSON lines (the default when stdout is not a terminal).",
-)
-@click.option(
-    "--id", "ids", multiple=True, help="Only this id (repeatable; with --prefix: either)."
-)
-@click.option(
-    "--prefix",
-    "prefixes",
-    multiple=True,
-    help="Only ids under this '/'-separated prefix, and the prefix itself (repeatable).",
-)
-def snoop(
-    url: str,
-    resource: str,
-    subs: str,
-    since: str | None,
-    as_json: bool | None,
-    ids: tuple[str, ...],
-    prefixes: tuple[str, ...],
-) -> None:
-    """Print RESOURCE's change items from the publisher at URL as they arrive; Ctrl-C stops.
-
-    URL may be repeated with commas to rotate between publishers on failure.
-    """
-    from listener.errors import RegistrationRejected, RetriesExhausted
-    from listener.snoop import run_snoop
-
-    sub_resources = [s.strip() for s in subs.split(",") if s.strip()]
-    urls = [u.strip() for u in url.split(",") if u.strip()]
-    try:
-        asyncio.run(
-            run_snoop(
-                urls, resource, sub_resources, since, as_json or None, ids=ids, prefixes=prefixes
-            )
-        )
-    except KeyboardInterrupt:
-        pass
-    except (RegistrationRejected, RetriesExhausted, ValueError) as exc:
-        raise click.ClickException(str(exc)) from None
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+__all__ = ["publish", "serve", "stats"]

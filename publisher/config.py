@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -17,13 +17,13 @@ from urllib.parse import urlsplit
 
 import json5
 
-from publisher.errors import ConfigError
-from publisher.protocol import WILDCARD, Resource
+from changefeed import configjs as cj
+from changefeed import longpoll
+from changefeed.errors import ConfigError
+from changefeed.protocol import WILDCARD, Resource
 
 T = TypeVar("T")
 
-_MODULE_EXPORTS = re.compile(r"^((?:\s+|//[^\n]*(?:\n|$)|/\*.*?\*/)*)module\.exports\s*=\s*", re.S)
-_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 _ROUTE = re.compile(r"^/[A-Za-z0-9_.~/-]*$")
 
 
@@ -65,12 +65,12 @@ class Limits:
     window: int = 10000
     send_buffer: int = 1 << 20
     ping_interval: float = 20.0
-    results: int = 100
+    results: int = longpoll.DEFAULT_RESULTS
     """Items in an `events` reply or a feed response when the client names no number."""
-    max_results: int = 1000
-    wait: float = 10.0
+    max_results: int = longpoll.MAX_RESULTS
+    wait: float = longpoll.DEFAULT_WAIT
     """Seconds a long poll waits when the client names no wait time."""
-    max_wait: float = 60.0
+    max_wait: float = longpoll.MAX_WAIT
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,12 +102,12 @@ class Config:
         """The command line's --host, --port and --redis-url, validated like the file's."""
         server = self.server
         if host is not None:
-            server = dataclasses.replace(server, host=_host("--host", host))
+            server = dataclasses.replace(server, host=cj.host("--host", host))
         if port is not None:
-            server = dataclasses.replace(server, port=_port("--port", port))
+            server = dataclasses.replace(server, port=cj.port("--port", port))
         bucket = self.bucket
         if redis_url is not None:
-            bucket = dataclasses.replace(bucket, redis_url=_redis_url("--redis-url", redis_url))
+            bucket = dataclasses.replace(bucket, redis_url=cj.redis_url("--redis-url", redis_url))
         return dataclasses.replace(self, server=server, bucket=bucket)
 
 
@@ -123,15 +123,12 @@ def load_config(path: str | Path) -> Config:
 
 def parse_config(text: str, base: Path | None = None) -> Config:
     """Build a Config from the text of a config.js; relative paths resolve against `base`."""
-    body = _MODULE_EXPORTS.sub(r"\1", text, count=1).rstrip().rstrip(";")
     try:
-        raw = json5.loads(body, allow_duplicate_keys=False)
+        raw = json5.loads(cj.object_literal(text), allow_duplicate_keys=False)
     except ValueError as exc:
-        raise ConfigError(
-            "<file>", text[:40] + "...", f"a JavaScript object literal ({exc})"
-        ) from None
-    obj = _section(raw, "<top level>")
-    _only(
+        raise cj.syntax_error(text, exc) from None
+    obj = cj.section(raw, "<top level>")
+    cj.only(
         obj,
         "",
         {"resources", "maxAge", "maxItems", "bucket", "server", "limits", "stateDir", "gcInterval"},
@@ -141,21 +138,21 @@ def parse_config(text: str, base: Path | None = None) -> Config:
         raise ConfigError("resources", None, "a list of {resource, subResources, bootstrapRoute}")
     resources = _resources(obj["resources"])
 
-    state_dir = Path(_get(obj, "", "stateDir", ".changefeed", _string))
+    state_dir = Path(cj.get(obj, "", "stateDir", ".changefeed", cj.string))
     if not state_dir.is_absolute():
         state_dir = (base or Path.cwd()) / state_dir
 
-    bucket_obj = _section(obj.get("bucket", {}), "bucket")
-    _only(bucket_obj, "bucket.", {"redisUrl", "name", "partitions"})
-    server_obj = _section(obj.get("server", {}), "server")
-    _only(server_obj, "server.", {"host", "port"})
-    limits_obj = _section(obj.get("limits", {}), "limits")
-    _only(limits_obj, "limits.", _LIMIT_KEYS)
+    bucket_obj = cj.section(obj.get("bucket", {}), "bucket")
+    cj.only(bucket_obj, "bucket.", {"redisUrl", "name", "partitions"})
+    server_obj = cj.section(obj.get("server", {}), "server")
+    cj.only(server_obj, "server.", {"host", "port"})
+    limits_obj = cj.section(obj.get("limits", {}), "limits")
+    cj.only(limits_obj, "limits.", _LIMIT_KEYS)
 
     defaults = Limits()
     limits = Limits(
         **{
-            attr: _get(limits_obj, "limits.", key, getattr(defaults, attr), check)
+            attr: cj.get(limits_obj, "limits.", key, getattr(defaults, attr), check)
             for key, (attr, check) in _LIMIT_KEYS.items()
         }
     )
@@ -165,74 +162,30 @@ def parse_config(text: str, base: Path | None = None) -> Config:
         if value > bound:
             raise ConfigError(f"limits.{small}", value, f"at most limits.{large} ({bound})")
 
-    name = _get(bucket_obj, "bucket.", "name", "changefeed", _name)
+    name = cj.get(bucket_obj, "bucket.", "name", "changefeed", cj.name)
     redis_url = bucket_obj.get("redisUrl")
     return Config(
         resources=resources,
-        max_age=_get(obj, "", "maxAge", 3600.0, _positive),
-        max_items=_get(obj, "", "maxItems", None, _max_items),
+        max_age=cj.get(obj, "", "maxAge", 3600.0, cj.positive),
+        max_items=cj.get(obj, "", "maxItems", None, _max_items),
         bucket=Bucket(
-            None if redis_url is None else _redis_url("bucket.redisUrl", redis_url),
+            None if redis_url is None else cj.redis_url("bucket.redisUrl", redis_url),
             name,
-            _get(bucket_obj, "bucket.", "partitions", 1, _partitions),
+            cj.get(bucket_obj, "bucket.", "partitions", 1, _partitions),
         ),
         server=Server(
-            _get(server_obj, "server.", "host", "127.0.0.1", _host),
-            _get(server_obj, "server.", "port", 8080, _port),
+            cj.get(server_obj, "server.", "host", "127.0.0.1", cj.host),
+            cj.get(server_obj, "server.", "port", 8080, cj.port),
         ),
         limits=limits,
         state_dir=state_dir,
         gc_interval=None
         if obj.get("gcInterval") is None
-        else _positive("gcInterval", obj["gcInterval"]),
+        else cj.positive("gcInterval", obj["gcInterval"]),
     )
 
 
-# --- validators: each takes (key, value) and returns the value or raises ConfigError ---
-
-
-def _section(value: Any, key: str) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise ConfigError(key, value, "an object")
-    return value
-
-
-def _only(obj: Mapping[str, Any], prefix: str, allowed: set[str] | Mapping[str, Any]) -> None:
-    for key in obj:
-        if key not in allowed:
-            raise ConfigError(
-                prefix + key, obj[key], f"one of the known keys: {', '.join(sorted(allowed))}"
-            )
-
-
-def _get(
-    obj: Mapping[str, Any], prefix: str, key: str, default: T, check: Callable[[str, Any], T]
-) -> T:
-    return check(prefix + key, obj[key]) if key in obj else default
-
-
-def _string(key: str, value: Any) -> str:
-    if not isinstance(value, str) or not value:
-        raise ConfigError(key, value, "a non-empty string")
-    return value
-
-
-def _name(key: str, value: Any) -> str:
-    if not isinstance(value, str) or not _NAME.match(value):
-        raise ConfigError(key, value, "a name of letters, digits, '_', '.' or '-'")
-    return value
-
-
-def _positive(key: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        raise ConfigError(key, value, "a positive number")
-    return float(value)
-
-
-def _positive_int(key: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(key, value, "a positive integer")
-    return value
+# --- validators of the publisher's own keys (the shared ones are in changefeed.configjs) ---
 
 
 MAX_PARTITIONS = 1024
@@ -250,49 +203,21 @@ def _partitions(key: str, value: Any) -> int:
 def _max_items(key: str, value: Any) -> int | None:
     if value is None or value == 0:
         return None
-    return _positive_int(key, value)
-
-
-def _host(key: str, value: Any) -> str:
-    return _string(key, value)
-
-
-def _port(key: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535:
-        raise ConfigError(key, value, "a port number from 0 to 65535 (0: any free port)")
-    return value
-
-
-def _redis_url(key: str, value: Any) -> str:
-    expected = "a redis://, rediss:// or unix:// URL, or null for the embedded Redis"
-    if not isinstance(value, str):
-        raise ConfigError(key, value, expected)
-    parts = urlsplit(value)
-    if parts.scheme not in ("redis", "rediss", "unix"):
-        raise ConfigError(key, value, expected)
-    if parts.scheme == "unix" and not parts.path:
-        raise ConfigError(key, value, "a unix:// URL with a socket path")
-    if parts.scheme != "unix" and not parts.hostname:
-        raise ConfigError(key, value, "a redis:// URL with a host")
-    try:
-        parts.port  # noqa: B018 - raises ValueError on a bad port
-    except ValueError:
-        raise ConfigError(key, value, "a URL with a valid port") from None
-    return value
+    return cj.positive_int(key, value)
 
 
 _LIMIT_KEYS: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
-    "registrationBytes": ("registration_bytes", _positive_int),
-    "registrationTimeout": ("registration_timeout", _positive),
-    "pageSize": ("page_size", _positive_int),
-    "maxPageSize": ("max_page_size", _positive_int),
-    "window": ("window", _positive_int),
-    "sendBuffer": ("send_buffer", _positive_int),
-    "pingInterval": ("ping_interval", _positive),
-    "results": ("results", _positive_int),
-    "maxResults": ("max_results", _positive_int),
-    "wait": ("wait", _positive),
-    "maxWait": ("max_wait", _positive),
+    "registrationBytes": ("registration_bytes", cj.positive_int),
+    "registrationTimeout": ("registration_timeout", cj.positive),
+    "pageSize": ("page_size", cj.positive_int),
+    "maxPageSize": ("max_page_size", cj.positive_int),
+    "window": ("window", cj.positive_int),
+    "sendBuffer": ("send_buffer", cj.positive_int),
+    "pingInterval": ("ping_interval", cj.positive),
+    "results": ("results", cj.positive_int),
+    "maxResults": ("max_results", cj.positive_int),
+    "wait": ("wait", cj.positive),
+    "maxWait": ("max_wait", cj.positive),
 }
 
 
@@ -306,12 +231,12 @@ def _resources(value: Any) -> tuple[Resource, ...]:
     out = []
     for i, entry in enumerate(value):
         where = f"resources[{i}]"
-        entry = _section(entry, where)
-        _only(entry, where + ".", {"resource", "subResources", "bootstrapRoute"})
+        entry = cj.section(entry, where)
+        cj.only(entry, where + ".", {"resource", "subResources", "bootstrapRoute"})
         for key in ("resource", "subResources", "bootstrapRoute"):
             if key not in entry:
                 raise ConfigError(f"{where}.{key}", None, "present")
-        name = _name(f"{where}.resource", entry["resource"])
+        name = cj.name(f"{where}.resource", entry["resource"])
         if name in seen:
             raise ConfigError(
                 f"{where}.resource", name, f"a resource not already listed at {seen[name]}"
@@ -321,7 +246,7 @@ def _resources(value: Any) -> tuple[Resource, ...]:
         if (
             not isinstance(subs, list)
             or not subs
-            or not all(isinstance(s, str) and _NAME.match(s) for s in subs)
+            or not all(isinstance(s, str) and cj.NAME.match(s) for s in subs)
         ):
             raise ConfigError(f"{where}.subResources", subs, "a non-empty list of names")
         if len(set(subs)) != len(subs) or WILDCARD in subs:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import structlog
 
-from publisher.errors import ChangefeedError, ConfigError
+from changefeed.errors import ChangefeedError, ConfigError
 
 log = structlog.get_logger(__name__)
 

@@ -22,10 +22,9 @@ from typing import Any, Protocol
 
 import structlog
 
-from publisher.bucket import ChangeBucket, LogEntry
-from publisher.cursor import ZERO, Cursor, StreamId
-from publisher.errors import BucketUnavailable
-from publisher.protocol import (
+from changefeed.cursor import ZERO, Cursor, StreamId
+from changefeed.errors import BucketUnavailable
+from changefeed.protocol import (
     WILDCARD,
     ChangeKind,
     CloseCode,
@@ -33,7 +32,8 @@ from publisher.protocol import (
     close_frame,
     text_frame,
 )
-from publisher.watch import prefixes_of
+from changefeed.watch import prefixes_of
+from publisher.bucket import ChangeBucket, LogEntry
 from publisher.window import Window, WindowEntry
 
 log = structlog.get_logger(__name__)

@@ -14,8 +14,9 @@ import orjson
 import structlog
 from aiohttp import web
 
-from publisher import events, feed
-from publisher.errors import BucketUnavailable
+from changefeed import feed, longpoll
+from changefeed.errors import BucketUnavailable, CursorGone, ParamError
+from publisher import polls
 from publisher.routes import json_error, json_response
 
 if TYPE_CHECKING:
@@ -41,12 +42,12 @@ def add_poll_routes(app: web.Application, service: Service) -> None:
 
     async def events_get(request: web.Request) -> web.Response:
         try:
-            query = events.from_query(
+            query = longpoll.from_query(
                 request.query, lambda name: request.query.getall(name, []), resources, config.limits
             )
-        except events.ParamError as exc:
+        except ParamError as exc:
             return json_error(400, "InvalidParameter", str(exc))
-        reply = await events.answer(service.bucket, service.hub, query)
+        reply = await polls.answer(service.bucket, service.hub, query)
         return json_response(reply.to_wire())
 
     async def rpc(request: web.Request) -> web.Response:
@@ -69,11 +70,11 @@ def add_poll_routes(app: web.Application, service: Service) -> None:
         if method != "events":
             return rpc_error(id, METHOD_NOT_FOUND, f"method {method!r} not found (events)", 404)
         try:
-            query = events.from_params(call.get("params"), resources, config.limits)
-        except events.ParamError as exc:
+            query = longpoll.from_params(call.get("params"), resources, config.limits)
+        except ParamError as exc:
             return rpc_error(id, INVALID_PARAMS, f"invalid params: {exc}", 400)
         try:
-            reply = await events.answer(service.bucket, service.hub, query)
+            reply = await polls.answer(service.bucket, service.hub, query)
         except BucketUnavailable as exc:
             log.warning("rpc failed: bucket unavailable", error=str(exc))
             return rpc_error(id, SERVER_ERROR, "change bucket unavailable, try again later", 503)
@@ -87,10 +88,10 @@ def add_poll_routes(app: web.Application, service: Service) -> None:
                 request.query, lambda name: request.query.getall(name, []), config.limits
             )
             partitions = await service.bucket.partition_count()
-            lines = await feed.respond(service.bucket, service.hub, query, partitions)
-        except events.ParamError as exc:
+            lines = await polls.respond_feed(service.bucket, service.hub, query, partitions)
+        except ParamError as exc:
             return json_error(400, "InvalidParameter", str(exc))
-        except feed.CursorGone as exc:
+        except CursorGone as exc:
             return json_error(410, "CursorGone", str(exc))
         return web.Response(body=b"".join(lines), content_type="application/x-ndjson")
 

@@ -13,10 +13,10 @@ import orjson
 import structlog
 from aiohttp import web
 
+from changefeed.errors import BucketUnavailable, ChangefeedError
+from changefeed.protocol import Resource
+from changefeed.watch import Watch, parse_watch
 from publisher.bucket import decode_marker, encode_marker
-from publisher.errors import BucketUnavailable, ChangefeedError
-from publisher.protocol import Resource
-from publisher.watch import Watch, parse_watch
 from publisher.watch_pages import page_watched
 from publisher.websocket import handle_websocket
 

@@ -13,13 +13,13 @@ from collections.abc import AsyncIterator
 import structlog
 from aiohttp import web
 
+from changefeed.cursor import ZERO, Cursor, StreamId
+from changefeed.errors import BucketUnavailable, ChangefeedError
+from changefeed.protocol import CloseCode
 from publisher.bucket import ChangeBucket, connect
 from publisher.config import Config
-from publisher.cursor import ZERO, Cursor, StreamId
-from publisher.errors import BucketUnavailable, ChangefeedError
 from publisher.hub import Hub
 from publisher.poll_routes import add_poll_routes
-from publisher.protocol import CloseCode
 from publisher.routes import add_routes, errors_as_json
 from publisher.tail import Tail
 from publisher.window import Window

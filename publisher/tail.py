@@ -13,10 +13,10 @@ import contextlib
 
 import structlog
 
-from publisher.backoff import Backoff
+from changefeed.backoff import Backoff
+from changefeed.cursor import ZERO
+from changefeed.errors import BucketUnavailable, PartitionMismatch
 from publisher.bucket import ChangeBucket, LogEntry
-from publisher.cursor import ZERO
-from publisher.errors import BucketUnavailable, PartitionMismatch
 from publisher.hub import Hub
 
 log = structlog.get_logger(__name__)

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from changefeed.watch import Watch, prefixes_of
 from publisher.bucket import ChangeBucket, Page, translate_redis_errors
-from publisher.watch import Watch, prefixes_of
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,10 +13,9 @@ import orjson
 import structlog
 from aiohttp import WSMsgType, web
 
-from publisher.cursor import Cursor, StreamId
-from publisher.errors import BucketUnavailable, CursorError, RegistrationError
-from publisher.hub import Connection
-from publisher.protocol import (
+from changefeed.cursor import Cursor, StreamId
+from changefeed.errors import BucketUnavailable, CursorError, RegistrationError
+from changefeed.protocol import (
     HEARTBEAT,
     CloseCode,
     Registration,
@@ -26,6 +25,7 @@ from publisher.protocol import (
     registration_reply,
     text_frame,
 )
+from publisher.hub import Connection
 
 if TYPE_CHECKING:
     from publisher.service import Service

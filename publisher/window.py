@@ -10,7 +10,7 @@ import bisect
 from dataclasses import dataclass, field
 from operator import attrgetter
 
-from publisher.cursor import StreamId
+from changefeed.cursor import StreamId
 
 _position = attrgetter("position")
 

@@ -171,7 +171,7 @@ class PublisherProcess:
         self.lines: list[str] = []
 
     def start(self) -> PublisherProcess:
-        command = [sys.executable, "-m", "publisher.cli", "serve", "--config", str(self.config)]
+        command = [sys.executable, "-m", "changefeed_cli", "serve", "--config", str(self.config)]
         self.process = subprocess.Popen(
             [*command, *self.extra_args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT
         )

@@ -15,9 +15,9 @@ from typing import Any, TypeVar
 
 from pyspark.sql.datasource import InputPartition
 
+from changefeed.cursor import ZERO, Cursor, StreamId
+from changefeed.errors import ChangefeedError, CursorError
 from publisher.bucket import ChangeBucket, Retention, connect
-from publisher.cursor import ZERO, Cursor, StreamId
-from publisher.errors import ChangefeedError, CursorError
 from publisher.spark.options import SourceOptions, Target
 
 T = TypeVar("T")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from pyspark.sql.types import (
     ArrayType,
@@ -25,12 +25,12 @@ from pyspark.sql.types import (
     StructType,
 )
 
+from changefeed.cursor import Cursor
+from changefeed.errors import CursorError, OptionError
+from changefeed.protocol import Resource
 from publisher.bucket import BATCH, Op
 from publisher.config import load_config
-from publisher.cursor import Cursor
 from publisher.embedded import EmbeddedRedis
-from publisher.errors import ConfigError, CursorError
-from publisher.protocol import Resource
 
 PIPELINE = 4
 """Lua calls (of `batchSize` changes each) sent per round trip by an executor."""
@@ -40,12 +40,6 @@ ID_TYPES = (StringType, LongType, IntegerType, ShortType)
 StateSource = Literal["none", "row", "column"]
 
 
-class OptionError(ConfigError):
-    """A data source option is missing, unknown or of the wrong kind (.key, .value)."""
-
-    def __init__(self, key: str, value: Any, expected: str) -> None:
-        super().__init__(key, value, expected)
-        self.args = (f"changefeed option {key!r}: got {value!r}, expected {expected}",)
 
 
 @dataclass(frozen=True, slots=True)

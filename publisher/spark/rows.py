@@ -13,8 +13,8 @@ from typing import Any
 import orjson
 import pyarrow as pa
 
+from changefeed.errors import ChangeError
 from publisher.bucket import Change, Op
-from publisher.errors import ChangeError
 from publisher.spark.options import OPS, SinkOptions
 
 

@@ -28,8 +28,8 @@ import structlog
 from pyspark.sql.datasource import WriterCommitMessage
 from redis.asyncio.client import Pipeline
 
+from changefeed.cursor import Cursor, StreamId
 from publisher.bucket import COMMIT_LUA, ChangeBucket, connect, translate_redis_errors
-from publisher.cursor import Cursor, StreamId
 from publisher.spark.options import SinkOptions, Target
 from publisher.spark.rows import changes_of, chunks
 

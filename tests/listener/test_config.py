@@ -6,14 +6,14 @@ from pathlib import Path
 
 import pytest
 
+from changefeed.backoff import Backoff
+from changefeed.errors import ConfigError
 from listener.config import (
     BufferConfig,
     ListenerConfig,
     load_listener_config,
     parse_listener_config,
 )
-from publisher.backoff import Backoff
-from publisher.errors import ConfigError
 
 
 def test_defaults() -> None:

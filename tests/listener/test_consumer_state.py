@@ -8,6 +8,18 @@ from typing import Any
 import orjson
 import pytest
 
+from changefeed.backoff import Backoff
+from changefeed.errors import (
+    HeartbeatMissed,
+    InvalidOption,
+    ItemsMissed,
+    ListenerError,
+    ProtocolError,
+    PullFailed,
+    PullRejected,
+    RetriesExhausted,
+)
+from changefeed.protocol import ChangeItem
 from listener.consumer_state import (
     Batch,
     ConsumeCore,
@@ -23,18 +35,6 @@ from listener.consumer_state import (
     item_size,
     parse_reply,
 )
-from listener.errors import (
-    HeartbeatMissed,
-    InvalidOption,
-    ItemsMissed,
-    ListenerError,
-    PullFailed,
-    PullRejected,
-    RetriesExhausted,
-)
-from publisher.backoff import Backoff
-from publisher.errors import ProtocolError
-from publisher.protocol import ChangeItem
 
 URL = "http://pub:8080/changefeeds/events"
 STEADY = Backoff(initial=1, maximum=1, jitter=0)

@@ -60,7 +60,7 @@ def test_exported_members() -> None:
 
 
 def test_errors_share_the_package_hierarchy() -> None:
-    from publisher.errors import ChangefeedError
+    from changefeed.errors import ChangefeedError
 
     for name in listener.__all__:
         member = getattr(listener, name)

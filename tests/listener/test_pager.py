@@ -5,8 +5,8 @@ from __future__ import annotations
 import orjson
 import pytest
 
+from changefeed.errors import ProtocolError
 from listener.pager import LinkHeaderPager, OffsetPager, Page, PublisherPager
-from publisher.errors import ProtocolError
 
 
 def test_publisher_pager_follows_next() -> None:

@@ -13,6 +13,7 @@ import orjson
 import pytest
 from websockets.asyncio.server import ServerConnection, serve
 
+from changefeed.errors import ProtocolError
 from listener import (
     Backoff,
     BootstrapFailed,
@@ -23,7 +24,6 @@ from listener import (
     RetriesExhausted,
 )
 from publisher.config import Config, load_config
-from publisher.errors import ProtocolError
 from tests.conftest import PublisherFactory
 from tests.listener.app import View, bucket_of, publisher_process, store_objects, vm
 from tests.servers import RedisServer, free_port, scaled, write_config

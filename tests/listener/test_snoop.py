@@ -8,9 +8,9 @@ import sys
 
 import orjson
 
+from changefeed.protocol import ChangeItem
 from listener.events import Change
 from listener.snoop import format_change
-from publisher.protocol import ChangeItem
 from publisher.service import Service
 from tests.servers import scaled
 
@@ -24,7 +24,7 @@ async def read_line(stream: asyncio.StreamReader) -> str:
 
 async def test_snoop_prints_changes_as_json_lines_and_stops_on_ctrl_c(publisher: Service) -> None:
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "publisher.cli", "--log-format", "json", "snoop",
+        sys.executable, "-m", "changefeed_cli", "--log-format", "json", "snoop",
         publisher.url, "vm", "--sub", "nic,alias",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )
@@ -55,7 +55,7 @@ async def test_snoop_shows_reconnects_and_resumes(publisher: Service) -> None:
     before = await publisher.bucket.commit("vm", "a", ["nic"], {"uuid": "a"})
     missed = await publisher.bucket.commit("vm", "b", ["nic"], {"uuid": "b"})
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "publisher.cli", "--log-format", "json", "snoop",
+        sys.executable, "-m", "changefeed_cli", "--log-format", "json", "snoop",
         publisher.url, "vm", "--since", before,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )
@@ -76,7 +76,7 @@ async def test_snoop_shows_reconnects_and_resumes(publisher: Service) -> None:
 
 async def test_snoop_with_ids_and_prefixes_prints_only_those(publisher: Service) -> None:
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "publisher.cli", "--log-format", "json", "snoop",
+        sys.executable, "-m", "changefeed_cli", "--log-format", "json", "snoop",
         publisher.url, "vm", "--prefix", "servers", "--id", "x",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )

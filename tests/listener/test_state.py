@@ -7,19 +7,20 @@ import random
 import orjson
 import pytest
 
-from listener.errors import (
+from changefeed.backoff import Backoff
+from changefeed.errors import (
     BootstrapFailed,
     BufferOverflow,
+    ConfigError,
     ConnectionLost,
+    ProtocolError,
     RegistrationRejected,
     RetriesExhausted,
 )
+from changefeed.protocol import ChangeItem
+from changefeed.watch import Watch
 from listener.events import BootstrapDone, Change, Resync
 from listener.state import ListenerCore, Phase, is_retryable, publisher_urls
-from publisher.backoff import Backoff
-from publisher.errors import ConfigError, ProtocolError
-from publisher.protocol import ChangeItem
-from publisher.watch import Watch
 
 URL = "http://pub1:8080"
 

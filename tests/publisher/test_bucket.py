@@ -9,10 +9,10 @@ from collections.abc import Callable
 import aiohttp
 import pytest
 
+from changefeed.cursor import Cursor
+from changefeed.errors import ChangeError
 from publisher.bucket import Change, ChangeBucket, connect
 from publisher.config import Config
-from publisher.cursor import Cursor
-from publisher.errors import ChangeError
 from publisher.service import Service
 from tests.servers import RedisServer
 

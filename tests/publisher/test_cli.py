@@ -25,7 +25,7 @@ import orjson
 import pytest
 from websockets.exceptions import ConnectionClosed
 
-from publisher.cursor import Cursor
+from changefeed.cursor import Cursor
 from tests.servers import PublisherProcess, RedisServer, scaled, write_config
 from tests.wsclient import register, v1
 
@@ -46,7 +46,7 @@ def short_dir() -> Iterator[Path]:
 async def changefeed(*args: str, cwd: Path | None = None) -> tuple[int, str]:
     """Run `changefeed ARGS...`; return its exit status and its output (stdout and stderr)."""
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "publisher.cli", *args,
+        sys.executable, "-m", "changefeed_cli", *args,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=cwd,
     )
     try:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from changefeed.errors import ConfigError
 from publisher.config import load_config, parse_config
-from publisher.errors import ConfigError
 
 VM = '{resource: "vm", subResources: ["nic", "alias"], bootstrapRoute: "/vms"}'
 

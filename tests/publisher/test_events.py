@@ -10,8 +10,8 @@ from typing import Any
 import aiohttp
 import pytest
 
+from changefeed.cursor import Cursor, new_epoch
 from publisher.config import Config
-from publisher.cursor import Cursor, new_epoch
 from publisher.service import Service
 from tests.conftest import PublisherFactory
 from tests.servers import RedisServer, scaled

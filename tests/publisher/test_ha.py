@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 from websockets.exceptions import ConnectionClosed
 
+from changefeed.cursor import Cursor
 from publisher.bucket import Change
 from publisher.config import Config
-from publisher.cursor import Cursor
 from publisher.service import Service
 from tests.conftest import PublisherFactory
 from tests.servers import RedisServer

@@ -8,10 +8,10 @@ from collections.abc import Callable
 
 import pytest
 
+from changefeed.cursor import Cursor, StreamId
+from changefeed.errors import PartitionMismatch
 from publisher.bucket import ChangeBucket, LogEntry, connect, merge_partitions, partition_of
 from publisher.config import Config
-from publisher.cursor import Cursor, StreamId
-from publisher.errors import PartitionMismatch
 from tests.conftest import PublisherFactory
 from tests.servers import RedisServer
 from tests.wsclient import register, v1

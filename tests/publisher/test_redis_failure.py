@@ -16,9 +16,9 @@ import pytest
 import redis
 from websockets.exceptions import ConnectionClosed
 
+from changefeed.errors import BucketUnavailable
 from publisher.bucket import COMMIT_LUA, Change
 from publisher.config import Config
-from publisher.errors import BucketUnavailable
 from publisher.service import Service
 from tests.conftest import PublisherFactory
 from tests.servers import RedisServer, eventually, scaled

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from changefeed.cursor import Cursor
 from publisher.bucket import Change
 from publisher.config import Config
-from publisher.cursor import Cursor
 from publisher.service import Service
 from tests.conftest import PublisherFactory
 from tests.servers import RedisServer, scaled

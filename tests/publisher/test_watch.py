@@ -11,13 +11,13 @@ import aiohttp
 import orjson
 import pytest
 
+from changefeed.cursor import StreamId
+from changefeed.protocol import ChangeKind, Registration
+from changefeed.watch import EVERYTHING, MAX_WATCHED, Watch, parse_watch, prefixes_of
 from publisher.bucket import Change, LogEntry
 from publisher.config import Config
-from publisher.cursor import StreamId
 from publisher.hub import Connection, Routes
-from publisher.protocol import ChangeKind, Registration
 from publisher.service import Service
-from publisher.watch import EVERYTHING, MAX_WATCHED, Watch, parse_watch, prefixes_of
 from tests.conftest import PublisherFactory
 from tests.servers import RedisServer
 from tests.wsclient import Feed, refused, register

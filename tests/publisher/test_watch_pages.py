@@ -9,10 +9,10 @@ from typing import Any
 import aiohttp
 import pytest
 
+from changefeed.cursor import Cursor
+from changefeed.watch import Watch
 from publisher.bucket import Change
-from publisher.cursor import Cursor
 from publisher.service import Service
-from publisher.watch import Watch
 from publisher.watch_pages import Piece, page_watched, pieces
 
 W = Watch.of

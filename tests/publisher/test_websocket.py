@@ -11,8 +11,8 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
+from changefeed.cursor import Cursor
 from publisher.config import Config
-from publisher.cursor import Cursor
 from publisher.service import Service
 from tests.conftest import PublisherFactory
 from tests.servers import RedisServer, scaled

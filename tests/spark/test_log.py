@@ -10,8 +10,8 @@ import pytest
 from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
 
+from changefeed.cursor import Cursor, StreamId
 from publisher.bucket import connect
-from publisher.cursor import Cursor, StreamId
 from publisher.spark.log import split
 from tests.servers import RedisServer
 from tests.spark.test_stream import commit

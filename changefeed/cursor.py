@@ -15,7 +15,7 @@ import re
 import secrets
 from dataclasses import dataclass
 
-from publisher.errors import CursorError
+from changefeed.errors import CursorError
 
 _EPOCH_ALPHABET = "abcdefghijklmnopqrstuvwxyz234567"
 _CURSOR_RE = re.compile(r"^([a-z2-7]{8,32})\.([0-9a-f]{12})([a-p])([0-9a-f]+)$")

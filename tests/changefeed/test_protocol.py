@@ -7,10 +7,10 @@ import random
 import orjson
 import pytest
 
-from publisher.backoff import Backoff
-from publisher.cursor import Cursor, StreamId
-from publisher.errors import CursorError, RegistrationError
-from publisher.protocol import (
+from changefeed.backoff import Backoff
+from changefeed.cursor import Cursor, StreamId
+from changefeed.errors import CursorError, RegistrationError
+from changefeed.protocol import (
     ChangeKind,
     Registration,
     Resource,
@@ -21,7 +21,7 @@ from publisher.protocol import (
     registration_reply,
     text_frame,
 )
-from publisher.watch import EVERYTHING, Watch
+from changefeed.watch import EVERYTHING, Watch
 from publisher.window import Window, WindowEntry
 
 RESOURCES = {

@@ -1,4 +1,5 @@
-"""The ZeroEventHub event feed: `GET /changefeeds/feed/v1`, NDJSON with partitions and checkpoints.
+"""The wire format of the ZeroEventHub event feed: `GET /changefeeds/feed/v1`, NDJSON with
+partitions and checkpoints.
 
 Each partition of the bucket is a stream of its own; a change is in partition
 ``sha1(changedResourceId)[:8 hex] mod n`` on every publisher, so one resource's changes stay in
@@ -10,28 +11,24 @@ or repeated. docs/feed.md has the parameters.
 Because every partition's ids come from one sequence, a checkpoint of a partition that was read
 to its end is the bucket's head at the moment of the read: it moves on even when the partition had
 nothing new, and it stays valid for whatever that partition receives later.
+
+Pure code: the publisher answers requests in `publisher.polls`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 
-from publisher.bucket import LogEntry, merge_partitions
-from publisher.cursor import ZERO, Cursor, StreamId
-from publisher.errors import ChangefeedError, CursorError
-from publisher.events import ParamError, parse_duration
-
-if TYPE_CHECKING:
-    from publisher.bucket import ChangeBucket
-    from publisher.config import Limits
-    from publisher.hub import Hub
+from changefeed.cursor import ZERO, Cursor, StreamId
+from changefeed.errors import CursorError, CursorGone, ParamError
+from changefeed.longpoll import PollLimits, parse_duration
+from changefeed.protocol import ChangeItem
 
 FIRST = "_first"
 LAST = "_last"
@@ -41,13 +38,10 @@ HEADERS = ("ce_id", "ce_type", "ce_subject", "ce_time", "ce_source")
 changedResourceId, its publication time (RFC 3339) and the bucket's name."""
 MAX_NAME = 50
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,50}$")
-_CURSOR_PARAM = re.compile(r"^cursor(\d+)$")
+_CURSOR_PARAM = re.compile(r"^cursor([0-9]+)$")
 PARAMETERS = ("n", "pagesizehint", "headers", "wait", "cursorset", "resume", "store_cursor",
               "consumer")
 
-
-class CursorGone(ChangefeedError):
-    """A cursor can no longer be followed (trimmed, or of another bucket epoch): HTTP 410."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +57,14 @@ class FeedRequest:
     resume: tuple[int, ...]
 
 
-def parse_request(query: Mapping[str, str], getall: Any, limits: Limits) -> FeedRequest:
+def _digits(text: str) -> bool:
+    """ASCII digits only: `str.isdigit` also accepts '²', which `int` refuses."""
+    return text.isascii() and text.isdigit()
+
+
+def parse_request(
+    query: Mapping[str, str], getall: Callable[[str], Sequence[str]], limits: PollLimits
+) -> FeedRequest:
     """Validate the query string (pure); ParamError names the parameter."""
     for name in query:
         if name not in PARAMETERS and not _CURSOR_PARAM.match(name):
@@ -73,7 +74,7 @@ def parse_request(query: Mapping[str, str], getall: Any, limits: Limits) -> Feed
         if len(getall(name)) > 1:
             raise ParamError(f"{name} given more than once")
     text = query.get("n")
-    if text is None or not text.isdigit() or int(text) < 1:
+    if text is None or not _digits(text) or int(text) < 1:
         raise ParamError("n (the number of partitions the client assumes) must be a positive "
                          "integer")
     n = int(text)
@@ -91,7 +92,7 @@ def parse_request(query: Mapping[str, str], getall: Any, limits: Limits) -> Feed
     hint_text = query.get("pagesizehint")
     if hint_text is None:
         page_size = limits.results
-    elif hint_text.isdigit():
+    elif _digits(hint_text):
         page_size = min(int(hint_text), limits.max_results)
     else:
         raise ParamError("pagesizehint must be a non-negative integer")
@@ -110,7 +111,7 @@ def parse_request(query: Mapping[str, str], getall: Any, limits: Limits) -> Feed
     resume: tuple[int, ...] = ()
     if "resume" in query:
         parts = query["resume"].split(",")
-        if not all(p.isdigit() and int(p) < n for p in parts):
+        if not all(_digits(p) and int(p) < n for p in parts):
             raise ParamError(f"resume must list partitions below n={n}, e.g. resume=0,1")
         resume = tuple(dict.fromkeys(int(p) for p in parts))
         if cursors:
@@ -146,18 +147,16 @@ def resolve(text: str, name: str, epoch: str, trimmed: StreamId, head: StreamId)
     return cursor.position
 
 
-def event_line(
-    partition: int, entry: LogEntry, epoch: str, bucket: str, headers: Sequence[str]
-) -> bytes:
-    item = entry.item(epoch)
+def event_line(partition: int, item: ChangeItem, bucket: str, headers: Sequence[str]) -> bytes:
+    """One event line: the partition, the chosen headers, and the change item as `data`."""
     line: dict[str, Any] = {"partition": partition}
     if headers:
         available = {
             "ce_id": item.cursor,
-            "ce_type": entry.resource,
-            "ce_subject": entry.changed_resource_id,
-            "ce_time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(entry.position.ms / 1000))
-            + f".{entry.position.ms % 1000:03d}Z",
+            "ce_type": item.resource,
+            "ce_subject": item.changed_resource_id,
+            "ce_time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(item.published / 1000))
+            + f".{item.published % 1000:03d}Z",
             "ce_source": bucket,
         }
         line["headers"] = {h: available[h] for h in headers if h in available}
@@ -169,60 +168,5 @@ def checkpoint_line(partition: int, cursor: str) -> bytes:
     return orjson.dumps({"partition": partition, "cursor": cursor}) + b"\n"
 
 
-async def respond(
-    bucket: ChangeBucket, hub: Hub, request: FeedRequest, partitions: int
-) -> list[bytes]:
-    """The NDJSON lines of one feed request."""
-    if request.n != partitions:
-        raise ParamError(
-            f"n={request.n} but this feed has {partitions} partition(s): pass n={partitions} "
-            "(the partition count is fixed when the bucket is created)"
-        )
-    cursors = dict(request.cursors)
-    if request.resume:
-        assert request.cursorset is not None and request.consumer is not None
-        stored = await bucket.load_cursors(request.consumer, request.cursorset, request.resume)
-        missing = [str(p) for p, c in stored.items() if c is None]
-        if missing:
-            raise ParamError(
-                f"cursorset {request.cursorset!r} of consumer {request.consumer!r} holds no "
-                f"cursor for partition(s) {', '.join(missing)}"
-            )
-        cursors = {p: c for p, c in stored.items() if c is not None}
-    elif request.cursorset is not None:
-        assert request.consumer is not None
-        await bucket.save_cursors(request.consumer, request.cursorset, cursors)
-
-    retention = await bucket.retention()
-    epoch = retention.epoch or await bucket.ensure()
-    positions = {
-        p: resolve(text, f"cursor{p}", epoch, retention.trimmed, retention.head)
-        for p, text in cursors.items()
-    }
-    if request.page_size == 0:
-        return []
-    deadline = asyncio.get_running_loop().time() + request.wait
-    while True:
-        read, head = await bucket.read_partitions(positions, request.page_size)
-        chosen = merge_partitions(list(read.values()), request.page_size)
-        remaining = deadline - asyncio.get_running_loop().time()
-        if chosen or remaining <= 0 or not await hub.wait_past(head, remaining):
-            break
-    partition_of = {id(entry): p for p, entries in read.items() for entry in entries}
-    lines = [
-        event_line(partition_of[id(e)], e, epoch, bucket.name, request.headers) for e in chosen
-    ]
-    last_chosen = chosen[-1].position if chosen else None
-    for p, entries in read.items():
-        complete = len(entries) < request.page_size
-        if complete and (not entries or (last_chosen and entries[-1].position <= last_chosen)):
-            position = max(head, positions[p])  # read to its end: the snapshot's head
-        else:
-            taken = [e.position for e in entries if last_chosen and e.position <= last_chosen]
-            position = taken[-1] if taken else positions[p]
-        if position != positions[p] or cursors[p] in (FIRST, LAST):
-            lines.append(checkpoint_line(p, Cursor(epoch, position).encode()))
-    return lines
-
-
-__all__ = ["CursorGone", "FeedRequest", "parse_request", "respond"]
+__all__ = ["ALL_HEADERS", "FIRST", "HEADERS", "LAST", "FeedRequest", "checkpoint_line",
+           "event_line", "parse_request", "resolve"]

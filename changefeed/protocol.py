@@ -17,8 +17,8 @@ from typing import Any
 
 import orjson
 
-from publisher.errors import ProtocolError, RegistrationError
-from publisher.watch import EVERYTHING, Watch, parse_watch
+from changefeed.errors import ProtocolError, RegistrationError
+from changefeed.watch import EVERYTHING, Watch, parse_watch
 
 HEARTBEAT = "heartbeat"
 """The text frame Triton listeners send every ~28 s after registering; ignored."""

@@ -1,0 +1,118 @@
+"""Helpers for reading config.js files: the publisher's and the listener's configs share them.
+
+A config.js is a JavaScript object literal (comments, unquoted keys, trailing commas), optionally
+written as ``module.exports = { ... };``. Each validator takes the key's full name and the value
+and returns the value or raises `ConfigError` naming the key, the value and what was expected, so
+every config error of the project reads the same.
+
+Pure code; the callers parse the literal (with json5) after `object_literal` has stripped the
+``module.exports =`` around it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+from changefeed.errors import ConfigError
+
+T = TypeVar("T")
+
+_MODULE_EXPORTS = re.compile(r"^((?:\s+|//[^\n]*(?:\n|$)|/\*.*?\*/)*)module\.exports\s*=\s*", re.S)
+NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+"""A name: a bucket, a resource, a sub-resource, a key."""
+
+
+def object_literal(text: str) -> str:
+    """The object literal of a config.js, without a leading ``module.exports =`` and the
+    trailing ``;`` (comments before it are kept, so that line numbers stay right)."""
+    return _MODULE_EXPORTS.sub(r"\1", text, count=1).rstrip().rstrip(";")
+
+
+def syntax_error(text: str, error: ValueError) -> ConfigError:
+    """The ConfigError of a config.js that is not an object literal."""
+    return ConfigError("<file>", text[:40] + "...", f"a JavaScript object literal ({error})")
+
+
+
+
+def section(value: Any, key: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ConfigError(key, value, "an object")
+    return value
+
+
+def only(obj: Mapping[str, Any], prefix: str, allowed: set[str] | Mapping[str, Any]) -> None:
+    for key in obj:
+        if key not in allowed:
+            raise ConfigError(
+                prefix + key, obj[key], f"one of the known keys: {', '.join(sorted(allowed))}"
+            )
+
+
+def get(
+    obj: Mapping[str, Any], prefix: str, key: str, default: T, check: Callable[[str, Any], T]
+) -> T:
+    return check(prefix + key, obj[key]) if key in obj else default
+
+
+def string(key: str, value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(key, value, "a non-empty string")
+    return value
+
+
+def name(key: str, value: Any) -> str:
+    if not isinstance(value, str) or not NAME.match(value):
+        raise ConfigError(key, value, "a name of letters, digits, '_', '.' or '-'")
+    return value
+
+
+def positive(key: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ConfigError(key, value, "a positive number")
+    return float(value)
+
+
+def positive_int(key: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(key, value, "a positive integer")
+    return value
+
+
+def host(key: str, value: Any) -> str:
+    return string(key, value)
+
+
+def port(key: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535:
+        raise ConfigError(key, value, "a port number from 0 to 65535 (0: any free port)")
+    return value
+
+
+def redis_url(key: str, value: Any) -> str:
+    expected = "a redis://, rediss:// or unix:// URL, or null for the embedded Redis"
+    if not isinstance(value, str):
+        raise ConfigError(key, value, expected)
+    parts = urlsplit(value)
+    if parts.scheme not in ("redis", "rediss", "unix"):
+        raise ConfigError(key, value, expected)
+    if parts.scheme == "unix" and not parts.path:
+        raise ConfigError(key, value, "a unix:// URL with a socket path")
+    if parts.scheme != "unix" and not parts.hostname:
+        raise ConfigError(key, value, "a redis:// URL with a host")
+    try:
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError:
+        raise ConfigError(key, value, "a URL with a valid port") from None
+    return value
+
+
+def optional_positive(key: str, value: Any) -> float | None:
+    return None if value is None else positive(key, value)
+
+
+__all__ = ["NAME", "get", "host", "object_literal", "only", "optional_positive", "port",
+           "positive", "positive_int", "redis_url", "section", "string", "syntax_error"]

@@ -1,0 +1,297 @@
+"""Every exception of the project, in one hierarchy.
+
+    ChangefeedError
+    ├── ConfigError                a config.js key is missing, unknown or wrong (.key, .value,
+    │   │                          .expected)
+    │   └── OptionError            a Spark data source option is wrong (same attributes)
+    ├── CursorError                a cursor string is malformed (.cursor)
+    ├── ChangeError                a change names an unknown resource or sub-resource, or a bad id
+    ├── BucketUnavailable          Redis cannot be reached (.cause)
+    ├── PartitionMismatch          the bucket was created with another partition count
+    ├── RegistrationError          a websocket registration was refused (.close_code, .reason)
+    ├── ProtocolError              a peer sent a frame that is not of the protocol; the listener
+    │                              retries
+    ├── ParamError                 a pull request parameter is invalid (HTTP 400, JSON-RPC -32602)
+    ├── CursorGone                 a feed cursor can no longer be followed: trimmed, or of another
+    │                              bucket epoch (HTTP 410)
+    └── ListenerError              raised by the listener library
+        ├── RegistrationRejected   the publisher refused the registration (.url, .close_code,
+        │                          .reason); raised, not retried
+        ├── RetriesExhausted       the backoff's retry limit was reached (.attempts, .last)
+        ├── FetchFailed            Listener.fetch could not get an object (.url, .status)
+        ├── InvalidOption          a pull consumer option is out of range, or two exclusive ones
+        │   (also a ValueError)    were given (.option, .value, .expected)
+        ├── PullRejected           the publisher refused an `events` request (4xx): raised, not
+        │                          retried (.url, .status, .code)
+        ├── ItemsMissed            the pull consumer's cursor is older than the retained log, or
+        │                          of another bucket epoch (.cursor, .oldest, .reason)
+        └── ConnectionFailed       one attempt failed; retried with backoff
+            ├── ConnectionLost     could not connect, or the websocket closed (.url,
+            │                      .close_code, .reason, .status)
+            ├── BootstrapFailed    a bootstrap page could not be fetched (.url, .status)
+            ├── BufferOverflow     more items waited than the buffer holds (.size)
+            ├── BufferUnavailable  the listener's Redis buffer could not be reached (.cause)
+            ├── PullFailed         an `events` request got no answer, or a 5xx (.url, .status)
+            └── HeartbeatMissed    a pull consumer heard nothing for twice its idle heartbeat;
+                                   reported, then it pulls again (.url, .seconds)
+
+Errors of dependencies are translated into these in exactly one place per dependency and side:
+redis-py in `publisher.bucket` (and `listener.buffer` for the listener's own Redis buffer),
+websockets and aiohttp's client in `listener.connection` and `listener.consumer`. Whether a
+listener failure is retried is decided by `changefeed.retry.is_retryable`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ChangefeedError(Exception):
+    """Base class of every error raised by the publisher and the listener."""
+
+
+class ConfigError(ChangefeedError):
+    """config.js (or a command-line override) is invalid.
+
+    The message names the key, the value found and what was expected.
+    """
+
+    def __init__(self, key: str, value: Any, expected: str) -> None:
+        self.key = key
+        self.value = value
+        self.expected = expected
+        super().__init__(f"config key {key!r}: got {value!r}, expected {expected}")
+
+
+class CursorError(ChangefeedError):
+    """A cursor string could not be decoded."""
+
+    def __init__(self, cursor: str, why: str) -> None:
+        self.cursor = cursor
+        super().__init__(f"invalid cursor {cursor!r}: {why}")
+
+
+class ChangeError(ChangefeedError):
+    """A change cannot be committed as given (unknown resource, bad id, ...)."""
+
+
+class BucketUnavailable(ChangefeedError):
+    """The change bucket (Redis) could not be reached. Nothing was committed."""
+
+    def __init__(self, message: str, cause: BaseException | None = None) -> None:
+        self.cause = cause
+        super().__init__(message)
+
+
+class PartitionMismatch(ChangefeedError):
+    """The bucket in Redis was created with another partition count than configured.
+
+    A bucket's partition count is fixed when it is created (the partition of a change decides
+    which stream holds it); nothing was written.
+    """
+
+
+class RegistrationError(ChangefeedError):
+    """A listener's registration was refused; the socket is closed with `close_code`."""
+
+    def __init__(self, close_code: int, reason: str) -> None:
+        self.close_code = close_code
+        self.reason = reason
+        super().__init__(f"{close_code}: {reason}")
+
+
+class ProtocolError(ChangefeedError):
+    """A frame received from a peer does not follow the change-feed protocol."""
+
+
+class ParamError(ChangefeedError):
+    """A request parameter is invalid; the message names it (a 400, or JSON-RPC -32602)."""
+
+
+class CursorGone(ChangefeedError):
+    """A cursor can no longer be followed (trimmed, or of another bucket epoch): HTTP 410."""
+
+
+class OptionError(ConfigError):
+    """A data source option is missing, unknown or of the wrong kind (.key, .value)."""
+
+    def __init__(self, key: str, value: Any, expected: str) -> None:
+        super().__init__(key, value, expected)
+        self.args = (f"changefeed option {key!r}: got {value!r}, expected {expected}",)
+
+
+
+class ListenerError(ChangefeedError):
+    """Base class of the listener's errors."""
+
+
+class RegistrationRejected(ListenerError):
+    """The publisher closed the websocket in answer to the registration (1008, 1009, 1003).
+
+    Retrying the same registration would be refused again, so the listener raises this to the
+    application instead of reconnecting.
+    """
+
+    def __init__(self, url: str, close_code: int, reason: str) -> None:
+        self.url = url
+        self.close_code = close_code
+        self.reason = reason
+        super().__init__(f"{url} rejected the registration with {close_code}: {reason}")
+
+
+class RetriesExhausted(ListenerError):
+    """The backoff's `retries` limit was reached; `.last` is the last failure."""
+
+    def __init__(self, attempts: int, last: BaseException) -> None:
+        self.attempts = attempts
+        self.last = last
+        super().__init__(f"gave up after {attempts} failed attempts; last: {last}")
+
+
+class FetchFailed(ListenerError):
+    """`Listener.fetch` got neither the object nor a 404 (`status` is None when no response)."""
+
+    def __init__(self, url: str, why: str, status: int | None = None) -> None:
+        self.url = url
+        self.status = status
+        super().__init__(f"fetching {url}: {why}")
+
+
+class ConnectionFailed(ListenerError):
+    """One connection attempt failed in a way a later attempt may not: retried with backoff."""
+
+
+class ConnectionLost(ConnectionFailed):
+    """The publisher could not be reached, refused the upgrade, or the websocket closed.
+
+    `close_code` is the code of the close frame received (1006 when none was), or None when no
+    websocket was established; `status` the HTTP status when the upgrade was refused.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        why: str,
+        close_code: int | None = None,
+        reason: str = "",
+        status: int | None = None,
+    ) -> None:
+        self.url = url
+        self.close_code = close_code
+        self.reason = reason
+        self.status = status
+        super().__init__(f"{url}: {why}")
+
+
+class BootstrapFailed(ConnectionFailed):
+    """A bootstrap page could not be fetched or parsed (`status` is None when no response)."""
+
+    def __init__(self, url: str, why: str, status: int | None = None) -> None:
+        self.url = url
+        self.status = status
+        super().__init__(f"bootstrap page {url}: {why}")
+
+
+class BufferOverflow(ConnectionFailed):
+    """More change items waited for the application than the buffer may hold (RFD 5: abort)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        super().__init__(f"buffer overflow: more than {size} change items waiting")
+
+
+class BufferUnavailable(ConnectionFailed):
+    """The Redis buffer could not be reached."""
+
+    def __init__(self, message: str, cause: BaseException | None = None) -> None:
+        self.cause = cause
+        super().__init__(message)
+
+
+class InvalidOption(ListenerError, ValueError):
+    """A pull consumer option is out of range, or conflicts with another (ADR-37's rules)."""
+
+    def __init__(self, option: str, value: object, expected: str) -> None:
+        self.option = option
+        self.value = value
+        self.expected = expected
+        super().__init__(f"option {option}={value!r}: expected {expected}")
+
+
+class PullRejected(ListenerError):
+    """The publisher answered an `events` request with a 4xx: the same request would be refused
+    again (bad parameters, or a publisher without the `events` endpoint), so it is raised."""
+
+    def __init__(self, url: str, status: int, code: str, message: str) -> None:
+        self.url = url
+        self.status = status
+        self.code = code
+        self.message = message
+        super().__init__(f"{url} refused the pull with HTTP {status} {code}: {message}")
+
+
+class ItemsMissed(ListenerError):
+    """Items after `cursor` are gone: it is older than the retained log (trimmed), or of another
+    bucket epoch. `oldest` is the oldest cursor still available ('' when the log is empty).
+
+    The application decides: resynchronise its view from the source, or accept the gap and pull
+    again with ``after=None`` (from the oldest retained item).
+    """
+
+    def __init__(self, cursor: str | None, oldest: str, reason: str = "") -> None:
+        self.cursor = cursor
+        self.oldest = oldest
+        self.reason = reason
+        why = f" ({reason})" if reason else ""
+        super().__init__(
+            f"items after cursor {cursor!r} were missed{why}; oldest available: {oldest!r}"
+        )
+
+
+class PullFailed(ConnectionFailed):
+    """An `events` request failed in a way a later one may not: the publisher could not be
+    reached, the connection broke, or it answered 5xx (`status`; 503: its Redis is down)."""
+
+    def __init__(self, url: str, why: str, status: int | None = None) -> None:
+        self.url = url
+        self.status = status
+        super().__init__(f"pull from {url}: {why}")
+
+
+class HeartbeatMissed(ConnectionFailed):
+    """No answer of any kind came for `seconds` (twice the idle heartbeat) while a pull was
+    pending: the publisher is stuck or the network dropped. Reported, not fatal (ADR-37)."""
+
+    def __init__(self, url: str, seconds: float) -> None:
+        self.url = url
+        self.seconds = seconds
+        super().__init__(f"no answer from {url} for {seconds:g} s (missed heartbeats)")
+
+
+__all__ = [
+    "BootstrapFailed",
+    "BucketUnavailable",
+    "BufferOverflow",
+    "BufferUnavailable",
+    "ChangeError",
+    "ChangefeedError",
+    "ConfigError",
+    "ConnectionFailed",
+    "ConnectionLost",
+    "CursorError",
+    "CursorGone",
+    "FetchFailed",
+    "HeartbeatMissed",
+    "InvalidOption",
+    "ItemsMissed",
+    "ListenerError",
+    "OptionError",
+    "ParamError",
+    "PartitionMismatch",
+    "ProtocolError",
+    "PullFailed",
+    "PullRejected",
+    "RegistrationError",
+    "RegistrationRejected",
+    "RetriesExhausted",
+]

@@ -1,0 +1,385 @@
+"""The wire format of the `events` long poll (Tendermint ADR-075), spoken by both sides.
+
+The publisher parses requests (`from_query`, `from_params`) and writes replies
+(`EventsReply.to_wire`); the listener's pull consumer writes requests (`EventsQuery.to_query`) and
+reads replies (`EventsReply.parse`). `GET /changefeeds/events?...` and the JSON-RPC 2.0 method
+`events` (POST /changefeeds/rpc) take the same parameters and give the same reply
+(docs/pull.md):
+
+- eligible items are newer than `after` and older than `before` and match `filter`;
+- the reply holds up to `max_results` of the *newest* eligible items, newest first, with `more`
+  (older eligible items were left out), `oldest` and `newest` (the whole retained log);
+- with `before` empty and nothing eligible, the request waits up to `wait_time` for new items;
+- an `after` cursor older than the retained log, or of another bucket epoch, is reported in the
+  reply as `missed`, never silently read as "from the start".
+
+`order: "oldest"` is our extension for forward readers (the listener's pull consumer): the
+*oldest* eligible items after `after`, oldest first, `more` meaning newer ones were left out.
+
+Pure code: no sockets, no clocks.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import orjson
+
+from changefeed.cursor import Cursor
+from changefeed.errors import CursorError, ParamError, ProtocolError
+from changefeed.protocol import WILDCARD, ChangeItem, Resource, decode_item
+from changefeed.watch import EVERYTHING, Watch, parse_watch
+
+DEFAULT_RESULTS = 100
+"""Items in a reply when the request names no number (config.js `limits.results`)."""
+MAX_RESULTS = 1000
+"""The most items a publisher returns by default (config.js `limits.maxResults`)."""
+DEFAULT_WAIT = 10.0
+"""Seconds a long poll waits when the request names no wait (config.js `limits.wait`)."""
+MAX_WAIT = 60.0
+"""The longest wait a publisher honours by default (config.js `limits.maxWait`)."""
+
+QUERY_PARAMETERS = ("resource", "sub", "id", "prefix", "max_results", "after", "before",
+                    "wait_time", "order")
+"""The query parameters of `GET /changefeeds/events`."""
+PARAMS = ("filter", "max_results", "after", "before", "wait_time", "order")
+"""The keys of a JSON-RPC `events` call's params."""
+FILTER_KEYS = ("resource", "subResources", "ids", "prefixes")
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m)?\s*$")
+_INTEGER = re.compile(r"^\s*-?[0-9]+\s*$")
+
+
+class PollLimits(Protocol):
+    """What a publisher allows (`publisher.config.Limits` is one)."""
+
+    @property
+    def results(self) -> int: ...
+    @property
+    def max_results(self) -> int: ...
+    @property
+    def wait(self) -> float: ...
+    @property
+    def max_wait(self) -> float: ...
+
+
+class Described(Protocol):
+    """Anything that names a change: a `ChangeItem`, or a log entry of the bucket."""
+
+    @property
+    def resource(self) -> str: ...
+    @property
+    def sub_resources(self) -> tuple[str, ...]: ...
+    @property
+    def changed_resource_id(self) -> str: ...
+
+
+@dataclass(frozen=True, slots=True)
+class EventFilter:
+    """Which items a request is for: a resource (None: all), sub-resources (empty: all) and a
+    watch on ids."""
+
+    resource: str | None = None
+    sub_resources: frozenset[str] = frozenset()
+    watch: Watch = EVERYTHING
+
+    def matches(self, change: Described) -> bool:
+        if self.resource is not None and change.resource != self.resource:
+            return False
+        if self.sub_resources and self.sub_resources.isdisjoint(change.sub_resources):
+            return False
+        return self.watch.matches(change.changed_resource_id)
+
+    def to_query(self) -> list[tuple[str, str]]:
+        params = [] if self.resource is None else [("resource", self.resource)]
+        params += [("sub", sub) for sub in sorted(self.sub_resources)]
+        return params + self.watch.to_query()
+
+
+@dataclass(frozen=True, slots=True)
+class EventsRequest:
+    """One request, as the publisher runs it (limits applied)."""
+
+    filter: EventFilter
+    max_results: int
+    after: Cursor | None
+    before: Cursor | None
+    wait: float
+    oldest_first: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class EventsQuery:
+    """One forward pull, as the listener sends it: the oldest items after `after`."""
+
+    filter: EventFilter
+    after: str | None
+    max_results: int
+    wait_time: float
+
+    def to_query(self) -> list[tuple[str, str]]:
+        """The query string. The wait goes in whole milliseconds and never as 0, which a
+        publisher reads as its default."""
+        params = [("order", "oldest"), ("max_results", str(self.max_results)),
+                  ("wait_time", f"{max(1, round(self.wait_time * 1000))}ms")]
+        if self.after:
+            params.append(("after", self.after))
+        return params + self.filter.to_query()
+
+
+@dataclass(frozen=True, slots=True)
+class EventsReply:
+    """A 200 answer of `events`: `items` in the reply's order, each with its cursor; `oldest` and
+    `newest` the retained log's ends ("" when it is empty); `missed` when items after the
+    request's `after` may be gone (`missed_reason` says why)."""
+
+    items: tuple[ChangeItem, ...]
+    more: bool
+    oldest: str
+    newest: str
+    missed: bool = False
+    missed_reason: str = ""
+
+    def to_wire(self) -> dict[str, Any]:
+        reply: dict[str, Any] = {
+            "items": [
+                {"cursor": item.cursor, "data": {"type": "change", "value": item.to_wire()}}
+                for item in self.items
+            ],
+            "more": self.more,
+            "oldest": self.oldest,
+            "newest": self.newest,
+            "missed": self.missed,
+        }
+        if self.missed:
+            reply["missed_reason"] = self.missed_reason
+        return reply
+
+    @classmethod
+    def parse(cls, body: bytes | str) -> EventsReply:
+        """Read a reply. Raises ProtocolError when it is not of the documented form."""
+        try:
+            reply = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            raise ProtocolError(f"events reply is not JSON: {body!r:.200}") from None
+        if not isinstance(reply, dict) or not isinstance(reply.get("items"), list):
+            raise ProtocolError(f"events reply is not an object with items: {body!r:.200}")
+        items = []
+        for entry in reply["items"]:
+            data = entry.get("data") if isinstance(entry, dict) else None
+            if not isinstance(data, dict) or data.get("type") != "change" or not isinstance(
+                data.get("value"), dict
+            ):
+                raise ProtocolError(
+                    f"events reply holds an entry that is not a change: {entry!r:.200}"
+                )
+            item = decode_item(data["value"])
+            cursor = entry.get("cursor")
+            if not item.cursor and isinstance(cursor, str):
+                item = ChangeItem(item.resource, item.sub_resources, item.changed_resource_id,
+                                  item.published, cursor)
+            if not item.cursor:
+                raise ProtocolError(f"events reply holds an item without a cursor: {entry!r:.200}")
+            items.append(item)
+        return cls(
+            tuple(items),
+            reply.get("more") is True,
+            _text(reply, "oldest"),
+            _text(reply, "newest"),
+            reply.get("missed") is True,
+            _text(reply, "missed_reason"),
+        )
+
+
+def _text(reply: dict[str, Any], key: str) -> str:
+    value = reply.get(key)
+    return value if isinstance(value, str) else ""
+
+
+# --- parsing: the query string and JSON-RPC params give the same EventsRequest ---------------
+
+
+def parse_duration(name: str, value: Any) -> float:
+    """Seconds from a number of seconds or a string such as ``"500ms"``, ``"5s"``, ``"1m"``."""
+    if isinstance(value, bool):
+        raise ParamError(f"{name} must be a number of seconds or a duration such as '5s'")
+    if isinstance(value, int | float):
+        return float(value)
+    match = _DURATION.match(value) if isinstance(value, str) and value.isascii() else None
+    if match is None:
+        raise ParamError(f"{name} must be a number of seconds or a duration such as '5s'")
+    number, unit = float(match.group(1)), match.group(2) or "s"
+    return number * {"ms": 0.001, "s": 1.0, "m": 60.0}[unit]
+
+
+def parse_int(name: str, value: Any) -> int:
+    """An integer from a JSON number or a string of ASCII digits (``'²'`` is not one)."""
+    if isinstance(value, bool):
+        raise ParamError(f"{name} must be an integer")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.isascii() and _INTEGER.match(value):
+        return int(value)
+    raise ParamError(f"{name} must be an integer")
+
+
+def _cursor(name: str, value: Any) -> Cursor | None:
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise ParamError(f"{name} must be a cursor string")
+    try:
+        return Cursor.decode(value)
+    except CursorError as exc:
+        raise ParamError(f"{name}: {exc}") from None
+
+
+def _filter(
+    resource: Any, subs: Any, ids: Any, prefixes: Any, resources: Mapping[str, Resource], where: str
+) -> EventFilter:
+    if resource is None or resource == "":
+        if subs:
+            raise ParamError(f"{where}subResources needs {where}resource")
+        name = None
+    elif not isinstance(resource, str) or resource not in resources:
+        known = ", ".join(sorted(resources))
+        raise ParamError(f"{where}resource: unknown resource {resource!r} (known: {known})")
+    else:
+        name = resource
+    sub_set: frozenset[str] = frozenset()
+    if subs:
+        if not isinstance(subs, list) or not all(isinstance(s, str) for s in subs):
+            raise ParamError(f"{where}subResources must be a list of strings")
+        assert name is not None
+        known_subs = resources[name].sub_resources
+        for sub in subs:
+            if sub != WILDCARD and sub not in known_subs:
+                raise ParamError(
+                    f"{where}subResources: unknown sub-resource {sub!r} of {name!r} "
+                    f"(known: {', '.join(known_subs)}, or '*')"
+                )
+        sub_set = frozenset() if WILDCARD in subs else frozenset(subs)
+    try:
+        watch = parse_watch(ids, prefixes, where)
+    except ValueError as exc:
+        raise ParamError(str(exc)) from None
+    return EventFilter(name, sub_set, watch)
+
+
+def _request(
+    filter: EventFilter,
+    max_results: Any,
+    after: Any,
+    before: Any,
+    wait_time: Any,
+    order: Any,
+    limits: PollLimits,
+) -> EventsRequest:
+    count = limits.results if max_results is None else parse_int("max_results", max_results)
+    if count <= 0:
+        count = limits.results  # the ADR: zero or negative asks for the default
+    wait = limits.wait if wait_time is None else parse_duration("wait_time", wait_time)
+    if wait <= 0:
+        wait = limits.wait  # the ADR: zero or negative waits a default interval
+    if order not in (None, "newest", "oldest"):
+        raise ParamError("order must be 'newest' (the default) or 'oldest'")
+    return EventsRequest(
+        filter,
+        min(count, limits.max_results),
+        _cursor("after", after),
+        _cursor("before", before),
+        min(wait, limits.max_wait),
+        order == "oldest",
+    )
+
+
+def from_query(
+    query: Mapping[str, str],
+    getall: Callable[[str], Sequence[str]],
+    resources: Mapping[str, Resource],
+    limits: PollLimits,
+) -> EventsRequest:
+    """The request of `GET /changefeeds/events?...` (`getall(name)` lists a repeated parameter)."""
+    unknown = sorted(set(query) - set(QUERY_PARAMETERS))
+    if unknown:
+        raise ParamError(
+            f"unknown parameter(s) {', '.join(unknown)} (known: {', '.join(QUERY_PARAMETERS)})"
+        )
+    for single in ("resource", "max_results", "after", "before", "wait_time", "order"):
+        if len(getall(single)) > 1:
+            raise ParamError(f"{single} given more than once")
+    filter = _filter(
+        query.get("resource"),
+        list(getall("sub")) or None,
+        list(getall("id")) or None,
+        list(getall("prefix")) or None,
+        resources,
+        "",
+    )
+    return _request(
+        filter,
+        query.get("max_results"),
+        query.get("after"),
+        query.get("before"),
+        query.get("wait_time"),
+        query.get("order"),
+        limits,
+    )
+
+
+def from_params(
+    params: Any, resources: Mapping[str, Resource], limits: PollLimits
+) -> EventsRequest:
+    """The request of a JSON-RPC `events` call's params (an object, or absent)."""
+    if params is None:
+        params = {}
+    if not isinstance(params, dict):
+        raise ParamError("params must be an object")
+    unknown = sorted(set(params) - set(PARAMS))
+    if unknown:
+        raise ParamError(f"unknown param(s) {', '.join(unknown)} (known: {', '.join(PARAMS)})")
+    spec = params.get("filter") or {}
+    if not isinstance(spec, dict):
+        raise ParamError("filter must be an object")
+    unknown = sorted(set(spec) - set(FILTER_KEYS))
+    if unknown:
+        raise ParamError(
+            f"unknown filter key(s) {', '.join(unknown)} (known: {', '.join(FILTER_KEYS)})"
+        )
+    filter = _filter(
+        spec.get("resource"),
+        spec.get("subResources"),
+        spec.get("ids"),
+        spec.get("prefixes"),
+        resources,
+        "filter.",
+    )
+    return _request(
+        filter,
+        params.get("max_results"),
+        params.get("after"),
+        params.get("before"),
+        params.get("wait_time"),
+        params.get("order"),
+        limits,
+    )
+
+
+__all__ = [
+    "DEFAULT_RESULTS",
+    "DEFAULT_WAIT",
+    "MAX_RESULTS",
+    "MAX_WAIT",
+    "EventFilter",
+    "EventsQuery",
+    "EventsReply",
+    "EventsRequest",
+    "PollLimits",
+    "from_params",
+    "from_query",
+    "parse_duration",
+    "parse_int",
+]

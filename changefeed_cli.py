@@ -1,0 +1,36 @@
+"""The `changefeed` command: one click group over the publisher's commands (serve, publish,
+stats) and the listener's (snoop).
+
+The only module that imports both sides; `python -m changefeed_cli` runs it too.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from listener.snoop import snoop
+from publisher.cli import publish, serve, stats
+from publisher.logs import configure
+
+
+@click.group()
+@click.option(
+    "--log-format",
+    type=click.Choice(["auto", "json", "console"]),
+    default="auto",
+    help="JSON lines (default when not on a terminal) or readable lines.",
+)
+@click.option("--log-level", default="info", show_default=True)
+def main(log_format: str, log_level: str) -> None:
+    """Change feeds on Redis (RFD 5): publish changes and serve them to listeners."""
+    configure(json=None if log_format == "auto" else log_format == "json", level=log_level)
+
+
+for command in (serve, publish, stats, snoop):
+    main.add_command(command)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
