@@ -25,6 +25,7 @@ THROUGHPUT = ("P1", "P6", "P9")
 """Scenarios whose first check is deliveries/s, publisher against a baseline."""
 
 
+@pytest.mark.bench
 @pytest.mark.timeout(scaled(240))
 def test_quick_run_reports_every_scenario(tmp_path: Path) -> None:
     for tool, needed_by in TOOLS.items():

@@ -8,9 +8,9 @@
 docs/spark.md describes the options, the dataset diff and how the package reaches executors.
 """
 
+from changefeed.errors import OptionError
 from publisher.spark.datasource import ChangefeedDataSource, register
 from publisher.spark.diff import CREATED, DELETED, DiffCounts, publish_dataset_changes
-from publisher.spark.options import OptionError
 
 __all__ = [
     "CREATED",

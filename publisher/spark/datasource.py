@@ -32,9 +32,10 @@ from pyspark.sql.datasource import (
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 from pyspark.sql.types import StructType
 
+from changefeed.errors import OptionError
 from publisher.spark import log as changelog
 from publisher.spark import sink
-from publisher.spark.options import OptionError, SinkOptions, sink_options, source_options
+from publisher.spark.options import SinkOptions, sink_options, source_options
 
 logger = structlog.get_logger(__name__)
 

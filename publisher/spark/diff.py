@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from changefeed.errors import OptionError
 from publisher.spark.datasource import register
-from publisher.spark.options import OptionError, target_of
+from publisher.spark.options import target_of
 
 CREATED = "created"
 """The sub-resource marking a row that is in the new version only."""
