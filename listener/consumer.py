@@ -63,7 +63,8 @@ async def request_events(
 
     The one place where aiohttp's errors and the HTTP statuses become the consumer's: 200 is
     read, 4xx is PullRejected (raised), 5xx and no answer PullFailed, a garbled body
-    ProtocolError (both retried), silence until `deadline` HeartbeatMissed (reported, retried).
+    ProtocolError (both retried after a backoff delay), silence until `deadline` HeartbeatMissed
+    (reported, pulled again at once: a warning, not a failure, in `changefeed.retry`).
     """
     try:
         async with asyncio.timeout_at(deadline):
