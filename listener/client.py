@@ -81,6 +81,10 @@ class Listener:
         self._buffer = buffer if buffer is not None else make_buffer(self.config.buffer, instance)
         self._session: aiohttp.ClientSession | None = None
         self._events: AsyncGenerator[Event, None] | None = None
+        self._reader: asyncio.Task[Any] | None = None
+        """The task inside `__anext__`, if any: `aclose` from another task interrupts it."""
+        self._closing = False
+        self._read_done = asyncio.Event()
         self._on_error: Handler | None = None
         self._log = log.bind(instance=instance, service=service,
                              resources=[kind.resource for kind in self._core.kinds])
@@ -108,13 +112,43 @@ class Listener:
     ) -> None:
         await self.aclose()
 
-    def __aiter__(self) -> AsyncGenerator[Event, None]:
+    def __aiter__(self) -> Listener:
+        return self
+
+    async def __anext__(self) -> Event:
+        """The next event. An `aclose()` from another task ends the iteration (the `async for`
+        just stops); a cancellation from elsewhere is raised as usual."""
+        if self._closing:
+            raise StopAsyncIteration
         if self._events is None:
             self._events = self._run()
-        return self._events
+        if self._reader is not None:
+            raise RuntimeError("the listener is already being iterated by another task")
+        task = asyncio.current_task()
+        assert task is not None
+        self._reader = task
+        self._read_done.clear()
+        try:
+            return await self._events.__anext__()
+        except asyncio.CancelledError:
+            # Ours (from aclose) when aclose asked and no other cancellation is pending.
+            if self._closing and task.uncancel() == 0:
+                raise StopAsyncIteration from None
+            raise
+        finally:
+            self._reader = None
+            self._read_done.set()
 
     async def aclose(self) -> None:
-        """Close the connection and release the buffer and the HTTP session."""
+        """Close the connection and release the buffer and the HTTP session.
+
+        From another task while an `async for` waits for the next event, the iteration ends
+        (the generator cannot be closed while it runs, so its task is interrupted first)."""
+        self._closing = True
+        reader = self._reader
+        if reader is not None and reader is not asyncio.current_task():
+            reader.cancel()
+            await self._read_done.wait()
         if self._events is not None:
             await self._events.aclose()
         await self._buffer.aclose()

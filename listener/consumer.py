@@ -5,8 +5,9 @@
             handle(item)
             save(consumer.cursor)
 
-What to ask for, when to refill, what to keep, whether to retry and when a heartbeat is missed
-are `listener.consumer_state`'s decisions; this module only sends the requests, sleeps and logs.
+What to ask for, when to refill, what to keep and when a heartbeat is missed are
+`listener.consumer_state`'s decisions, whether to retry `changefeed.retry`'s; the requests and
+replies are `changefeed.longpoll`'s. This module only sends the requests, sleeps and logs.
 Errors of aiohttp become the consumer's own in `request_events`, and nowhere else.
 """
 
@@ -29,20 +30,16 @@ from changefeed.errors import (
     PullFailed,
     PullRejected,
 )
+from changefeed.longpoll import EventsQuery, EventsReply
 from changefeed.protocol import ChangeItem
-from listener.consumer_state import (
+from changefeed.retry import Retrier
+from listener.consumer_options import (
     DEFAULT_EXPIRES,
-    ConsumeCore,
-    ConsumeState,
-    EventsReply,
-    FetchCore,
-    Pull,
-    Retrier,
-    Selection,
     consume_options,
+    event_filter,
     fetch_options,
-    parse_reply,
 )
+from listener.consumer_state import ConsumeCore, ConsumeState, FetchCore
 from listener.state import CHANGEFEEDS, publisher_urls
 
 log = structlog.get_logger(__name__)
@@ -66,7 +63,8 @@ async def request_events(
 
     The one place where aiohttp's errors and the HTTP statuses become the consumer's: 200 is
     read, 4xx is PullRejected (raised), 5xx and no answer PullFailed, a garbled body
-    ProtocolError (both retried), silence until `deadline` HeartbeatMissed (reported, retried).
+    ProtocolError (both retried after a backoff delay), silence until `deadline` HeartbeatMissed
+    (reported, pulled again at once: a warning, not a failure, in `changefeed.retry`).
     """
     try:
         async with asyncio.timeout_at(deadline):
@@ -79,7 +77,7 @@ async def request_events(
     except TimeoutError:
         raise HeartbeatMissed(url, heartbeat_window) from None
     if response.status == 200:
-        return parse_reply(body)
+        return EventsReply.parse(body)
     if 400 <= response.status < 500 and response.status not in RETRIED_4XX:
         try:
             error = orjson.loads(body)
@@ -113,7 +111,8 @@ class PullConsumer:
         on_error: ErrorHandler | None = None,
         session: aiohttp.ClientSession | None = None,
     ) -> None:
-        self.selection = Selection.of(resource, sub_resources, ids, prefixes)
+        self.filter = event_filter(resource, sub_resources, ids, prefixes)
+        """What every pull asks for."""
         try:
             self.url = publisher_urls(url)[0]
         except ValueError:
@@ -173,7 +172,8 @@ class PullConsumer:
         self._fetching = True
         try:
             loop = asyncio.get_running_loop()
-            core = FetchCore(options, self._cursor, Retrier(self.backoff), loop.time())
+            core = FetchCore(options, self.filter, self._cursor, Retrier(self.backoff),
+                             loop.time())
             while (pull := core.pull(loop.time())) is not None:
                 await self._exchange(pull, core)
             items = core.result()
@@ -206,7 +206,7 @@ class PullConsumer:
         options = consume_options(max_messages, max_bytes, threshold_messages, threshold_bytes,
                                   expires, idle_heartbeat)
         self._check_idle()
-        core = ConsumeCore(options, self._cursor, Retrier(self.backoff))
+        core = ConsumeCore(options, self.filter, self._cursor, Retrier(self.backoff))
         self._consumption = Consumption(self, core)
         return self._consumption
 
@@ -224,7 +224,7 @@ class PullConsumer:
             busy = "fetch" if self._fetching else "consume (stop or drain it first)"
             raise RuntimeError(f"the consumer is busy with a {busy}")
 
-    async def _exchange(self, pull: Pull, core: FetchCore | ConsumeCore) -> None:
+    async def _exchange(self, pull: EventsQuery, core: FetchCore | ConsumeCore) -> None:
         """Send `pull`, the request `core` decided on, and tell it the answer or the failure;
         a failure it retries after is reported, and its backoff delay waited out here."""
         time = asyncio.get_running_loop().time
@@ -233,7 +233,7 @@ class PullConsumer:
                         wait_time=pull.wait_time)
         try:
             reply = await request_events(self._http(), self.events_url,
-                                         self.selection.query(pull), core.heartbeat_deadline,
+                                         pull.to_query(), core.heartbeat_deadline,
                                          core.heartbeat_window)
         except ChangefeedError as error:
             delay = core.failed(error, time())

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import enum
 import random
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode, urljoin, urlsplit, urlunsplit
@@ -30,11 +30,9 @@ from changefeed.backoff import Backoff
 from changefeed.errors import (
     BufferOverflow,
     ChangefeedError,
-    ConnectionFailed,
     ConnectionLost,
     ProtocolError,
     RegistrationRejected,
-    RetriesExhausted,
 )
 from changefeed.protocol import (
     HEARTBEAT,
@@ -47,6 +45,7 @@ from changefeed.protocol import (
     is_registration_reply,
     reply_routes,
 )
+from changefeed.retry import Retrier
 from changefeed.watch import EVERYTHING, Watch, parse_watch
 from listener.events import BootstrapDone, Change, Resync
 
@@ -113,11 +112,6 @@ def publisher_urls(url: str) -> tuple[str, str]:
     return base, urlunsplit((ws_scheme, parts.netloc, path + CHANGEFEEDS, "", ""))
 
 
-def is_retryable(error: BaseException) -> bool:
-    """True when a failure may go away by itself: reconnect after a backoff delay."""
-    return isinstance(error, ConnectionFailed | ProtocolError)
-
-
 class ListenerCore:
     """Everything the listener decides, for publishers at `urls` and the kinds in `resources`."""
 
@@ -158,23 +152,18 @@ class ListenerCore:
         self.instance = instance
         self.service = service
         self.version = 1 if len(self.kinds) == 1 else 2
-        self.backoff = backoff or Backoff()
-        self.healthy_after = healthy_after
+        self.retrier = Retrier(backoff or Backoff(), healthy_after=healthy_after, rng=rng)
+        """The backoff delays, and the failure count that a healthy period starts again."""
         self.buffer_size = buffer_size
         self.bootstrap = bootstrap
         """False: stream changes only, never bootstrap (for `changefeed snoop`)."""
         self.phase = Phase.IDLE
         self.routes: dict[str, Resource] = {}
         """The resources of the last registration reply, by name."""
-        self.failures = 0
-        """Failed attempts since the last healthy period."""
-        self._rng = rng or random.Random()
-        self._delays: Iterator[float] = self.backoff.delays(self._rng)
         self._cursor = since
         self._has_view = since is not None
         self._bootstrap_cursor: str | None = None
         self._pending: list[str] = []
-        self._healthy_since: float | None = None
         self._url_index = 0
         self._attempts = 0
 
@@ -182,6 +171,11 @@ class ListenerCore:
     def cursor(self) -> str | None:
         """Where the application's view is: the listener resumes after it."""
         return self._cursor
+
+    @property
+    def failures(self) -> int:
+        """Failed attempts in a row, since the last healthy period."""
+        return self.retrier.failures
 
     @property
     def url(self) -> str:
@@ -290,13 +284,11 @@ class ListenerCore:
         """The current attempt failed: the seconds to wait before the next one.
 
         Raises RegistrationRejected when the publisher refused the registration, RetriesExhausted
-        when the backoff's retry limit is reached, and `error` itself when it is not retryable.
+        when the backoff's retry limit is reached, and `error` itself when it is not retryable
+        (`changefeed.retry.is_retryable`). The backoff starts again from `initial` when the
+        connection had been streaming for `healthy_after` seconds.
         """
         registering = self.phase is Phase.REGISTERING
-        if self._healthy_since is not None and now - self._healthy_since >= self.healthy_after:
-            self._delays = self.backoff.delays(self._rng)
-            self.failures = 0
-        self._healthy_since = None
         if self.phase is Phase.BOOTSTRAPPING:
             self._pending = []
         if (registering and isinstance(error, ConnectionLost)
@@ -308,21 +300,18 @@ class ListenerCore:
                 raise RegistrationRejected(
                     error.url, error.close_code or 0, error.reason
                 ) from error
-        if not is_retryable(error):
+        try:
+            delay = self.retrier.failed(error, now)
+        except BaseException:
             self.phase = Phase.CLOSED
-            raise error
-        self.failures += 1
-        delay = next(self._delays, None)
-        if delay is None:
-            self.phase = Phase.CLOSED
-            raise RetriesExhausted(self.failures, error) from error
+            raise
         self._url_index = (self._url_index + 1) % len(self.urls)
         self.phase = Phase.BACKING_OFF
         return delay
 
     def _streaming(self, now: float) -> None:
         self.phase = Phase.STREAMING
-        self._healthy_since = now
+        self.retrier.healthy(now)
 
     def _expect(self, phase: Phase) -> None:
         if self.phase is not phase:

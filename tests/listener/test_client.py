@@ -26,7 +26,7 @@ from listener import (
 from publisher.bucket import Change
 from publisher.service import Service
 from tests.listener.app import View, WatchedBuffer, store_objects, vm
-from tests.servers import RedisServer
+from tests.servers import RedisServer, eventually, scaled
 
 FAST = ListenerConfig(backoff=Backoff(initial=0.02, maximum=0.2), page_size=100,
                       ping_interval=1, ping_timeout=2)
@@ -261,3 +261,40 @@ async def test_a_watch_bootstraps_and_streams_only_its_objects_and_resumes(
         await resumed.wait_for(lambda: resumed.cursor == missed[-1])
     assert [item.changed_resource_id for item in resumed.changes] == ["servers", "servers/9/9"]
     assert resumed.counts["BootstrapStart"] == 0 and resumed.counts["Resync"] == 0
+
+
+async def test_aclose_from_another_task_ends_a_waiting_iteration(publisher: Service) -> None:
+    """`async for` waits for the next change while a shutdown handler, in another task, closes
+    the listener: the loop ends, rather than "asynchronous generator is already running"."""
+    feed = Listener(publisher.url, instance="i-1", service="tcns", resources={"vm": ["nic"]},
+                    config=FAST)
+    events: list[object] = []
+
+    async def consume() -> str:
+        async for event in feed:
+            events.append(event)
+        return "ended"
+
+    task = asyncio.create_task(consume())
+    await eventually(lambda: feed.phase is Phase.STREAMING and feed._reader is not None,
+                     "the loop waits inside __anext__ for a change")
+    await asyncio.wait_for(feed.aclose(), scaled(10))
+    assert await asyncio.wait_for(task, scaled(10)) == "ended"
+    assert feed.phase is Phase.STREAMING
+    assert [event async for event in feed] == []  # closed: nothing more
+
+
+async def test_a_cancelled_iteration_still_raises_cancelled(publisher: Service) -> None:
+    feed = Listener(publisher.url, instance="i-1", service="tcns", resources={"vm": ["nic"]},
+                    config=FAST)
+
+    async def consume() -> None:
+        async for _ in feed:
+            pass
+
+    task = asyncio.create_task(consume())
+    await eventually(lambda: feed.phase is Phase.STREAMING, "the listener streams")
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await feed.aclose()

@@ -2,42 +2,27 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-import orjson
 import pytest
 
 from changefeed.backoff import Backoff
 from changefeed.errors import (
     HeartbeatMissed,
-    InvalidOption,
     ItemsMissed,
-    ListenerError,
-    ProtocolError,
     PullFailed,
     PullRejected,
     RetriesExhausted,
 )
+from changefeed.longpoll import EventFilter, EventsQuery, EventsReply
 from changefeed.protocol import ChangeItem
-from listener.consumer_state import (
-    Batch,
-    ConsumeCore,
-    ConsumeOptions,
-    ConsumeState,
-    EventsReply,
-    FetchCore,
-    Pull,
-    Retrier,
-    Selection,
-    consume_options,
-    fetch_options,
-    item_size,
-    parse_reply,
-)
+from changefeed.retry import Retrier
+from listener.consumer_options import consume_options, fetch_options
+from listener.consumer_state import Batch, ConsumeCore, ConsumeState, FetchCore, item_size
 
 URL = "http://pub:8080/changefeeds/events"
 STEADY = Backoff(initial=1, maximum=1, jitter=0)
+VMS = EventFilter("vm")
 
 
 def item(n: int, id: str | None = None) -> ChangeItem:
@@ -52,133 +37,14 @@ def empty() -> EventsReply:
     return EventsReply((), False, "", "", False)
 
 
-def retrier(backoff: Backoff = STEADY) -> Retrier:
-    return Retrier(backoff)
+def request(after: str | None, max_results: int, wait_time: float) -> EventsQuery:
+    """The request a core of `VMS` makes."""
+    return EventsQuery(VMS, after, max_results, wait_time)
 
 
-# --- options ----------------------------------------------------------------------------------
-
-
-def test_consume_defaults_follow_the_adr() -> None:
-    assert consume_options() == ConsumeOptions(500, None, 250, None, 30.0, 15.0)
-    assert consume_options(max_bytes=1000) == ConsumeOptions(None, 1000, None, 500, 30.0, 15.0)
-    assert consume_options(max_messages=1).threshold_messages == 0
-    assert consume_options(expires=120).idle_heartbeat == 30.0  # half of expires, capped at 30 s
-    assert consume_options(expires=1).idle_heartbeat == 0.5
-    assert consume_options(max_messages=10, threshold_messages=10).threshold_messages == 10
-    assert fetch_options(5).max_messages == 5 and fetch_options(max_bytes=9).max_bytes == 9
-
-
-@pytest.mark.parametrize(
-    ("arguments", "option"),
-    [
-        ({"max_messages": 10, "max_bytes": 100}, "max_bytes"),  # exclusive
-        ({"max_messages": 0}, "max_messages"),
-        ({"max_messages": True}, "max_messages"),
-        ({"max_messages": 2.5}, "max_messages"),
-        ({"max_bytes": -1}, "max_bytes"),
-        ({"max_messages": 10, "threshold_messages": 11}, "threshold_messages"),  # above its limit
-        ({"threshold_messages": 501}, "threshold_messages"),  # above the default limit
-        ({"threshold_messages": -1}, "threshold_messages"),
-        ({"max_bytes": 100, "threshold_bytes": 101}, "threshold_bytes"),
-        ({"threshold_bytes": 10}, "threshold_bytes"),  # no max_bytes to apply to
-        ({"max_bytes": 100, "threshold_messages": 10}, "threshold_messages"),
-        ({"expires": 0.5}, "expires"),  # the ADR's minimum is 1 s
-        ({"expires": math.nan}, "expires"),
-        ({"expires": "30"}, "expires"),
-        ({"idle_heartbeat": 0.4}, "idle_heartbeat"),  # minimum 500 ms
-        ({"expires": 100, "idle_heartbeat": 31}, "idle_heartbeat"),  # maximum 30 s
-        ({"expires": 10, "idle_heartbeat": 6}, "idle_heartbeat"),  # above expires / 2
-    ],
-)
-def test_consume_options_are_refused_naming_the_option(
-    arguments: dict[str, Any], option: str
-) -> None:
-    with pytest.raises(InvalidOption) as caught:
-        consume_options(**arguments)
-    assert caught.value.option == option
-    assert option in str(caught.value)
-    assert isinstance(caught.value, ValueError) and isinstance(caught.value, ListenerError)
-
-
-@pytest.mark.parametrize(
-    ("arguments", "option"),
-    [
-        ({}, "max_messages"),  # one of the two is required
-        ({"max_messages": 1, "max_bytes": 1}, "max_bytes"),
-        ({"max_messages": 1, "expires": 0}, "expires"),
-    ],
-)
-def test_fetch_options_are_refused_naming_the_option(arguments: dict[str, Any], option: str
-                                                     ) -> None:
-    with pytest.raises(InvalidOption) as caught:
-        fetch_options(**arguments)
-    assert caught.value.option == option
-
-
-# --- selection and replies ----------------------------------------------------------------------
-
-
-def test_the_query_asks_for_the_oldest_items_after_the_cursor() -> None:
-    selection = Selection.of("vm", ["nic", "alias", "nic"], ids=["b", "a"], prefixes=["srv/"])
-    assert selection.query(Pull("e.0001", 50, 2.5)) == [
-        ("order", "oldest"), ("max_results", "50"), ("wait_time", "2500ms"), ("after", "e.0001"),
-        ("resource", "vm"), ("sub", "nic"), ("sub", "alias"), ("id", "a"), ("id", "b"),
-        ("prefix", "srv"),
-    ]
-    # From the start of the log, every resource; a wait never reads as 0 (the server's default).
-    assert Selection.of().query(Pull(None, 1, 0.0001)) == [
-        ("order", "oldest"), ("max_results", "1"), ("wait_time", "1ms")]
-
-
-@pytest.mark.parametrize(
-    ("arguments", "option"),
-    [
-        ({"sub_resources": ["nic"]}, "sub_resources"),  # needs a resource
-        ({"resource": "vm", "sub_resources": "nic"}, "sub_resources"),  # one string, not a list
-        ({"resource": ""}, "resource"),
-        ({"ids": [""]}, "ids"),
-        ({"prefixes": ["/"]}, "ids/prefixes"),
-    ],
-)
-def test_a_bad_selection_is_refused(arguments: dict[str, Any], option: str) -> None:
-    with pytest.raises(InvalidOption) as caught:
-        Selection.of(**arguments)
-    assert caught.value.option == option
-
-
-def test_a_reply_is_read_into_change_items() -> None:
-    value = item(7).to_wire()
-    body = orjson.dumps({
-        "items": [{"cursor": "e.0007", "data": {"type": "change", "value": value}},
-                  {"cursor": "e.0008", "data": {"type": "change",
-                                                "value": {**value, "cursor": ""}}}],
-        "more": True, "oldest": "e.0001", "newest": "e.0009", "missed": False,
-    })
-    parsed = parse_reply(body)
-    assert [i.cursor for i in parsed.items] == ["e.0007", "e.0008"]  # the entry's, if need be
-    assert parsed.items[0] == item(7)
-    assert (parsed.more, parsed.oldest, parsed.newest, parsed.missed) == (
-        True, "e.0001", "e.0009", False)
-    missed = parse_reply(b'{"items": [], "more": false, "oldest": "e.0005", "newest": "e.0009",'
-                         b' "missed": true, "missed_reason": "trimmed"}')
-    assert missed.missed and missed.missed_reason == "trimmed" and missed.oldest == "e.0005"
-
-
-@pytest.mark.parametrize(
-    "body",
-    [
-        b"not json",
-        b"[]",
-        b'{"more": false}',
-        b'{"items": [{"cursor": "e.1", "data": {"type": "other", "value": {}}}]}',
-        b'{"items": [{"cursor": "e.1", "data": {"type": "change", "value": {"x": 1}}}]}',
-        b'{"items": [5]}',
-    ],
-)
-def test_a_garbled_reply_is_a_protocol_error(body: bytes) -> None:
-    with pytest.raises(ProtocolError):
-        parse_reply(body)
+def fetch(max_messages: int, after: str | None = None, now: float = 0, **options: Any
+          ) -> FetchCore:
+    return FetchCore(fetch_options(max_messages, **options), VMS, after, Retrier(STEADY), now)
 
 
 # --- the batch and max_bytes --------------------------------------------------------------------
@@ -212,13 +78,13 @@ def test_a_dropped_item_blocks_pulls_until_there_is_room_for_it() -> None:
 
 
 def test_fetch_returns_once_it_has_items_and_the_publisher_no_more() -> None:
-    core = FetchCore(fetch_options(10, expires=5), "e.0000", retrier(), now=0)
+    core = fetch(10, "e.0000", 0, expires=5)
     pull = core.pull(0)
-    assert pull == Pull("e.0000", 10, 2.5)
+    assert pull == request("e.0000", 10, 2.5)
     assert core.heartbeat_deadline == 5.0  # twice the idle heartbeat
     core.received(reply(1, 2, 3, more=True), 0.1)
     assert core.heartbeat_deadline is None
-    assert core.pull(0.1) == Pull("e.0003", 7, 2.5)  # more eligible items: ask for the rest
+    assert core.pull(0.1) == request("e.0003", 7, 2.5)  # more eligible items: ask for the rest
     core.received(reply(4), 0.2)
     assert core.pull(0.2) is None
     assert [i.cursor for i in core.result()] == ["e.0001", "e.0002", "e.0003", "e.0004"]
@@ -226,29 +92,29 @@ def test_fetch_returns_once_it_has_items_and_the_publisher_no_more() -> None:
 
 
 def test_fetch_long_polls_until_it_expires() -> None:
-    core = FetchCore(fetch_options(10, expires=5), None, retrier(), now=100)
-    assert core.pull(100) == Pull(None, 10, 2.5)
+    core = fetch(10, None, 100, expires=5)
+    assert core.pull(100) == request(None, 10, 2.5)
     core.received(empty(), 102.5)  # a heartbeat
-    assert core.pull(102.5) == Pull(None, 10, 2.5)
+    assert core.pull(102.5) == request(None, 10, 2.5)
     core.received(empty(), 104)  # the poll ended early (a bucket event)
-    assert core.pull(104) == Pull(None, 10, 1.0)  # never past expires
+    assert core.pull(104) == request(None, 10, 1.0)  # never past expires
     core.received(empty(), 105)
     assert core.pull(105) is None and core.result() == []
 
 
 def test_fetch_stops_when_full() -> None:
-    core = FetchCore(fetch_options(2, expires=5), None, retrier(), now=0)
-    assert core.pull(0) == Pull(None, 2, 2.5)
+    core = fetch(2, None, 0, expires=5)
+    assert core.pull(0) == request(None, 2, 2.5)
     core.received(reply(1, 2, more=True), 0)
     assert core.pull(0) is None and len(core.result()) == 2
 
 
 def test_fetch_retries_within_expires_then_raises_the_failure() -> None:
-    core = FetchCore(fetch_options(5, expires=3), None, retrier(), now=0)
+    core = fetch(5, None, 0, expires=3)
     core.pull(0)
     failure = PullFailed(URL, "ConnectionRefusedError")
     assert core.failed(failure, 0.1) == 1.0
-    assert core.pull(1.1) == Pull(None, 5, 1.5)
+    assert core.pull(1.1) == request(None, 5, 1.5)
     assert core.failed(failure, 2.5) is None  # the next try would come after expires
     assert core.pull(2.5) is None
     with pytest.raises(PullFailed):
@@ -256,7 +122,7 @@ def test_fetch_retries_within_expires_then_raises_the_failure() -> None:
 
 
 def test_a_failure_after_some_items_ends_the_fetch_with_them() -> None:
-    core = FetchCore(fetch_options(5, expires=30), None, retrier(), now=0)
+    core = fetch(5, None, 0, expires=30)
     core.pull(0)
     core.received(reply(1, more=True), 0)
     core.pull(0)
@@ -265,7 +131,7 @@ def test_a_failure_after_some_items_ends_the_fetch_with_them() -> None:
 
 
 def test_fetch_raises_items_missed_with_the_oldest_cursor() -> None:
-    core = FetchCore(fetch_options(5, expires=30), "e.0001", retrier(), now=0)
+    core = fetch(5, "e.0001", 0, expires=30)
     core.pull(0)
     core.received(EventsReply((), False, "e.0040", "e.0050", True, "trimmed"), 0)
     assert core.pull(0) is None
@@ -276,7 +142,7 @@ def test_fetch_raises_items_missed_with_the_oldest_cursor() -> None:
 
 
 def test_a_rejected_pull_is_not_retried() -> None:
-    core = FetchCore(fetch_options(5, expires=30), None, retrier(), now=0)
+    core = fetch(5, None, 0, expires=30)
     core.pull(0)
     assert core.failed(PullRejected(URL, 400, "InvalidParameter", "after: bad"), 0) is None
     with pytest.raises(PullRejected):
@@ -289,12 +155,12 @@ def test_a_rejected_pull_is_not_retried() -> None:
 def consume(**options: Any) -> ConsumeCore:
     backoff = options.pop("backoff", STEADY)
     after = options.pop("after", None)
-    return ConsumeCore(consume_options(**options), after, Retrier(backoff))
+    return ConsumeCore(consume_options(**options), VMS, after, Retrier(backoff))
 
 
 def test_consume_refills_at_the_threshold_with_what_fits() -> None:
     core = consume(max_messages=10, threshold_messages=4, expires=4)
-    assert core.pull(0) == Pull(None, 10, 2.0)
+    assert core.pull(0) == request(None, 10, 2.0)
     assert core.pull(0) is None  # one request at a time
     assert core.received(reply(*range(1, 11)), 0) == 10
     taken = []
@@ -303,7 +169,7 @@ def test_consume_refills_at_the_threshold_with_what_fits() -> None:
         taken.append(core.take())
     assert len(core.buffer) == 5 and core.pull(0) is None
     taken.append(core.take())  # 4 left: the low watermark
-    assert core.pull(0) == Pull("e.0010", 6, 2.0)  # asks for what fits
+    assert core.pull(0) == request("e.0010", 6, 2.0)  # asks for what fits
     assert core.cursor == "e.0006" and [i.cursor for i in taken if i] == [
         f"e.{n:04}" for n in range(1, 7)]
     core.received(reply(11, 12, 13, 14, 15, 16), 0)
@@ -334,19 +200,41 @@ def test_consume_by_bytes_drops_the_surplus_and_asks_after_what_it_kept() -> Non
     core.take()
     assert core.pull(0) is None  # 2 items' bytes: above the threshold
     core.take()
-    assert core.pull(0) == Pull("e.0004", 3, 15.0)  # after the last item kept, not received
+    assert core.pull(0) == request("e.0004", 3, 15.0)  # after the last item kept, not received
 
 
 def test_empty_answers_are_heartbeats_and_a_silent_one_is_reported_then_pulled_again() -> None:
     core = consume(expires=2)  # idle heartbeat 1 s
-    assert core.pull(10) == Pull(None, 500, 1.0)
+    assert core.pull(10) == request(None, 500, 1.0)
     assert core.heartbeat_deadline == 12.0
     core.received(empty(), 11)
     assert core.heartbeat_deadline is None
     assert core.pull(11) is not None and core.heartbeat_deadline == 13.0
-    assert core.failed(HeartbeatMissed(URL, core.heartbeat_window), 13) == 1.0
+    assert core.failed(HeartbeatMissed(URL, core.heartbeat_window), 13) == 0  # at once
     assert core.state is ConsumeState.RUNNING and core.failure is None
-    assert core.pull(14) == Pull(None, 500, 1.0)
+    assert core.pull(13) == request(None, 500, 1.0)
+
+
+def test_missed_heartbeats_do_not_spend_the_retry_budget() -> None:
+    """ADR-37 calls a missed heartbeat a warning: a publisher that stays silent for a while must
+    not end a consume whose backoff allows one retry."""
+    core = consume(expires=2, backoff=Backoff(initial=1, jitter=0, retries=1))
+    for now in range(0, 40, 2):
+        assert core.pull(now) is not None
+        assert core.failed(HeartbeatMissed(URL, core.heartbeat_window), now + 2) == 0
+    assert core.failure is None and core.retrier.failures == 0
+    core.pull(40)
+    assert core.failed(PullFailed(URL, "reset"), 40) == 1  # the one retry is still there
+    core.pull(41)
+    assert core.failed(PullFailed(URL, "reset"), 41) is None
+    assert isinstance(core.failure, RetriesExhausted) and core.failure.attempts == 2
+
+
+def test_a_missed_heartbeat_is_retried_within_a_fetch() -> None:
+    core = fetch(5, None, 0, expires=10)  # idle heartbeat 5 s
+    core.pull(0)
+    assert core.failed(HeartbeatMissed(URL, 10), 9) == 0  # 1 s left: pull again at once
+    assert core.pull(9) == request(None, 5, 1.0)
 
 
 def test_failures_back_off_and_an_answer_resets_the_backoff() -> None:
