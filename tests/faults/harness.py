@@ -273,19 +273,21 @@ class Rig:
         self.stack.callback(process.stop)
         return process
 
-    async def bucket(self, config: Path) -> ChangeBucket:
+    async def bucket(self, config: Path, redis_url: str | None = None) -> ChangeBucket:
+        """A writer's bucket, on the config's Redis or on `redis_url` (a proxy in front of it)."""
         loaded = load_config(config)
-        assert loaded.bucket.redis_url is not None
-        bucket = ChangeBucket(connect(loaded.bucket.redis_url), loaded.bucket.name,
-                              loaded.resources)
+        url = redis_url or loaded.bucket.redis_url
+        assert url is not None
+        bucket = ChangeBucket(connect(url), loaded.bucket.name, loaded.resources)
         self.stack.push_async_callback(bucket.aclose)
         return bucket
 
-    async def writer(self, config: Path, size: Size) -> Writer:
-        return Writer(await self.bucket(config), self.history, pace=size.pace)
+    async def writer(self, config: Path, size: Size, redis_url: str | None = None) -> Writer:
+        return Writer(await self.bucket(config, redis_url), self.history, pace=size.pace)
 
     async def proxy(self, url: str) -> Proxy:
-        host, _, port = url.removeprefix("http://").partition(":")
+        """A proxy in front of `url` (http://host:port or redis://host:port/db)."""
+        host, _, port = url.partition("://")[2].partition("/")[0].partition(":")
         return await self.stack.enter_async_context(Proxy(host, int(port)))
 
     async def listener(self, name: str, urls: str | Sequence[str],

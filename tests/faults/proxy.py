@@ -6,6 +6,7 @@ It listens on 127.0.0.1 (a free port) and forwards every connection to a target.
 - `blackhole()`: connections stay open and new ones are accepted, but nothing is forwarded;
   bytes wait in the proxy and in the kernel's buffers, as they would in a partitioned network
   where TCP keeps retransmitting. `pass_through()` lets them flow again, in order.
+  `blackhole(replies_only=True)` forwards requests but holds the target's replies.
 - `drip(bytes_per_second)`: bytes flow, slowly.
 - `cut(refuse_new=True)`: every connection is aborted now (the peers see a reset); new ones are
   closed as soon as they are accepted until the mode changes (`refuse_new=False`: new ones pass).
@@ -40,8 +41,12 @@ class Proxy:
         self.refuse_new = False
         self.accepted = 0
         self.forwarded = 0
-        self._flowing = asyncio.Event()
-        self._flowing.set()
+        self._requests = asyncio.Event()
+        self._replies = asyncio.Event()
+        self._requests.set()
+        self._replies.set()
+        self.holding = asyncio.Event()
+        """Set when bytes arrived that a blackhole holds back (e.g. a reply was produced)."""
         self._server: asyncio.Server | None = None
         self._links: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -66,8 +71,11 @@ class Proxy:
     def pass_through(self) -> None:
         self._set(Mode.PASS)
 
-    def blackhole(self) -> None:
+    def blackhole(self, *, replies_only: bool = False) -> None:
+        self.holding.clear()
         self._set(Mode.BLACKHOLE)
+        if replies_only:
+            self._requests.set()
 
     def drip(self, bytes_per_second: int) -> None:
         self.rate = bytes_per_second
@@ -88,10 +96,11 @@ class Proxy:
 
     def _set(self, mode: Mode) -> None:
         self.mode = mode
-        if mode is Mode.BLACKHOLE:
-            self._flowing.clear()
-        else:
-            self._flowing.set()
+        for gate in (self._requests, self._replies):
+            if mode is Mode.BLACKHOLE:
+                gate.clear()
+            else:
+                gate.set()
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.accepted += 1
@@ -106,8 +115,8 @@ class Proxy:
         link = (writer, up_writer)
         self._links.add(link)
         pumps = [
-            asyncio.create_task(self._pump(reader, up_writer)),
-            asyncio.create_task(self._pump(up_reader, writer)),
+            asyncio.create_task(self._pump(reader, up_writer, self._requests)),
+            asyncio.create_task(self._pump(up_reader, writer, self._replies)),
         ]
         self._tasks.update(pumps)
         try:
@@ -121,12 +130,15 @@ class Proxy:
             for end in link:
                 end.transport.abort()
 
-    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """Copy one direction, obeying the mode before every chunk it forwards."""
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                    gate: asyncio.Event) -> None:
+        """Copy one direction, obeying `gate` and the mode before every chunk it forwards."""
         with contextlib.suppress(ConnectionError, OSError):
             while data := await reader.read(CHUNK):
                 while data:
-                    await self._flowing.wait()
+                    if not gate.is_set():
+                        self.holding.set()
+                        await gate.wait()
                     if self.mode is Mode.DRIP:
                         piece = data[: max(1, int(self.rate * DRIP_TICK))]
                         writer.write(piece)

@@ -16,7 +16,7 @@ from pathlib import Path
 import redis
 
 from tests.faults.harness import PATIENT, Rig, Row, Size, exercise, writing
-from tests.servers import PublisherProcess, RedisServer
+from tests.servers import PublisherProcess, RedisServer, scaled
 
 
 async def _one_publisher(rig: Rig, server: RedisServer) -> tuple[Path, PublisherProcess]:
@@ -119,3 +119,26 @@ async def redis_rollback(size: Size, directory: Path) -> Row:
             target = max(size.commits, writer.acked + 20)  # `done` reads the new target
         behind = await rig.settle()
         return rig.row("redis restored from an older RDB", fault_end, behind)
+
+
+async def commit_reply_lost(size: Size, directory: Path) -> Row:
+    """The writer reaches Redis through a proxy. Its replies are held back until one is held
+    (Redis ran that commit), then the connection is reset: the commit was written, but the
+    writer never got its cursor. It must be told "outcome unknown", not "nothing written"."""
+    async with Rig(directory) as rig:
+        server = await rig.redis()
+        config, _ = await _one_publisher(rig, server)
+        proxy = await rig.proxy(server.url)
+        writer = await rig.writer(config, size, f"redis://127.0.0.1:{proxy.port}/0")
+
+        async def lose_a_reply() -> None:
+            proxy.blackhole(replies_only=True)
+            async with asyncio.timeout(scaled(10)):
+                await proxy.holding.wait()
+            proxy.cut(refuse_new=False)
+
+        async def nothing() -> None:
+            pass
+
+        return await exercise(rig, writer, size, "commit reply lost (reset after the write)",
+                              lose_a_reply, nothing)

@@ -19,6 +19,7 @@ from tests.faults.publisher_faults import (
     tail_behind_trim_two,
 )
 from tests.faults.redis_faults import (
+    commit_reply_lost,
     redis_kill_aof,
     redis_kill_no_persistence,
     redis_rollback,
@@ -32,6 +33,7 @@ SCENARIOS: dict[str, Scenario] = {
     "redis_kill_no_persistence": redis_kill_no_persistence,
     "redis_kill_aof": redis_kill_aof,
     "redis_rollback": redis_rollback,
+    "commit_reply_lost": commit_reply_lost,
     "publisher_kill_one_url": publisher_kill_one_url,
     "publisher_kill_two_urls": publisher_kill_two_urls,
     "tail_behind_trim_one": tail_behind_trim_one,
