@@ -54,7 +54,10 @@ can still disappear, or never reach a listener, when:
    its listeners with **4009** `bucket recreated: bootstrap again`; the `Listener` reconnects
    with its old cursor, the publisher answers **`resumed: false`** (a foreign epoch), and the
    listener yields **`Resync`** and bootstraps. A pull consumer gets **`missed: true`** from the
-   `events` long poll (`ItemsMissed`). Measured: "redis SIGKILL, no persistence".
+   `events` long poll (`ItemsMissed`). Measured: "redis SIGKILL, no persistence" (when the
+   listeners had delivered every acknowledged change before the kill, nothing shows under
+   "lost, announced": the changes are gone from the store all the same, and the bootstrap
+   after the `Resync` hands the listener what is left).
 2. **Redis loses its last writes but keeps the bucket**: restored from an older RDB snapshot,
    an AOF with `appendfsync everysec` (the embedded Redis's setting) after a power loss or
    kernel crash (up to a second of commits), or **a failover to a replica that lagged**. The
