@@ -1,0 +1,326 @@
+"""Jepsen-style accounting for the fault scenarios: pure, no I/O, no clock of its own.
+
+A `History` records what the writer was told and what each listener delivered:
+
+- every commit attempt of the writer, with its outcome: *acknowledged* (``commit`` returned a
+  cursor), *unknown* (the commit may or may not have been written: a timeout after the request
+  was sent) or *failed* (nothing was written);
+- per listener, in delivery order: each ``Change`` (cursor, id), each ``Resync``, each
+  bootstrap (``BootstrapStart`` … ``BootstrapRecords`` … ``BootstrapDone``) with the
+  ``(id, seq)`` of every object it delivered.
+
+Every record gets a logical stamp from one counter, so "acknowledged before that Resync" is
+well defined, and a time (given by the caller) for the time-to-recover figure.
+
+`History.verdict()` classifies, for every listener, every acknowledged commit it was owed:
+
+received
+    a ``Change`` with the commit's cursor and id was delivered.
+covered
+    not received, but a *completed* bootstrap of that listener delivered the same id at a
+    ``seq`` at least the commit's: the view the listener was handed already reflects the
+    change, so nothing is missing from it.
+lost, announced
+    neither received nor covered, and the listener got a ``Resync`` after the commit was
+    acknowledged: the data is gone (for example Redis restarted without persistence), but the
+    listener was told to throw its view away and bootstrap again.
+lost
+    neither received nor covered nor announced: an acknowledged change the listener never
+    heard of and was never told it missed. The suite fails on any of these.
+
+and counts, per listener, deliveries of a change already delivered (*duplicated*), changes
+delivered after a change of a later cursor of the same epoch since the last ``Resync``
+(*reordered*; cursors of one epoch sort in publish order as strings, docs/protocol.md), and
+changes whose cursor the writer was never told about (*unacknowledged*) — unless a commit of
+that id had an unknown outcome, which may have been written (*maybe*, not an error).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class Outcome(Enum):
+    """What the writer was told about one commit."""
+
+    ACKNOWLEDGED = "acknowledged"
+    UNKNOWN = "unknown"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One commit of resource `id` with state number `seq` (`cursor` when acknowledged)."""
+
+    id: str
+    seq: int
+    outcome: Outcome
+    cursor: str | None
+    stamp: int
+    time: float
+
+
+@dataclass(frozen=True, slots=True)
+class Delivered:
+    """A ``Change`` a listener delivered."""
+
+    cursor: str
+    id: str
+    stamp: int
+    time: float
+
+
+@dataclass(frozen=True, slots=True)
+class Resynced:
+    """A ``Resync`` a listener delivered."""
+
+    reason: str
+    stamp: int
+    time: float
+
+
+@dataclass(frozen=True, slots=True)
+class Bootstrap:
+    """A completed bootstrap: id -> the highest ``seq`` it delivered for that id."""
+
+    states: dict[str, int]
+    stamp: int
+    time: float
+
+
+def epoch_of(cursor: str) -> str:
+    """The epoch part of a cursor (`<epoch>.<position>`)."""
+    return cursor.partition(".")[0]
+
+
+@dataclass
+class ListenerLog:
+    """What one listener delivered, in order. `after`: the stamp of the last commit it is *not*
+    owed (a listener that resumes from a stored cursor is owed only what came after it)."""
+
+    name: str
+    history: History
+    after: int = -1
+    changes: list[Delivered] = field(default_factory=list)
+    resyncs: list[Resynced] = field(default_factory=list)
+    bootstraps: list[Bootstrap] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    _pending: dict[str, int] | None = None
+    _delivered: set[tuple[str, str]] = field(default_factory=set)
+
+    def change(self, cursor: str, id: str, time: float) -> None:
+        self.changes.append(Delivered(cursor, id, self.history.tick(), time))
+        self._delivered.add((cursor, id))
+
+    def resync(self, reason: str, time: float) -> None:
+        self.resyncs.append(Resynced(reason, self.history.tick(), time))
+
+    def bootstrap_start(self) -> None:
+        """A bootstrap begins (again): what an unfinished one delivered no longer counts."""
+        self._pending = {}
+
+    def bootstrap_records(self, states: Iterable[tuple[str, int]]) -> None:
+        assert self._pending is not None, "records outside a bootstrap"
+        for id, seq in states:
+            self._pending[id] = max(seq, self._pending.get(id, seq))
+
+    def bootstrap_done(self, time: float) -> None:
+        assert self._pending is not None, "BootstrapDone without BootstrapStart"
+        self.bootstraps.append(Bootstrap(self._pending, self.history.tick(), time))
+        self._pending = None
+
+    def error(self, what: str) -> None:
+        """Something the scenario counts as a failure of its own (an unexpected close code)."""
+        self.errors.append(what)
+
+    def received(self, attempt: Attempt) -> bool:
+        """Whether this listener delivered `attempt` as a Change."""
+        return (attempt.cursor or "", attempt.id) in self._delivered
+
+    def covered(self, attempt: Attempt) -> bool:
+        """Whether a completed bootstrap delivered `attempt`'s id at its seq or a later one."""
+        return any(b.states.get(attempt.id, -1) >= attempt.seq for b in self.bootstraps)
+
+    def has(self, attempt: Attempt) -> bool:
+        """Received or covered: the listener's view reflects `attempt`."""
+        return self.received(attempt) or self.covered(attempt)
+
+    def first_delivery_after(self, time: float) -> float | None:
+        """When this listener first delivered a change, or completed a bootstrap, at or after
+        `time` (None if it did not)."""
+        times = [c.time for c in self.changes if c.time >= time]
+        times += [b.time for b in self.bootstraps if b.time >= time]
+        return min(times, default=None)
+
+
+@dataclass(frozen=True, slots=True)
+class Tally:
+    """The verdict for one listener, or the sum over listeners."""
+
+    owed: int = 0
+    received: int = 0
+    covered: int = 0
+    lost: int = 0
+    lost_announced: int = 0
+    duplicated: int = 0
+    reordered: int = 0
+    unacknowledged: int = 0
+    maybe_received: int = 0
+    resyncs: int = 0
+    errors: int = 0
+
+    def __add__(self, other: Tally) -> Tally:
+        return Tally(*(a + b for a, b in zip(self.fields(), other.fields(), strict=True)))
+
+    def fields(self) -> tuple[int, ...]:
+        return (self.owed, self.received, self.covered, self.lost, self.lost_announced,
+                self.duplicated, self.reordered, self.unacknowledged, self.maybe_received,
+                self.resyncs, self.errors)
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """The verdict of a whole history: per listener and in total."""
+
+    committed: int
+    unknown: int
+    failed: int
+    listeners: dict[str, Tally]
+
+    @property
+    def total(self) -> Tally:
+        return sum(self.listeners.values(), Tally())
+
+    def problems(self) -> list[str]:
+        """What breaks the guarantees: unannounced losses, reordering, unacknowledged
+        deliveries, errors. (Duplicates are listed too: docs/protocol.md and docs/listener.md
+        promise each change once per listener, across reconnects.)"""
+        found = []
+        for name, tally in self.listeners.items():
+            for what in ("lost", "duplicated", "reordered", "unacknowledged", "errors"):
+                if getattr(tally, what):
+                    found.append(f"{name}: {what}={getattr(tally, what)}")
+        return found
+
+
+class History:
+    """Everything a scenario observed. Call `verdict()` at the end."""
+
+    def __init__(self) -> None:
+        self._clock = 0
+        self.attempts: list[Attempt] = []
+        self.listeners: dict[str, ListenerLog] = {}
+
+    def tick(self) -> int:
+        """The next logical stamp: records are ordered by these."""
+        self._clock += 1
+        return self._clock
+
+    def acknowledged(self, id: str, seq: int, cursor: str, time: float) -> Attempt:
+        return self._attempt(Attempt(id, seq, Outcome.ACKNOWLEDGED, cursor, self.tick(), time))
+
+    def unknown(self, id: str, seq: int, time: float) -> Attempt:
+        return self._attempt(Attempt(id, seq, Outcome.UNKNOWN, None, self.tick(), time))
+
+    def failed(self, id: str, seq: int, time: float) -> Attempt:
+        return self._attempt(Attempt(id, seq, Outcome.FAILED, None, self.tick(), time))
+
+    def _attempt(self, attempt: Attempt) -> Attempt:
+        self.attempts.append(attempt)
+        return attempt
+
+    def listener(self, name: str, after: Attempt | None = None) -> ListenerLog:
+        """A new listener's log; it is owed every acknowledged commit after `after`."""
+        assert name not in self.listeners, name
+        log = ListenerLog(name, self, after.stamp if after else -1)
+        self.listeners[name] = log
+        return log
+
+    @property
+    def acked(self) -> list[Attempt]:
+        return [a for a in self.attempts if a.outcome is Outcome.ACKNOWLEDGED]
+
+    def verdict(self) -> Verdict:
+        acked = self.acked
+        unknown = [a for a in self.attempts if a.outcome is Outcome.UNKNOWN]
+        return Verdict(
+            committed=len(acked),
+            unknown=len(unknown),
+            failed=sum(1 for a in self.attempts if a.outcome is Outcome.FAILED),
+            listeners={name: tally(log, acked, unknown) for name, log in self.listeners.items()},
+        )
+
+
+def tally(log: ListenerLog, acked: Sequence[Attempt], unknown: Sequence[Attempt]) -> Tally:
+    """Classify every commit `log` was owed, and count what it delivered wrongly."""
+    delivered = Counter((c.cursor, c.id) for c in log.changes)
+    owed = [a for a in acked if a.stamp > log.after]
+    received = covered = lost = announced = 0
+    for attempt in owed:
+        if log.received(attempt):
+            received += 1
+        elif log.covered(attempt):
+            covered += 1
+        elif any(r.stamp > attempt.stamp for r in log.resyncs):
+            announced += 1
+        else:
+            lost += 1
+    known = {(a.cursor, a.id) for a in acked}
+    strangers: dict[str, set[str]] = defaultdict(set)
+    for cursor, id in delivered:
+        if (cursor, id) not in known:
+            strangers[id].add(cursor)
+    maybes = Counter(a.id for a in unknown)
+    maybe_received = sum(min(len(cursors), maybes[id]) for id, cursors in strangers.items())
+    unacknowledged = sum(len(cursors) for cursors in strangers.values()) - maybe_received
+    return Tally(
+        owed=len(owed),
+        received=received,
+        covered=covered,
+        lost=lost,
+        lost_announced=announced,
+        duplicated=sum(n - 1 for n in delivered.values()),
+        reordered=reordered(log),
+        unacknowledged=unacknowledged,
+        maybe_received=maybe_received,
+        resyncs=len(log.resyncs),
+        errors=len(log.errors),
+    )
+
+
+def reordered(log: ListenerLog) -> int:
+    """Changes delivered after one with a later cursor of the same epoch, since the last
+    Resync before them (a Resync starts the listener's view over)."""
+    resync_stamps = [r.stamp for r in log.resyncs]
+    count = 0
+    newest: dict[str, str] = {}
+    era = 0
+    for change in log.changes:
+        current = sum(1 for s in resync_stamps if s < change.stamp)
+        if current != era:
+            era, newest = current, {}
+        epoch = epoch_of(change.cursor)
+        if epoch in newest and change.cursor < newest[epoch]:
+            count += 1
+        else:
+            newest[epoch] = change.cursor
+    return count
+
+
+__all__ = [
+    "Attempt",
+    "Bootstrap",
+    "Delivered",
+    "History",
+    "ListenerLog",
+    "Outcome",
+    "Resynced",
+    "Tally",
+    "Verdict",
+    "epoch_of",
+    "reordered",
+    "tally",
+]

@@ -1,0 +1,162 @@
+"""An asyncio TCP proxy that a scenario steers to simulate network faults.
+
+It listens on 127.0.0.1 (a free port) and forwards every connection to a target. Modes:
+
+- `pass_through()`: bytes flow both ways.
+- `blackhole()`: connections stay open and new ones are accepted, but nothing is forwarded;
+  bytes wait in the proxy and in the kernel's buffers, as they would in a partitioned network
+  where TCP keeps retransmitting. `pass_through()` lets them flow again, in order.
+  `blackhole(replies_only=True)` forwards requests but holds the target's replies.
+- `drip(bytes_per_second)`: bytes flow, slowly.
+- `cut(refuse_new=True)`: every connection is aborted now (the peers see a reset); new ones are
+  closed as soon as they are accepted until the mode changes (`refuse_new=False`: new ones pass).
+
+Controlled in-process: the scenario calls the methods from its own event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from enum import Enum
+
+CHUNK = 65536
+DRIP_TICK = 0.05
+
+
+class Mode(Enum):
+    PASS = "pass"
+    BLACKHOLE = "blackhole"
+    DRIP = "drip"
+    CUT = "cut"
+
+
+class Proxy:
+    """`async with Proxy(host, port) as proxy:` forwards `proxy.port` to `host:port`."""
+
+    def __init__(self, target_host: str, target_port: int) -> None:
+        self.target = (target_host, target_port)
+        self.mode = Mode.PASS
+        self.rate = 0
+        self.refuse_new = False
+        self.accepted = 0
+        self.forwarded = 0
+        self._requests = asyncio.Event()
+        self._replies = asyncio.Event()
+        self._requests.set()
+        self._replies.set()
+        self.holding = asyncio.Event()
+        """Set when bytes arrived that a blackhole holds back (e.g. a reply was produced)."""
+        self._server: asyncio.Server | None = None
+        self._links: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None, "not started"
+        return int(self._server.sockets[0].getsockname()[1])
+
+    @property
+    def url(self) -> str:
+        """The proxy as an http:// URL (what a Listener is given)."""
+        return f"http://127.0.0.1:{self.port}"
+
+    async def __aenter__(self) -> Proxy:
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def pass_through(self) -> None:
+        self._set(Mode.PASS)
+
+    def blackhole(self, *, replies_only: bool = False) -> None:
+        self.holding.clear()
+        self._set(Mode.BLACKHOLE)
+        if replies_only:
+            self._requests.set()
+
+    def drip(self, bytes_per_second: int) -> None:
+        self.rate = bytes_per_second
+        self._set(Mode.DRIP)
+
+    def cut(self, *, refuse_new: bool = True) -> None:
+        """Abort every connection now; refuse (accept and abort) new ones while cut."""
+        self.refuse_new = refuse_new
+        self._set(Mode.CUT if refuse_new else Mode.PASS)
+        for client, upstream in list(self._links):
+            client.transport.abort()
+            upstream.transport.abort()
+        self._links.clear()
+
+    @property
+    def connections(self) -> int:
+        return len(self._links)
+
+    def _set(self, mode: Mode) -> None:
+        self.mode = mode
+        for gate in (self._requests, self._replies):
+            if mode is Mode.BLACKHOLE:
+                gate.clear()
+            else:
+                gate.set()
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.accepted += 1
+        if self.mode is Mode.CUT:
+            writer.transport.abort()
+            return
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self.target)
+        except OSError:
+            writer.transport.abort()
+            return
+        link = (writer, up_writer)
+        self._links.add(link)
+        pumps = [
+            asyncio.create_task(self._pump(reader, up_writer, self._requests)),
+            asyncio.create_task(self._pump(up_reader, writer, self._replies)),
+        ]
+        self._tasks.update(pumps)
+        try:
+            await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in pumps:
+                task.cancel()
+            await asyncio.gather(*pumps, return_exceptions=True)
+            self._tasks.difference_update(pumps)
+            self._links.discard(link)
+            for end in link:
+                end.transport.abort()
+
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                    gate: asyncio.Event) -> None:
+        """Copy one direction, obeying `gate` and the mode before every chunk it forwards."""
+        with contextlib.suppress(ConnectionError, OSError):
+            while data := await reader.read(CHUNK):
+                while data:
+                    if not gate.is_set():
+                        self.holding.set()
+                        await gate.wait()
+                    if self.mode is Mode.DRIP:
+                        piece = data[: max(1, int(self.rate * DRIP_TICK))]
+                        writer.write(piece)
+                        await writer.drain()
+                        await asyncio.sleep(DRIP_TICK)  # the drip's pace, not a readiness wait
+                    else:
+                        piece = data
+                        writer.write(piece)
+                        await writer.drain()
+                    data = data[len(piece):]
+                    self.forwarded += len(piece)
+
+    async def aclose(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        self.cut(refuse_new=True)
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()

@@ -1,0 +1,45 @@
+"""The fault matrix: every scenario by name, in the order docs/reliability.md lists them.
+
+A scenario is `async (size, directory) -> Row`: it starts its own servers under `directory`,
+injects its fault, and returns the oracle's verdict (tests/faults/oracle.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from tests.faults.harness import Row, Size
+from tests.faults.herd import herd_of_resumes
+from tests.faults.network_faults import proxy_blackhole, proxy_cut, proxy_drip
+from tests.faults.publisher_faults import (
+    publisher_kill_one_url,
+    publisher_kill_two_urls,
+    tail_behind_trim_one,
+    tail_behind_trim_two,
+)
+from tests.faults.redis_faults import (
+    commit_reply_lost,
+    redis_kill_aof,
+    redis_kill_no_persistence,
+    redis_rollback,
+    redis_sigstop,
+)
+
+Scenario = Callable[[Size, Path], Awaitable[Row]]
+
+SCENARIOS: dict[str, Scenario] = {
+    "redis_sigstop": redis_sigstop,
+    "redis_kill_no_persistence": redis_kill_no_persistence,
+    "redis_kill_aof": redis_kill_aof,
+    "redis_rollback": redis_rollback,
+    "commit_reply_lost": commit_reply_lost,
+    "publisher_kill_one_url": publisher_kill_one_url,
+    "publisher_kill_two_urls": publisher_kill_two_urls,
+    "tail_behind_trim_one": tail_behind_trim_one,
+    "tail_behind_trim_two": tail_behind_trim_two,
+    "proxy_blackhole": proxy_blackhole,
+    "proxy_drip": proxy_drip,
+    "proxy_cut": proxy_cut,
+    "herd_of_resumes": herd_of_resumes,
+}

@@ -1,0 +1,157 @@
+"""The oracle's accounting (tests/faults/oracle.py), on hand-written histories: pure, synchronous.
+
+A history is written as a script of steps, applied in order (each gets the next logical stamp):
+
+    ("ack", id, seq, cursor)      the writer was told `cursor`
+    ("unknown", id, seq)          the commit's outcome is unknown
+    ("failed", id, seq)           the commit failed: nothing written
+    ("change", cursor, id)        the listener delivered a Change
+    ("resync",)                   the listener delivered a Resync
+    ("bootstrap", {id: seq})      the listener completed a bootstrap with these objects
+    ("half-bootstrap", {id: seq}) a bootstrap started and delivered these, then started over
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.faults.oracle import History, ListenerLog, Tally
+
+
+def run(steps: list[tuple[Any, ...]], resumes_after: int = 0) -> Tally:
+    """The tally of listener "l", created at its first step; it is not owed the first
+    `resumes_after` acknowledged commits (it resumed after the cursor of the last of them)."""
+    history = History()
+    log: ListenerLog | None = None
+    for step in steps:
+        if log is None and step[0] not in ("ack", "unknown", "failed"):
+            since = history.acked[resumes_after - 1] if resumes_after else None
+            log = history.listener("l", after=since)
+        match step:
+            case ("ack", id, seq, cursor):
+                history.acknowledged(id, seq, cursor, 0.0)
+            case ("unknown", id, seq):
+                history.unknown(id, seq, 0.0)
+            case ("failed", id, seq):
+                history.failed(id, seq, 0.0)
+            case ("change", cursor, id):
+                assert log is not None
+                log.change(cursor, id, 0.0)
+            case ("resync",):
+                assert log is not None
+                log.resync("test", 0.0)
+            case ("bootstrap", states):
+                assert log is not None
+                log.bootstrap_start()
+                log.bootstrap_records(states.items())
+                log.bootstrap_done(0.0)
+            case ("half-bootstrap", states):
+                assert log is not None
+                log.bootstrap_start()
+                log.bootstrap_records(states.items())
+    if log is None:
+        log = history.listener("l")
+    return history.verdict().listeners["l"]
+
+
+CASES: list[tuple[str, list[tuple[Any, ...]], dict[str, int]]] = [
+    ("every change once, in order",
+     [("bootstrap", {}), ("ack", "a", 1, "e.1"), ("ack", "b", 2, "e.2"),
+      ("change", "e.1", "a"), ("change", "e.2", "b")],
+     {"owed": 2, "received": 2, "lost": 0}),
+    ("a change never delivered, nothing announced: lost",
+     [("bootstrap", {}), ("ack", "a", 1, "e.1"), ("ack", "b", 2, "e.2"),
+      ("change", "e.2", "b")],
+     {"received": 1, "lost": 1}),
+    ("a later change of the same id does not excuse the missed one",
+     [("bootstrap", {}), ("ack", "a", 1, "e.1"), ("ack", "a", 2, "e.2"),
+      ("change", "e.2", "a")],
+     {"received": 1, "lost": 1}),
+    ("covered: a later bootstrap delivered the id at that state",
+     [("bootstrap", {}), ("ack", "a", 1, "e.1"), ("resync",), ("bootstrap", {"a": 1})],
+     {"covered": 1, "lost": 0, "lost_announced": 0, "resyncs": 1}),
+    ("covered: ... or at a later state",
+     [("bootstrap", {}), ("ack", "a", 1, "e.1"), ("ack", "a", 5, "e.2"), ("resync",),
+      ("bootstrap", {"a": 5})],
+     {"covered": 2, "lost": 0}),
+    ("not covered by an older state of the id",
+     [("bootstrap", {}), ("ack", "a", 3, "e.1"), ("bootstrap", {"a": 2})],
+     {"covered": 0, "lost": 1}),
+    ("a bootstrap that started over does not count",
+     [("bootstrap", {}), ("ack", "a", 1, "e.1"), ("half-bootstrap", {"a": 1})],
+     {"covered": 0, "lost": 1}),
+    ("gone from the store but a Resync followed: lost, announced",
+     [("bootstrap", {}), ("ack", "a", 1, "e.1"), ("resync",), ("bootstrap", {})],
+     {"lost": 0, "lost_announced": 1}),
+    ("a Resync before the commit announces nothing about it",
+     [("bootstrap", {}), ("resync",), ("bootstrap", {}), ("ack", "a", 1, "e.1")],
+     {"lost": 1, "lost_announced": 0}),
+    ("the initial bootstrap covers what came before the listener",
+     [("ack", "a", 1, "e.1"), ("ack", "b", 2, "e.2"), ("bootstrap", {"a": 1, "b": 2})],
+     {"owed": 2, "covered": 2, "lost": 0}),
+    ("duplicated: the same change twice",
+     [("bootstrap", {}), ("ack", "a", 1, "e.1"), ("change", "e.1", "a"),
+      ("change", "e.1", "a")],
+     {"received": 1, "duplicated": 1}),
+    ("reordered: a change after one of a later cursor",
+     [("bootstrap", {}), ("ack", "a", 1, "e.1"), ("ack", "b", 2, "e.2"),
+      ("change", "e.2", "b"), ("change", "e.1", "a")],
+     {"received": 2, "reordered": 1}),
+    ("a new epoch after a Resync starts the order over",
+     [("bootstrap", {}), ("ack", "a", 1, "x.9"), ("change", "x.9", "a"), ("resync",),
+      ("bootstrap", {}), ("ack", "b", 2, "y.1"), ("change", "y.1", "b")],
+     {"received": 2, "reordered": 0}),
+    ("unacknowledged: a change the writer never heard of",
+     [("bootstrap", {}), ("failed", "a", 1), ("change", "e.1", "a")],
+     {"unacknowledged": 1, "maybe_received": 0}),
+    ("an unknown outcome that was written is no error",
+     [("bootstrap", {}), ("unknown", "a", 1), ("change", "e.1", "a")],
+     {"unacknowledged": 0, "maybe_received": 1}),
+    ("one unknown outcome excuses one cursor of its id only",
+     [("bootstrap", {}), ("unknown", "a", 1), ("change", "e.1", "a"), ("change", "e.2", "a")],
+     {"unacknowledged": 1, "maybe_received": 1}),
+    ("failed and unknown commits are not owed",
+     [("bootstrap", {}), ("failed", "a", 1), ("unknown", "b", 2)],
+     {"owed": 0, "lost": 0}),
+]
+
+
+@pytest.mark.parametrize(("steps", "expected"), [(s, e) for _, s, e in CASES],
+                         ids=[name for name, _, _ in CASES])
+def test_tally(steps: list[tuple[Any, ...]], expected: dict[str, int]) -> None:
+    tally = run(steps)
+    assert {key: getattr(tally, key) for key in expected} == expected
+
+
+def test_a_resuming_listener_is_owed_only_what_follows_its_cursor() -> None:
+    steps = [("ack", "a", 1, "e.1"), ("ack", "b", 2, "e.2"), ("ack", "c", 3, "e.3"),
+             ("change", "e.3", "c")]
+    tally = run(steps, resumes_after=2)
+    assert (tally.owed, tally.received, tally.lost) == (1, 1, 0)
+
+
+def test_problems_name_the_listener_and_the_count() -> None:
+    history = History()
+    history.acknowledged("a", 1, "e.1", 0.0)
+    history.listener("quiet")
+    log = history.listener("twice")
+    log.change("e.1", "a", 0.0)
+    log.change("e.1", "a", 0.0)
+    log.error("closed 1013")
+    verdict = history.verdict()
+    assert verdict.problems() == ["quiet: lost=1", "twice: duplicated=1", "twice: errors=1"]
+    assert verdict.total.owed == 2 and verdict.committed == 1
+
+
+def test_first_delivery_after_counts_changes_and_completed_bootstraps() -> None:
+    history = History()
+    log = history.listener("l")
+    log.change("e.1", "a", 1.0)
+    log.bootstrap_start()
+    log.bootstrap_done(3.0)
+    log.change("e.2", "a", 4.0)
+    assert log.first_delivery_after(0.5) == 1.0
+    assert log.first_delivery_after(2.0) == 3.0
+    assert log.first_delivery_after(5.0) is None
