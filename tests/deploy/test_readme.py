@@ -1,0 +1,84 @@
+"""The README's Python snippets, run as written against the README's own server.
+
+The server is `changefeed serve` on a copy of the sample config.js (its embedded Redis, a free
+port instead of 8080) in a temporary directory, which is also where the snippets run: the
+README says to run them from the directory of config.js. The only change to a snippet is the
+port in `127.0.0.1:8080`. A snippet that iterates a listener runs until it is stopped; every
+other snippet must finish with status 0.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.servers import PublisherProcess, drain, free_port, scaled
+
+ROOT = Path(__file__).parents[2]
+SNIPPET = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
+
+
+def snippets() -> list[str]:
+    found = SNIPPET.findall((ROOT / "README.md").read_text())
+    assert found, "the README lost its Python snippets"
+    return found
+
+
+def wait_for_line(process: subprocess.Popen[bytes], lines: list[str], pattern: str) -> str:
+    """The first line of the child's output matching `pattern` (a regular expression)."""
+    deadline = time.monotonic() + scaled(20)
+    while time.monotonic() < deadline:
+        for line in list(lines):
+            if re.search(pattern, line):
+                return line
+        if process.poll() is not None:
+            break
+        time.sleep(0.01)  # the child's output arrives on a reader thread
+    raise AssertionError(f"no line matching {pattern!r}:\n{''.join(lines)}")
+
+
+def test_the_readme_python_snippets_run_against_the_sample_server(tmp_path: Path) -> None:
+    port = free_port()
+    sample = (ROOT / "config.js").read_text()
+    assert sample.count("port: 8080,") == 1
+    (tmp_path / "config.js").write_text(sample.replace("port: 8080,", f"port: {port},"))
+    scripts = []
+    for n, snippet in enumerate(snippets()):
+        script = tmp_path / f"snippet{n}.py"
+        script.write_text(snippet.replace("127.0.0.1:8080", f"127.0.0.1:{port}"))
+        scripts.append((script, "async for event in feed" in snippet))
+    listeners = [script for script, listens in scripts if listens]
+    others = [script for script, listens in scripts if not listens]
+    assert listeners and others, "the README shows a listener and a commit"
+
+    server = PublisherProcess(tmp_path / "config.js").start()
+    running: list[tuple[subprocess.Popen[bytes], list[str]]] = []
+    try:
+        assert server.url == f"http://127.0.0.1:{port}"
+        for script in listeners:
+            process = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path,
+                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            lines: list[str] = []
+            drain(process, lines)
+            running.append((process, lines))
+            wait_for_line(process, lines, r"^BootstrapDone\(resource='vm'")
+        cursors = []
+        for script in others:
+            result = subprocess.run([sys.executable, str(script)], cwd=tmp_path,
+                                    capture_output=True, text=True, timeout=scaled(30))
+            assert result.returncode == 0, f"{script.name}:\n{result.stdout}{result.stderr}"
+            cursors += re.findall(r"^\w+\.\w+$", result.stdout, re.M)
+        assert cursors, "the commit snippet prints the cursor of its commit"
+        for process, lines in running:
+            for cursor in cursors:
+                wait_for_line(process, lines, rf"^Change\(.*cursor='{re.escape(cursor)}'")
+    finally:
+        for process, _ in running:
+            process.kill()
+            process.wait()
+        server.stop()
+        shutil.rmtree(tmp_path / ".changefeed", ignore_errors=True)
