@@ -16,11 +16,15 @@ on it and never import each other.
 The public surface is what `__all__` lists; tests/changefeed/test_exported_members.py pins it.
 """
 
+from importlib.metadata import version as _distribution_version
+
 from changefeed.backoff import Backoff
 from changefeed.cursor import Cursor
 from changefeed.errors import ChangefeedError
 from changefeed.protocol import ChangeItem, ChangeKind, CloseCode, Registration, Resource
 from changefeed.watch import Watch
+
+__version__ = _distribution_version("changefeed")
 
 __all__ = [
     "Backoff",

@@ -16,6 +16,8 @@ The pull consumer (JetStream ADR-37 over the publisher's `events` long poll):
 docs/listener.md describes the events, the settings and the failure handling.
 """
 
+from importlib.metadata import version as _distribution_version
+
 from changefeed.backoff import Backoff
 from changefeed.errors import (
     BootstrapFailed,
@@ -55,6 +57,8 @@ from listener.events import (
 )
 from listener.pager import LinkHeaderPager, OffsetPager, Page, Pager, PublisherPager
 from listener.state import Phase
+
+__version__ = _distribution_version("changefeed")
 
 __all__ = [
     "Backoff",

@@ -3,6 +3,8 @@
 The public surface is what `__all__` lists; tests/publisher/test_exported_members.py pins it.
 """
 
+from importlib.metadata import version as _distribution_version
+
 from changefeed.backoff import Backoff
 from changefeed.cursor import Cursor
 from changefeed.errors import (
@@ -20,6 +22,8 @@ from changefeed.watch import Watch
 from publisher.bucket import Change, ChangeBucket, connect
 from publisher.config import Config, load_config, parse_config
 from publisher.service import Service
+
+__version__ = _distribution_version("changefeed")
 
 __all__ = [
     "Backoff",

@@ -10,6 +10,9 @@ import zipfile
 from importlib.metadata import version
 from pathlib import Path
 
+import changefeed
+import listener
+import publisher
 from tests.servers import scaled
 
 ROOT = Path(__file__).parents[2]
@@ -31,6 +34,7 @@ def test_the_wheel_ships_py_typed_and_the_license(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     (wheel,) = tmp_path.glob("changefeed-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
+    assert "changefeed_cli.py" in names, "the command's module"
     for package in PACKAGES:
         assert f"{package}/__init__.py" in names and f"{package}/py.typed" in names, package
     licenses = [name for name in names if name.endswith(".dist-info/licenses/LICENSE")]
@@ -43,5 +47,8 @@ def test_license_changelog_and_version_agree() -> None:
     assert project["license"] == {"text": "MPL-2.0"}
     assert (ROOT / "LICENSE").read_text().startswith("Mozilla Public License Version 2.0\n")
     assert version("changefeed") == project["version"], "reinstall: pip install -e ."
+    assert changefeed.__version__ == publisher.__version__ == listener.__version__ == version(
+        "changefeed"
+    )
     changelog = (ROOT / "CHANGELOG.md").read_text()
     assert f"\n## {project['version']}\n" in changelog
