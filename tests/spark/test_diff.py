@@ -48,7 +48,9 @@ def test_counts_sub_resources_and_store_are_exact(
         ("5", [CREATED, "name", "size", "owner"]),
         ("6", [DELETED, "name", "size", "owner"]),
     ]
-    stored = redis.Redis.from_url(redis_server.url).hgetall("{test}:state:dataset")
+    stored: dict[bytes, bytes] = redis.Redis.from_url(redis_server.url).hgetall(  # type: ignore[assignment]
+        "{test}:state:dataset"
+    )
     assert {id.decode(): orjson.loads(state) for id, state in stored.items()} == {
         str(key): {"key": key, "name": name, "size": size, "owner": owner}
         for key, name, size, owner in AFTER

@@ -60,7 +60,9 @@ def test_a_micro_batch_run_again_publishes_nothing_twice(
     record = client.hgetall("{test}:spark:networks")
     assert sorted(record) == [b"0", b"1"]  # one entry per micro-batch, the chunks forgotten
     assert record[b"0"].split()[0] == b"50" and record[b"1"].split()[0] == b"1"
-    assert orjson.loads(client.hget("{test}:state:network", "net-7")) == {
+    state = client.hget("{test}:state:network", "net-7")
+    assert isinstance(state, bytes)
+    assert orjson.loads(state) == {
         "id": "net-7", "name": "n7"
     }
 
