@@ -67,3 +67,16 @@ def test_scripts_are_package_data_after_the_shared_library() -> None:
         assert script.text == library + own
     assert scripts.COMMIT.text == COMMIT_LUA
     assert len(list(p for p in package.iterdir() if p.name.endswith(".lua"))) == 6
+
+
+def test_the_names_the_tree_imports_from_the_bucket_stay_exported() -> None:
+    import publisher.bucket as bucket
+
+    documented = {
+        "BATCH", "COMMIT_LUA", "Change", "ChangeBucket", "Committed", "Keys", "LogEntry", "Op",
+        "Page", "Piece", "Retention", "connect", "decode_marker", "digest_of", "encode_marker",
+        "merge_partitions", "parse_entry", "partition_of", "translate_redis_errors",
+    }
+    assert documented <= set(bucket.__all__)
+    for name in bucket.__all__:
+        assert hasattr(bucket, name)
