@@ -51,7 +51,7 @@ async def deliver(
                                   ctx.work / "profiles" / f"{profile}.txt")
         watch = CpuWatch(stack.pids())
         measured = await closed_loop(push, pool, fanout, watch, **timing)
-        await bucket.redis.aclose()
+        await bucket.aclose()
     return measured, recording.summary() if recording else None
 
 

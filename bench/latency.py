@@ -88,7 +88,7 @@ async def commit_latency(
             extra["profile"] = recording.summary()
         if paused:
             extra["paused"] = await _paused_state(stack, len(paused))
-        await bucket.redis.aclose()
+        await bucket.aclose()
     return measured, rss, extra
 
 

@@ -64,7 +64,7 @@ async def ours(
         if seed is not None:
             bucket = ChangeBucket(connect(url), "bench", resources)
             await seed(bucket)
-            await bucket.redis.aclose()
+            await bucket.aclose()
         serve = publisher(config, directory / "publisher.log", ctx.cores.server,
                           loop=ctx.loop, source=ctx.source)
         with serve:

@@ -5,8 +5,11 @@
     │   │                          .expected)
     │   └── OptionError            a Spark data source option is wrong (same attributes)
     ├── CursorError                a cursor string is malformed (.cursor)
-    ├── ChangeError                a change names an unknown resource or sub-resource, or a bad id
-    ├── BucketUnavailable          Redis cannot be reached (.cause)
+    ├── ChangeError                a change names an unknown resource or sub-resource, or a bad id;
+    │                              or an idempotency key comes back with other changes
+    ├── BucketUnavailable          Redis cannot be reached; nothing was sent or written (.cause)
+    │   └── CommitOutcomeUnknown   a commit was sent but no answer came: it may have been written;
+    │                              retry it with the same idempotency key (.cause)
     ├── PartitionMismatch          the bucket was created with another partition count
     ├── RegistrationError          a websocket registration was refused (.close_code, .reason)
     ├── ProtocolError              a peer sent a frame that is not of the protocol; the listener
@@ -76,11 +79,24 @@ class ChangeError(ChangefeedError):
 
 
 class BucketUnavailable(ChangefeedError):
-    """The change bucket (Redis) could not be reached. Nothing was committed."""
+    """The change bucket (Redis) could not be reached. Nothing was committed.
+
+    A commit that was sent but not answered raises the subclass `CommitOutcomeUnknown` instead,
+    so `except BucketUnavailable` still sees every outage.
+    """
 
     def __init__(self, message: str, cause: BaseException | None = None) -> None:
         self.cause = cause
         super().__init__(message)
+
+
+class CommitOutcomeUnknown(BucketUnavailable):
+    """A commit reached Redis, or may have, and no answer came (a timeout, a connection lost
+    after sending): it may have been written, and delivered, or not.
+
+    Commit again with the same idempotency key: that writes it if it was not, and returns its
+    original cursor(s) if it was. Without a key, a retry may append the change twice.
+    """
 
 
 class PartitionMismatch(ChangefeedError):
@@ -275,6 +291,7 @@ __all__ = [
     "BufferUnavailable",
     "ChangeError",
     "ChangefeedError",
+    "CommitOutcomeUnknown",
     "ConfigError",
     "ConnectionFailed",
     "ConnectionLost",

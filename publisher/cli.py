@@ -138,6 +138,11 @@ async def _serve(config: Config, which: str) -> None:
 @click.option("--sub", "subs", required=True, help="Comma-separated sub-resources, e.g. nic,alias.")
 @click.option("--data", help="The new state as JSON: stored with the change.")
 @click.option("--delete", is_flag=True, help="Remove the stored state with the change.")
+@click.option(
+    "--key",
+    help="Idempotency key: if a commit with this key is already in the bucket (kept for maxAge), "
+    "write nothing and print its cursor.",
+)
 def publish(
     config_path: Path,
     redis_url: str | None,
@@ -146,11 +151,14 @@ def publish(
     subs: str,
     data: str | None,
     delete: bool,
+    key: str | None,
 ) -> None:
     """Commit one change and print its cursor (the last line of output).
 
     With --data the state is stored and the item appended atomically; with --delete the state
-    is removed; with neither, only the change item is appended.
+    is removed; with neither, only the change item is appended. When Redis did not answer a sent
+    commit, the error says the outcome is unknown: run the same command again with the same
+    --key to commit it exactly once.
     """
     if data is not None and delete:
         raise click.UsageError("--data and --delete exclude each other")
@@ -167,7 +175,8 @@ def publish(
         try:
             cursor = asyncio.run(
                 _publish(
-                    config, resource, changed_id, sub_resources, state, data is not None, delete
+                    config, resource, changed_id, sub_resources, state, data is not None, delete,
+                    key,
                 )
             )
         except ChangefeedError as exc:
@@ -183,6 +192,7 @@ async def _publish(
     state: Any,
     store: bool,
     delete: bool,
+    key: str | None,
 ) -> str:
     assert config.bucket.redis_url is not None
     bucket = ChangeBucket(
@@ -193,8 +203,10 @@ async def _publish(
     )
     try:
         if store or delete:
-            return await bucket.commit(resource, changed_id, subs, state, delete=delete)
-        return await bucket.publish(resource, changed_id, subs)
+            return await bucket.commit(
+                resource, changed_id, subs, state, delete=delete, key=key
+            )
+        return await bucket.publish(resource, changed_id, subs, key=key)
     finally:
         await bucket.aclose()
 

@@ -85,9 +85,9 @@ def _task_id() -> int:
 
 
 def _write(
-    options: SinkOptions, record: str, batch_id: int, batches: Iterator[pa.RecordBatch]
+    options: SinkOptions, writer: str, batch_id: int, batches: Iterator[pa.RecordBatch]
 ) -> sink.TaskWritten:
-    return sink.write_task(batches, options, record, batch_id, _task_id())
+    return sink.write_task(batches, options, writer, batch_id, _task_id())
 
 
 def _messages(messages: Sequence[WriterCommitMessage | None]) -> list[sink.TaskWritten | None]:
@@ -99,13 +99,13 @@ class ChangefeedWriter(DataSourceArrowWriter):
 
     def __init__(self, options: SinkOptions) -> None:
         self.options = options
-        self.record = sink.record_key(options.target.name, f"job:{uuid.uuid4().hex}")
+        self.writer = f"job:{uuid.uuid4().hex}"
+        """Names the job in its chunks' idempotency keys."""
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> sink.TaskWritten:
-        return _write(self.options, self.record, 0, iterator)
+        return _write(self.options, self.writer, 0, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        asyncio.run(sink.forget(self.options.target, self.record))
         found = _messages(messages)
         logger.info(
             "spark write committed", resource=self.options.resource,
@@ -117,7 +117,6 @@ class ChangefeedWriter(DataSourceArrowWriter):
             "spark write aborted", resource=self.options.resource,
             **sink.abort_report(_messages(messages)),
         )
-        asyncio.run(sink.forget(self.options.target, self.record))
 
 
 class ChangefeedStreamWriter(DataSourceStreamArrowWriter):
@@ -126,18 +125,18 @@ class ChangefeedStreamWriter(DataSourceStreamArrowWriter):
     def __init__(self, options: SinkOptions) -> None:
         self.options = options
         assert options.query is not None
-        self.record = sink.record_key(options.target.name, options.query)
+        self.writer = options.query
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> sink.TaskWritten:
         context = TaskContext.get()
         batch_id = int(context.getLocalProperty("streaming.sql.batchId") or -1) if context else -1
         if batch_id < 0:
             raise RuntimeError("a streaming write task without a micro-batch id")
-        return _write(self.options, self.record, batch_id, iterator)
+        return _write(self.options, self.writer, batch_id, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         found = _messages(messages)
-        span = asyncio.run(sink.finish_batch(self.options.target, self.record, batchId, found))
+        span = asyncio.run(sink.finish_batch(self.options.target, self.writer, batchId, found))
         logger.info(
             "spark micro-batch committed", resource=self.options.resource, batch=batchId,
             query=self.options.query, written=str(span), retried=sink.skipped(found),

@@ -1,35 +1,37 @@
-"""The executors' side of a write: changes committed straight to the bucket, in pipelined batches.
+"""The executors' side of a write: changes committed straight to the bucket, in pipelined chunks.
 
-Each task cuts its changes into chunks of `batchSize` and sends each chunk as one call of
-`RECORDED_COMMIT_LUA`: the publisher's own `COMMIT_LUA` (state and change item, atomically),
-wrapped in a check of the write's *record*, a Redis hash that says which chunks are already in
-the log::
+Each task cuts its changes into chunks of `batchSize` and commits each chunk atomically with the
+bucket's idempotent commit (`ChangeBucket.commit_batches`, `pipeline` chunks per round trip).
+A chunk's idempotency key names the write, the micro-batch, the task and the chunk's content::
 
-    {name}:spark:<query>      one per streaming query, kept across micro-batches
-    {name}:spark:job:<id>     one per batch job, deleted when the job ends
-        <batch id>                    "<count> <first cursor> <last cursor>" once the driver
-                                      committed the micro-batch (the batch job's id is 0)
-        <batch id>:<task>:<chunk>     "<epoch> <first id> <last id> <count>" once the chunk is in
+    spark:<writer>:<batch id>:<task>:<digest of the chunk's changes>:<n>
 
-Check and commit run in one script, so a chunk is in the log at most once whatever Spark retries:
-a failed task, a micro-batch run again after a driver failure, a speculative copy. This relies on
-what Spark's exactly-once sinks rely on: a micro-batch run again has the same rows in the same
-partitions in the same order.
+`<writer>` is the streaming query's name, or `job:<uuid>` for a batch job (whose batch id is 0);
+`<n>` counts the task's earlier chunks with the same digest, so identical chunks stay distinct.
+The rows of a chunk are sorted by id (stably: one id's changes keep their order) before the
+digest is taken. So whatever Spark runs again — a failed task, a speculative copy, a micro-batch
+after a driver failure — sends the same chunks under the same keys, even when they come in
+another order or with their rows in another order, and the bucket writes none of them twice: it
+answers with their original cursors.
+
+A streaming query also keeps a ledger of the micro-batches it committed,
+``{name}:spark:<query>`` (batch id -> ``"<count> <first cursor> <last cursor>"``, the last
+`RETAIN_BATCHES`): a task of a recorded micro-batch sends nothing, even once the keys of its
+chunks were forgotten (the bucket keeps idempotency keys for maxAge).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
 import structlog
 from pyspark.sql.datasource import WriterCommitMessage
-from redis.asyncio.client import Pipeline
 
-from changefeed.cursor import Cursor, StreamId
-from publisher.bucket import COMMIT_LUA, ChangeBucket, connect, translate_redis_errors
+from publisher.bucket import Batch, Change, ChangeBucket, Committed, connect, digest_of
 from publisher.spark.options import SinkOptions, Target
 from publisher.spark.rows import changes_of, chunks
 
@@ -37,33 +39,6 @@ log = structlog.get_logger(__name__)
 
 RETAIN_BATCHES = 1000
 """Micro-batch records kept per streaming query (Spark keeps 100 by default)."""
-
-# KEYS: COMMIT_LUA's keys, then the record. ARGV: COMMIT_LUA's arguments, then the batch field and
-# the chunk field. Returns {1, summary} when the chunk was committed now, {0, ''} when it was
-# already (the batch or the chunk is in the record). The summary is "<epoch> <first> <last> <n>".
-RECORDED_COMMIT_LUA = f"""
-local record, batch, chunk = KEYS[#KEYS], ARGV[#ARGV - 1], ARGV[#ARGV]
-if redis.call('HEXISTS', record, batch) == 1 or redis.call('HEXISTS', record, chunk) == 1 then
-  return {{0, ''}}
-end
-table.remove(KEYS)
-table.remove(ARGV)
-table.remove(ARGV)
-local out = (function()
-{COMMIT_LUA}
-end)()
-if out.err then return out end
-local first = string.format('%d-%d', out[2], out[3])
-local last = string.format('%d-%d', out[2], out[3] + out[4] - 1)
-local summary = out[1] .. ' ' .. first .. ' ' .. last .. ' ' .. out[4]
-redis.call('HSET', record, chunk, summary)
-return {{1, summary}}
-"""
-
-
-def record_key(bucket: str, query: str) -> str:
-    """The record of a streaming query (or, as `job:<id>`, of a batch job), in the bucket's slot."""
-    return "{" + bucket + "}:spark:" + query
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,13 +65,8 @@ class Span:
         return f"{self.count} changes ({self.first} .. {self.last})" if self.count else "nothing"
 
     @classmethod
-    def parse(cls, summary: str) -> Span:
-        epoch, first, last, count = summary.split()
-        return cls(
-            int(count),
-            Cursor(epoch, StreamId.parse(first)).encode(),
-            Cursor(epoch, StreamId.parse(last)).encode(),
-        )
+    def of(cls, committed: Committed) -> Span:
+        return cls(committed.count, committed.first_cursor, committed.last_cursor)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,41 +76,62 @@ class TaskWritten(WriterCommitMessage):
     task: int
     chunks: int
     written: Span
+    """The task's changes as they are in the log, whichever attempt committed them."""
     skipped: int
-    """Changes of chunks that an earlier attempt had already committed."""
+    """Changes that an earlier attempt had already committed (not written again)."""
+
+
+def chunk_key(writer: str, batch_id: int, task: int, digest: str, occurrence: int) -> str:
+    """The idempotency key of a chunk (see the module's docstring)."""
+    return f"spark:{writer}:{batch_id}:{task}:{digest}:{occurrence}"
+
+
+def keyed_chunks(
+    chunked: Iterator[list[Change]], writer: str, batch_id: int, task: int
+) -> Iterator[Batch]:
+    """Each chunk in a canonical order (by id, stably), with its idempotency key."""
+    seen: Counter[str] = Counter()
+    for chunk in chunked:
+        ordered = sorted(chunk, key=_id)
+        digest = digest_of(ordered)
+        yield ordered, chunk_key(writer, batch_id, task, digest, seen[digest])
+        seen[digest] += 1
+
+
+def _id(change: Change) -> str:
+    return change.changed_resource_id
+
+
+def _bucket(target: Target) -> ChangeBucket:
+    return ChangeBucket(
+        connect(target.redis_url), target.name, target.resources, target.partitions
+    )
 
 
 def write_task(
-    batches: Iterator[pa.RecordBatch], options: SinkOptions, record: str, batch_id: int, task: int
+    batches: Iterator[pa.RecordBatch], options: SinkOptions, writer: str, batch_id: int, task: int
 ) -> TaskWritten:
     """Commit the changes of one task's rows; runs on an executor."""
-    return asyncio.run(_write_task(batches, options, record, batch_id, task))
+    return asyncio.run(_write_task(batches, options, writer, batch_id, task))
 
 
 async def _write_task(
-    batches: Iterator[pa.RecordBatch], options: SinkOptions, record: str, batch_id: int, task: int
+    batches: Iterator[pa.RecordBatch], options: SinkOptions, writer: str, batch_id: int, task: int
 ) -> TaskWritten:
-    target = options.target
-    bucket = ChangeBucket(
-        connect(target.redis_url), target.name, target.resources, target.partitions
-    )
-    sent: list[int] = []  # sizes of the chunks in the pipeline
+    bucket = _bucket(options.target)
     done = TaskWritten(task, 0, Span(), 0)
     try:
-        async with translate_redis_errors("spark write"):
-            sha = await bucket.redis.script_load(RECORDED_COMMIT_LUA)
-        pipe = bucket.redis.pipeline(transaction=False)
+        if options.query is not None and await bucket.batch_recorded(writer, batch_id):
+            return TaskWritten(task, 0, Span(), sum(batch.num_rows for batch in batches))
         changes = (changes_of(batch, options) for batch in batches)
-        for number, chunk in enumerate(chunks(changes, options.batch_size)):
-            keys, args = bucket.commit_arguments(chunk)
-            fields = [str(batch_id), f"{batch_id}:{task}:{number}"]
-            pipe.evalsha(sha, len(keys) + 1, *keys, record, *args, *fields)
-            sent.append(len(chunk))
-            if len(sent) >= options.pipeline:
-                done = _tally(done, sent, await _execute(pipe))
-                sent = []
-        if sent:
-            done = _tally(done, sent, await _execute(pipe))
+        sending: list[Batch] = []
+        for keyed in keyed_chunks(chunks(changes, options.batch_size), writer, batch_id, task):
+            sending.append(keyed)
+            if len(sending) >= options.pipeline:
+                done = _tally(done, await bucket.commit_batches(sending))
+                sending = []
+        if sending:
+            done = _tally(done, await bucket.commit_batches(sending))
     except BaseException as exc:
         log.error(
             "spark write task failed", task=task, batch=batch_id, written=str(done.written),
@@ -152,20 +143,13 @@ async def _write_task(
     return done
 
 
-async def _execute(pipe: Pipeline) -> list[list[bytes]]:
-    async with translate_redis_errors("spark write"):
-        replies: list[list[bytes]] = await pipe.execute()
-    return replies
-
-
-def _tally(done: TaskWritten, sizes: Sequence[int], replies: list[list[bytes]]) -> TaskWritten:
+def _tally(done: TaskWritten, replies: Sequence[Committed]) -> TaskWritten:
     written, skipped = done.written, done.skipped
-    for size, (fresh, summary) in zip(sizes, replies, strict=True):
-        if fresh:
-            written = written + Span.parse(summary.decode())
-        else:
-            skipped += size
-    return TaskWritten(done.task, done.chunks + len(sizes), written, skipped)
+    for committed in replies:
+        written = written + Span.of(committed)
+        if not committed.fresh:
+            skipped += committed.count
+    return TaskWritten(done.task, done.chunks + len(replies), written, skipped)
 
 
 def total(messages: Sequence[TaskWritten | None]) -> Span:
@@ -191,50 +175,25 @@ def abort_report(messages: Sequence[TaskWritten | None]) -> dict[str, object]:
 
 
 async def finish_batch(
-    target: Target, record: str, batch_id: int, messages: Sequence[TaskWritten | None]
+    target: Target, writer: str, batch_id: int, messages: Sequence[TaskWritten | None]
 ) -> Span:
-    """Record micro-batch `batch_id` as committed (once) and forget its chunks and old batches.
-
-    Returns what the micro-batch committed, over all the attempts of its tasks.
-    """
-    chunk_fields = [
-        f"{batch_id}:{m.task}:{number}" for m in messages if m for number in range(m.chunks)
-    ]
-    client = connect(target.redis_url)
+    """Record micro-batch `batch_id` of streaming query `writer` as committed (once) and forget
+    the one RETAIN_BATCHES older. Returns what the micro-batch's tasks committed."""
+    span = total(messages)
+    bucket = _bucket(target)
     try:
-        async with translate_redis_errors("spark commit"):
-            summaries = await client.hmget(record, chunk_fields) if chunk_fields else []
-            span = Span()
-            for summary in summaries:
-                if isinstance(summary, bytes):
-                    span = span + Span.parse(summary.decode())
-            async with client.pipeline(transaction=True) as pipe:
-                pipe.hsetnx(record, str(batch_id), f"{span.count} {span.first} {span.last}")
-                if chunk_fields:
-                    pipe.hdel(record, *chunk_fields)
-                if batch_id >= RETAIN_BATCHES:
-                    pipe.hdel(record, str(batch_id - RETAIN_BATCHES))
-                await pipe.execute()
+        await bucket.record_batch(
+            writer, batch_id, f"{span.count} {span.first} {span.last}", RETAIN_BATCHES
+        )
     finally:
-        await client.aclose()
+        await bucket.aclose()
     return span
-
-
-async def forget(target: Target, record: str) -> None:
-    """Delete the record of a batch job that ended."""
-    client = connect(target.redis_url)
-    try:
-        async with translate_redis_errors("spark commit"):
-            await client.delete(record)
-    finally:
-        await client.aclose()
 
 
 async def ping(target: Target) -> None:
     """Raise BucketUnavailable unless the bucket's Redis answers."""
-    client = connect(target.redis_url)
+    bucket = _bucket(target)
     try:
-        async with translate_redis_errors(f"bucket {target.name!r} at {target.redis_url}"):
-            await client.ping()
+        await bucket.ping(f"bucket {target.name!r} at {target.redis_url}")
     finally:
-        await client.aclose()
+        await bucket.aclose()

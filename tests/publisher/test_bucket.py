@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from typing import cast
 
 import aiohttp
 import pytest
+import redis.asyncio as aioredis
 
 from changefeed.cursor import Cursor
 from changefeed.errors import ChangeError
@@ -18,12 +20,24 @@ from tests.servers import RedisServer
 
 
 @pytest.fixture
-async def bucket(config: Config) -> ChangeBucket:
+async def bucket(config: Config) -> AsyncIterator[ChangeBucket]:
     assert config.bucket.redis_url
-    return ChangeBucket(connect(config.bucket.redis_url), "test", config.resources)
+    bucket = ChangeBucket(connect(config.bucket.redis_url), "test", config.resources)
+    yield bucket
+    await bucket.aclose()
 
 
-async def test_concurrent_commits_leave_store_and_bucket_in_agreement(bucket: ChangeBucket) -> None:
+@pytest.fixture
+async def plain(redis_server: RedisServer) -> AsyncIterator[aioredis.Redis]:
+    """A client of our own, to look at what the bucket stored."""
+    client = aioredis.Redis.from_url(redis_server.url)
+    yield client
+    await client.aclose()
+
+
+async def test_concurrent_commits_leave_store_and_bucket_in_agreement(
+    bucket: ChangeBucket, plain: aioredis.Redis
+) -> None:
     rng = random.Random(7)
     ids = [f"vm-{i:03d}" for i in range(40)]
 
@@ -51,15 +65,15 @@ async def test_concurrent_commits_leave_store_and_bucket_in_agreement(bucket: Ch
     last: dict[str, str] = {}
     for entry in log:
         last[entry.changed_resource_id] = entry.sub_resources[0]
-    stored = await bucket.redis.hgetall(bucket.keys.state("vm"))
-    indexed = await bucket.redis.zrange(bucket.keys.index("vm"), 0, -1)
+    stored = cast(dict[bytes, bytes], await plain.hgetall(bucket.keys.state("vm")))
+    indexed = cast(list[bytes], await plain.zrange(bucket.keys.index("vm"), 0, -1))
     expected = {vm for vm, sub in last.items() if sub != "state"}
     assert {k.decode() for k in stored} == expected
     assert {k.decode() for k in indexed} == expected
 
 
 async def test_unknown_resources_and_bad_ids_are_refused_before_writing(
-    bucket: ChangeBucket,
+    bucket: ChangeBucket, plain: aioredis.Redis
 ) -> None:
     for change, message in [
         (Change.put("disk", "d", ["nic"], {}), "unknown resource 'disk'"),
@@ -69,7 +83,7 @@ async def test_unknown_resources_and_bad_ids_are_refused_before_writing(
     ]:
         with pytest.raises(ChangeError, match=message):
             await bucket.commit_many([Change.put("vm", "ok", ["nic"], {}), change])
-    assert await bucket.redis.xlen(bucket.keys.log) == 0, "a refused batch writes nothing"
+    assert await plain.xlen(bucket.keys.log) == 0, "a refused batch writes nothing"
 
 
 async def test_trim_removes_old_items_and_records_the_horizon(bucket: ChangeBucket) -> None:
@@ -95,12 +109,15 @@ async def test_publisher_trims_by_max_age(
 ) -> None:
     config = make_config(redis_server.url, maxAge=0.3, gcInterval=0.1)
     async with start_publisher(config) as service:  # type: ignore[attr-defined]
-        await service.bucket.publish("vm", "a", ["nic"])
+        await service.bucket.publish("vm", "a", ["nic"], key="k")
         for _ in range(100):
-            if await service.bucket.redis.xlen(service.bucket.keys.log) == 0:
+            if (await service.bucket.retention()).oldest is None:
                 break
             await asyncio.sleep(0.05)
-        assert await service.bucket.redis.xlen(service.bucket.keys.log) == 0
+        retention = await service.bucket.retention()
+        assert retention.oldest is None and retention.trimmed == retention.head
+        again = await service.bucket.publish("vm", "a", ["nic"], key="k")
+        assert Cursor.decode(again).position > retention.head, "the key went with its item"
 
 
 async def test_bootstrap_pages_under_concurrent_writes(publisher: Service) -> None:

@@ -23,6 +23,7 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
+import redis
 from websockets.exceptions import ConnectionClosed
 
 from changefeed.cursor import Cursor
@@ -237,3 +238,26 @@ async def test_serve_loop_option(short_dir: Path, redis_server: RedisServer) -> 
             await feed.close()
         finally:
             server.stop()
+
+
+async def test_publish_with_a_key_commits_once_and_prints_the_first_cursor(
+    short_dir: Path, redis_server: RedisServer
+) -> None:
+    config = write_config(short_dir / "config.js", redis_server.url)
+    command = ("publish", "--config", str(config), "vm", "vm-1", "--sub", "nic",
+               "--data", '{"uuid": "vm-1"}', "--key", "deploy-42")
+    status, first = await changefeed(*command)
+    assert status == 0, first
+    status, again = await changefeed(*command)
+    assert status == 0, again
+    assert again.strip().splitlines()[-1] == first.strip().splitlines()[-1]
+    Cursor.decode(first.strip().splitlines()[-1])
+    with redis.Redis.from_url(redis_server.url) as client:
+        assert client.xlen("{test}:log") == 1
+        assert client.hkeys("{test}:idem") == [b"deploy-42"]
+
+    status, output = await changefeed(*command[:-4], "--data", '{"uuid": "other"}',
+                                      "--key", "deploy-42")
+    assert status != 0 and "idempotency key 'deploy-42' was first used" in output, output
+    status, output = await changefeed("publish", "--help")
+    assert "--key" in output and "Idempotency key" in output

@@ -4,18 +4,22 @@ write nothing."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import cast
 
 import orjson
+import pyarrow as pa
 import pytest
 import redis
 from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import StringType, StructField, StructType
 from websockets.asyncio.client import connect
 
 from publisher.config import load_config
-from publisher.spark.sink import Span, TaskWritten, abort_report, total
+from publisher.spark.options import sink_options
+from publisher.spark.sink import Span, TaskWritten, abort_report, total, write_task
 from tests.conftest import PublisherFactory
 from tests.servers import RedisServer, scaled
 
@@ -31,9 +35,9 @@ def log_of(url: str) -> list[tuple[str, list[str], str]]:
     """(resource, sub-resources, id) of every item in the test bucket's log, oldest first."""
     client = redis.Redis.from_url(url)
     try:
+        entries = cast(list[tuple[bytes, dict[bytes, bytes]]], client.xrange("{test}:log"))
         return [
-            (f[b"r"].decode(), orjson.loads(f[b"s"]), f[b"i"].decode())
-            for _, f in client.xrange("{test}:log")
+            (f[b"r"].decode(), orjson.loads(f[b"s"]), f[b"i"].decode()) for _, f in entries
         ]
     finally:
         client.close()
@@ -198,3 +202,36 @@ def test_a_bad_row_fails_the_job_and_the_abort_says_what_was_written(
     assert total([first, None, second]) == Span(5, "e.01", "e.05")
     assert abort_report([first, None, second])["written"] == "5 changes (e.01 .. e.05)"
     assert abort_report([first, None, second])["tasks_failed"] == 1
+
+
+def test_a_retried_task_that_sees_its_rows_in_another_order_publishes_nothing_twice(
+    redis_server: RedisServer,
+) -> None:
+    """The executor's side alone (no Spark needed): a second attempt of a task whose chunks come
+    in another order, with their rows in another order, finds every chunk by its content key."""
+    schema = StructType([StructField("uuid", StringType()), StructField("op", StringType())])
+    options = sink_options(
+        {"redisUrl": redis_server.url, "bucket": "test", "resource": "vm", "idColumn": "uuid",
+         "subResources": "nic", "opColumn": "op", "batchSize": "10", "pipeline": "2"},
+        schema, streaming=False,
+    )
+    # Two identical chunks at the end: their keys differ by their occurrence.
+    rows = [(f"vm-{n:02d}", "publish") for n in range(40)] + [("vm-00", "publish")] * 20
+
+    def batches(order: list[tuple[str, str]], size: int) -> Iterator[pa.RecordBatch]:
+        for start in range(0, len(order), size):
+            part = order[start : start + size]
+            yield pa.RecordBatch.from_pydict({"uuid": [u for u, _ in part],
+                                              "op": [o for _, o in part]})
+
+    first = write_task(batches(rows, 7), options, "job:t", 0, 3)
+    assert (first.written.count, first.skipped, first.chunks) == (60, 0, 6)
+    # Chunks reversed, the rows of each reversed: the same chunks, in another order.
+    chunked = [rows[i : i + 10] for i in range(0, len(rows), 10)]
+    retry_rows = [row for chunk in reversed(chunked) for row in reversed(chunk)]
+    retry = write_task(batches(retry_rows, 10), options, "job:t", 0, 3)
+    assert (retry.written, retry.skipped) == (first.written, 60)
+    assert len(log_of(redis_server.url)) == 60
+    # Another task with the same rows is other changes.
+    assert write_task(batches(rows, 60), options, "job:t", 0, 4).skipped == 0
+    assert len(log_of(redis_server.url)) == 120

@@ -1,0 +1,66 @@
+"""The change bucket and the authoritative store, in Redis.
+
+    keys.py      the key layout of a bucket (`Keys`) and the partition of a change
+    values.py    what goes in and comes out: `Change`, `LogEntry`, `Page`, `Committed`, ...
+    markers.py   the keyset marker of bootstrap pages
+    scripts.py   the Lua scripts (`*.lua` beside it), loaded with importlib.resources
+    client.py    `ChangeBucket` and `connect`: the only code that talks to Redis or runs a script,
+                 and the one place where redis-py's errors become ours
+
+This module re-exports what the rest of the tree uses.
+"""
+
+from publisher.bucket.client import (
+    BATCH,
+    IDEMPOTENCY_KEYS,
+    TRIM_BATCH,
+    Batch,
+    ChangeBucket,
+    connect,
+    translate_redis_errors,
+)
+from publisher.bucket.keys import Keys, partition_of
+from publisher.bucket.markers import decode_marker, encode_marker
+from publisher.bucket.scripts import COMMIT
+from publisher.bucket.values import (
+    MAX_ID_BYTES,
+    Change,
+    Committed,
+    LogEntry,
+    Op,
+    Page,
+    Piece,
+    Retention,
+    digest_of,
+    merge_partitions,
+    parse_entry,
+)
+
+COMMIT_LUA = COMMIT.text
+"""The commit script's text, for a test that must commit with a synchronous client."""
+
+__all__ = [
+    "BATCH",
+    "COMMIT_LUA",
+    "IDEMPOTENCY_KEYS",
+    "MAX_ID_BYTES",
+    "TRIM_BATCH",
+    "Batch",
+    "Change",
+    "ChangeBucket",
+    "Committed",
+    "Keys",
+    "LogEntry",
+    "Op",
+    "Page",
+    "Piece",
+    "Retention",
+    "connect",
+    "decode_marker",
+    "digest_of",
+    "encode_marker",
+    "merge_partitions",
+    "parse_entry",
+    "partition_of",
+    "translate_redis_errors",
+]

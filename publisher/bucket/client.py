@@ -1,0 +1,549 @@
+"""`ChangeBucket`: the change bucket and the authoritative store, in one Redis.
+
+`commit` writes the state and appends the item in one Lua script, so the store and the bucket
+never disagree. `trim` removes items older than maxAge and records the horizon; it is idempotent,
+so every publisher on a bucket may run it. The key layout is in `keys.py`, the scripts in the
+`.lua` files beside this module.
+
+Errors of redis-py are translated into ours here (`translate_redis_errors`) and nowhere else. A
+commit tells two failures apart: `BucketUnavailable` when no connection could be had, so nothing
+was sent; `CommitOutcomeUnknown` when the script was sent and no answer came, so it may have run.
+That is why commits take a connection from the pool themselves before sending anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import orjson
+import redis.asyncio as aioredis
+import redis.exceptions
+from redis.asyncio.connection import AbstractConnection
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from changefeed.cursor import Cursor, StreamId, new_epoch
+from changefeed.errors import (
+    BucketUnavailable,
+    ChangeError,
+    ChangefeedError,
+    CommitOutcomeUnknown,
+    PartitionMismatch,
+)
+from changefeed.protocol import Resource
+from publisher.bucket import scripts
+from publisher.bucket.keys import Keys
+from publisher.bucket.values import (
+    MAX_ID_BYTES,
+    Change,
+    Committed,
+    LogEntry,
+    Page,
+    Piece,
+    Retention,
+    digest_of,
+    merge_partitions,
+    parse_entry,
+)
+
+BATCH = 500
+"""Changes per Lua call in commit_many: keeps Redis responsive between calls."""
+TRIM_BATCH = 10000
+"""Most items (and idempotency keys) one trim call removes (the rest go in the next call)."""
+IDEMPOTENCY_KEYS = 100_000
+"""Most idempotency keys a bucket remembers; past it the oldest are forgotten first."""
+
+Batch = tuple[Sequence[Change], str | None]
+"""Changes committed atomically by one script call, and the call's idempotency key (or None)."""
+
+
+def _partitions_error(what: str, message: str) -> ChangefeedError:
+    return PartitionMismatch(
+        f"bucket.partitions: {message} (the partition count is fixed when the bucket is created)"
+    )
+
+
+def _key_reused_error(what: str, message: str) -> ChangefeedError:
+    count, _, key = message.partition(" ")
+    return ChangeError(
+        f"{what}: idempotency key {key!r} was first used for other changes ({count} of them); "
+        "a key names one commit, retried with the same changes"
+    )
+
+
+_SCRIPT_ERRORS = {"PARTITIONS ": _partitions_error, "KEYREUSED ": _key_reused_error}
+"""Errors our scripts reply with, by prefix: the error of ours each one becomes."""
+
+
+@asynccontextmanager
+async def translate_redis_errors(what: str, *, sent: bool = False) -> AsyncIterator[None]:
+    """The one place where redis-py's errors become ours.
+
+    `sent`: the block has sent (or may have sent) a commit when it fails to hear the answer, so
+    a lost connection or a timeout means the commit may have been written (CommitOutcomeUnknown),
+    not that nothing was (BucketUnavailable).
+    """
+    try:
+        yield
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
+        if sent:
+            raise CommitOutcomeUnknown(
+                f"{what}: no answer from Redis ({exc}); the commit may have been written", exc
+            ) from exc
+        raise BucketUnavailable(f"{what}: Redis unreachable ({exc})", exc) from exc
+    except redis.exceptions.ResponseError as exc:
+        for prefix, error in _SCRIPT_ERRORS.items():
+            if str(exc).startswith(prefix):
+                raise error(what, str(exc).removeprefix(prefix)) from None
+        raise ChangefeedError(f"{what}: Redis error ({exc})") from exc
+    except redis.exceptions.RedisError as exc:
+        raise ChangefeedError(f"{what}: Redis error ({exc})") from exc
+
+
+def connect(url: str, *, blocking: bool = False, timeout: float | None = None) -> aioredis.Redis:
+    """A redis-py client for `url` that never retries on its own (a commit without an idempotency
+    key is not idempotent).
+
+    `blocking` clients wait longer for a reply, for XREAD BLOCK (which waits at most 5 s);
+    `timeout` overrides how long any reply is waited for (seconds).
+    """
+    return aioredis.Redis.from_url(
+        url,
+        retry=Retry(NoBackoff(), 0),
+        socket_connect_timeout=5,
+        socket_timeout=timeout or (20 if blocking else 10),
+        health_check_interval=0,
+    )
+
+
+async def _exchange(connection: AbstractConnection, commands: Sequence[Sequence[Any]]) -> list[Any]:
+    """Send `commands` in one write and read every reply, a script's error reply as a value."""
+    await connection.send_packed_command(connection.pack_commands(commands))
+    replies: list[Any] = []
+    for _ in commands:
+        try:
+            replies.append(await connection.read_response())
+        except redis.exceptions.ResponseError as exc:
+            replies.append(exc)
+    return replies
+
+
+Call = tuple[list[str], list[Any]]
+"""The KEYS and ARGV of one script call."""
+
+
+async def _evalsha(
+    connection: AbstractConnection, script: scripts.Script, calls: Sequence[Call]
+) -> list[Any]:
+    """Run `script` once per (KEYS, ARGV) in `calls`, pipelined; loads it when Redis lacks it
+    (a call answered NOSCRIPT did not run, so it is simply sent again)."""
+    commands = [("EVALSHA", script.sha, len(keys), *keys, *args) for keys, args in calls]
+    replies = await _exchange(connection, commands)
+    missing = [i for i, r in enumerate(replies) if isinstance(r, redis.exceptions.NoScriptError)]
+    if missing:
+        await _exchange(connection, [("SCRIPT", "LOAD", script.text)])
+        again = await _exchange(connection, [commands[i] for i in missing])
+        for i, reply in zip(missing, again, strict=True):
+            replies[i] = reply
+    for reply in replies:
+        if isinstance(reply, redis.exceptions.ResponseError):
+            raise reply
+    return replies
+
+
+class ChangeBucket:
+    """Commits changes, reads the log and the store, and trims: one bucket in one Redis.
+
+    `partitions` is the partition count the bucket must have (the configured one); None accepts
+    whatever the bucket was created with (1 for a new bucket). `idempotency_keys` bounds how many
+    idempotency keys the bucket remembers.
+
+    >>> bucket = ChangeBucket(connect("redis://127.0.0.1:6379/0"), "changefeed", resources)
+    >>> cursor = await bucket.commit("vm", vm_uuid, ["nic"], state, key=request_id)
+    """
+
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        name: str,
+        resources: Iterable[Resource] | None = None,
+        partitions: int | None = None,
+        *,
+        idempotency_keys: int = IDEMPOTENCY_KEYS,
+    ) -> None:
+        self.redis = client
+        """The redis-py client: the bucket's own. Other modules use the methods."""
+        self.keys = Keys(name)
+        self.name = name
+        self.resources = {r.resource: r for r in resources} if resources is not None else None
+        self.partitions = partitions
+        self.idempotency_keys = idempotency_keys
+        self._known_partitions: int | None = None
+        self._ensure = client.register_script(scripts.ENSURE.text)
+        self._trim = client.register_script(scripts.TRIM.text)
+        self._retention = client.register_script(scripts.RETENTION.text)
+        self._page = client.register_script(scripts.PAGE.text)
+
+    # --- writing -------------------------------------------------------------------------
+
+    def validate(self, change: Change) -> None:
+        """Raise ChangeError if `change` does not fit the configured resources."""
+        if not isinstance(change.changed_resource_id, str) or not change.changed_resource_id:
+            raise ChangeError("changedResourceId must be a non-empty string")
+        if len(change.changed_resource_id.encode()) > MAX_ID_BYTES:
+            raise ChangeError(f"changedResourceId longer than {MAX_ID_BYTES} bytes")
+        if not change.sub_resources or not all(isinstance(s, str) for s in change.sub_resources):
+            raise ChangeError("a change needs at least one sub-resource name")
+        if self.resources is None:
+            return
+        resource = self.resources.get(change.resource)
+        if resource is None:
+            known = ", ".join(sorted(self.resources))
+            raise ChangeError(f"unknown resource {change.resource!r} (known: {known})")
+        unknown = [s for s in change.sub_resources if s not in resource.sub_resources]
+        if unknown:
+            raise ChangeError(
+                f"unknown sub-resource(s) {', '.join(map(repr, unknown))} of {change.resource!r} "
+                f"(known: {', '.join(resource.sub_resources)})"
+            )
+
+    def commit_arguments(
+        self, changes: Sequence[Change], key: str | None = None
+    ) -> tuple[list[str], list[Any]]:
+        """KEYS and ARGV of commit.lua for `changes` (validated), under idempotency `key`."""
+        keys = [*self.keys.common, *self.keys.idempotency_pair]
+        args: list[Any] = [
+            new_epoch(),
+            self.partitions or "",
+            key or "",
+            digest_of(changes) if key else "",
+            self.idempotency_keys,
+        ]
+        for change in changes:
+            self.validate(change)
+            keys += [self.keys.state(change.resource), self.keys.index(change.resource)]
+            state = orjson.dumps(change.state) if change.op == "put" else b""
+            args += [
+                change.op,
+                change.resource,
+                orjson.dumps(list(change.sub_resources)),
+                change.changed_resource_id,
+                state,
+            ]
+        return keys, args
+
+    @staticmethod
+    def committed(reply: Sequence[Any]) -> Committed:
+        """commit.lua's reply {epoch, ms, first seq, count, fresh} as a value."""
+        epoch, ms, first, count, fresh = reply
+        return Committed(epoch.decode(), int(ms), int(first), int(count), bool(fresh))
+
+    @classmethod
+    def cursors_of(cls, reply: Sequence[Any]) -> list[str]:
+        """The cursors of commit.lua's reply."""
+        return cls.committed(reply).cursors
+
+    async def commit_batches(self, batches: Sequence[Batch]) -> list[Committed]:
+        """Commit each batch atomically (one script call each, all sent in one round trip), in
+        order; a batch whose key is already known is not written again (`fresh` False).
+
+        Every change is validated before anything is sent. Raises BucketUnavailable when nothing
+        was sent, CommitOutcomeUnknown when the calls were sent but no answer came: some or all
+        of them may be in the bucket (send them again with the same keys to find out).
+        """
+        calls = [self.commit_arguments(changes, key) for changes, key in batches]
+        if not calls:
+            return []
+        pool = self.redis.connection_pool
+        async with translate_redis_errors("commit"):
+            connection: AbstractConnection = await pool.get_connection()  # type: ignore[no-untyped-call]
+        try:
+            async with translate_redis_errors("commit", sent=True):
+                replies = await _evalsha(connection, scripts.COMMIT, calls)
+        finally:
+            await pool.release(connection)
+        return [self.committed(reply) for reply in replies]
+
+    async def commit_many(self, changes: Iterable[Change], *, key: str | None = None) -> list[str]:
+        """Commit changes atomically per batch of BATCH, in order; returns their cursors.
+
+        With an idempotency `key`, batch n of the call is committed under `key` (n = 0) or
+        `key#n`: a call retried with the same key and the same changes writes only the batches
+        that did not get in, and returns every change's original cursor.
+
+        >>> cursors = await bucket.commit_many([Change.put("vm", id, ["nic"], state)], key=k)
+        """
+        changes = list(changes)
+        cursors: list[str] = []
+        for number, start in enumerate(range(0, len(changes), BATCH)):
+            batch_key = None if key is None else key if number == 0 else f"{key}#{number}"
+            (done,) = await self.commit_batches([(changes[start : start + BATCH], batch_key)])
+            cursors += done.cursors
+        return cursors
+
+    async def commit(
+        self,
+        resource: str,
+        id: str,
+        sub_resources: Sequence[str],
+        state: Any = None,
+        *,
+        delete: bool = False,
+        key: str | None = None,
+    ) -> str:
+        """Store `state` (or delete it) and append the change item atomically; return its cursor.
+
+        A commit retried with the same idempotency `key` returns the first one's cursor and
+        writes nothing.
+
+        >>> cursor = await bucket.commit("vm", vm_uuid, ["nic"], {"uuid": vm_uuid}, key=request_id)
+        """
+        change = (
+            Change.delete(resource, id, sub_resources)
+            if delete
+            else Change.put(resource, id, sub_resources, state)
+        )
+        return (await self.commit_many([change], key=key))[0]
+
+    async def publish(
+        self, resource: str, id: str, sub_resources: Sequence[str], *, key: str | None = None
+    ) -> str:
+        """Append a change item only (the service's store lives elsewhere). Returns the cursor."""
+        return (await self.commit_many([Change.publish(resource, id, sub_resources)], key=key))[0]
+
+    async def publish_many(
+        self, changes: Iterable[tuple[str, str, Sequence[str]]], *, key: str | None = None
+    ) -> list[str]:
+        return await self.commit_many((Change.publish(r, i, s) for r, i, s in changes), key=key)
+
+    # --- the bucket's identity -----------------------------------------------------------
+
+    async def ping(self, what: str = "ping") -> None:
+        """Raise BucketUnavailable (saying `what` was tried) unless Redis answers."""
+        async with translate_redis_errors(what):
+            await self.redis.ping()
+
+    async def ensure(self) -> str:
+        """The bucket's epoch, creating the bucket (epoch and partition count) if it has none.
+
+        Raises PartitionMismatch when the bucket was created with another partition count.
+        """
+        async with translate_redis_errors("epoch"):
+            epoch, partitions = await self._ensure(
+                keys=self.keys.common, args=[new_epoch(), self.partitions or ""]
+            )
+        self._known_partitions = int(partitions)
+        return str(epoch.decode())
+
+    async def current_epoch(self) -> str | None:
+        """The bucket's epoch, or None when the bucket does not exist (yet, or any more)."""
+        async with translate_redis_errors("epoch"):
+            epoch: Any = await self.redis.get(self.keys.epoch)
+        if epoch is None:
+            self._known_partitions = None
+        return epoch.decode() if epoch else None
+
+    async def partition_count(self) -> int:
+        """How many partitions the log has (learnt from the bucket once it exists)."""
+        if self._known_partitions is None:
+            async with translate_redis_errors("partitions"):
+                stored = await self.redis.get(self.keys.partitions)
+            if stored is None:
+                return self.partitions or 1
+            self._known_partitions = int(stored)
+        return self._known_partitions
+
+    async def streams(self) -> list[str]:
+        """The partition streams, partition 0 first."""
+        n = await self.partition_count()
+        return [self.keys.stream(p, n) for p in range(n)]
+
+    async def retention(self) -> Retention:
+        async with translate_redis_errors("retention"):
+            epoch, trimmed, head, oldest, _ = await self._retention(keys=self.keys.common)
+        return Retention(
+            epoch.decode() or None,
+            StreamId.parse(trimmed),
+            StreamId.parse(head),
+            StreamId.parse(oldest) if oldest else None,
+        )
+
+    async def head_cursor(self) -> Cursor | None:
+        """The bucket's head as a cursor (None before the bucket has an epoch)."""
+        retention = await self.retention()
+        return Cursor(retention.epoch, retention.head) if retention.epoch else None
+
+    # --- reading the log -----------------------------------------------------------------
+
+    async def read(
+        self, after: StreamId, until: StreamId | None = None, count: int = 1000
+    ) -> list[LogEntry]:
+        """Entries after `after` (exclusive) up to `until` (inclusive), oldest first."""
+        streams = await self.streams()
+        end = str(until) if until else "+"
+        async with translate_redis_errors("read"):
+            if len(streams) == 1:
+                rows: Any = await self.redis.xrange(streams[0], f"({after}", end, count=count)
+                return [parse_entry(entry_id, fields) for entry_id, fields in rows]
+            pipe = self.redis.pipeline(transaction=True)
+            for key in streams:
+                pipe.xrange(key, f"({after}", end, count=count)
+            replies = await pipe.execute()
+        parts = [[parse_entry(i, f) for i, f in rows] for rows in replies]
+        return merge_partitions(parts, count)
+
+    async def read_newest(
+        self, before: StreamId | None, after: StreamId | None, count: int
+    ) -> list[LogEntry]:
+        """The newest entries older than `before` and newer than `after` (both exclusive,
+        None: no bound), newest first."""
+        streams = await self.streams()
+        end = f"({before}" if before is not None else "+"
+        start = f"({after}" if after is not None else "-"
+        async with translate_redis_errors("read"):
+            pipe = self.redis.pipeline(transaction=len(streams) > 1)
+            for key in streams:
+                pipe.xrevrange(key, end, start, count=count)
+            replies = await pipe.execute()
+        parts = [[parse_entry(i, f) for i, f in rows] for rows in replies]
+        return parts[0] if len(parts) == 1 else merge_partitions(parts, count, newest_first=True)
+
+    async def read_partitions(
+        self, after: Mapping[int, StreamId], count: int
+    ) -> tuple[dict[int, list[LogEntry]], StreamId]:
+        """Up to `count` entries of each partition in `after` after its position, oldest first,
+        and the bucket head at the same instant (one snapshot)."""
+        n = await self.partition_count()
+        async with translate_redis_errors("read"):
+            pipe = self.redis.pipeline(transaction=True)
+            for partition, position in after.items():
+                pipe.xrange(self.keys.stream(partition, n), f"({position}", "+", count=count)
+            pipe.get(self.keys.last)
+            pipe.get(self.keys.trimmed)
+            *replies, last, trimmed = await pipe.execute()
+        entries = {
+            partition: [parse_entry(i, f) for i, f in rows]
+            for partition, rows in zip(after, replies, strict=True)
+        }
+        head = StreamId.parse(last or trimmed or b"0-0")
+        return entries, head
+
+    async def tail(self, after: StreamId, block_ms: int, count: int = 1000) -> list[LogEntry]:
+        """Entries after `after`, waiting up to `block_ms` for the first (XREAD BLOCK).
+
+        With several partitions the blocking read only says that something arrived (Redis may
+        answer with the one stream that woke it); the entries come from a second, non-blocking
+        read of every partition, which Redis answers as one snapshot.
+        """
+        streams = await self.streams()
+        position = str(after)
+        async with translate_redis_errors("tail"):
+            reply: Any = await self.redis.xread(
+                dict.fromkeys(streams, position), count=count, block=block_ms
+            )
+            if not reply:
+                return []
+            if len(streams) > 1:
+                reply = await self.redis.xread(dict.fromkeys(streams, position), count=count)
+        parts = [[parse_entry(i, f) for i, f in rows] for _, rows in reply]
+        return parts[0] if len(parts) == 1 else merge_partitions(parts, count)
+
+    async def trim(self, max_age: float | None, max_items: int | None = None) -> int:
+        """Remove items older than `max_age` seconds (Redis' clock) and the oldest beyond
+        `max_items`, across every partition, and forget the idempotency keys older than
+        `max_age`. Returns how many items were removed."""
+        removed = 0
+        while True:
+            async with translate_redis_errors("trim"):
+                count, more = await self._trim(
+                    keys=[*self.keys.common, *self.keys.idempotency_pair],
+                    args=[int((max_age or 0) * 1000), max_items or 0, TRIM_BATCH],
+                )
+            removed += int(count)
+            if not more:
+                return removed
+            max_age = None
+
+    # --- cursors stored for feed consumers -------------------------------------------------
+
+    async def save_cursors(self, consumer: str, cursorset: str, cursors: Mapping[int, str]) -> None:
+        if not cursors:
+            return
+        async with translate_redis_errors("cursorset"):
+            await self.redis.hset(
+                self.keys.cursorset(consumer),
+                mapping={f"{cursorset}:{p}": cursor for p, cursor in cursors.items()},
+            )
+
+    async def load_cursors(
+        self, consumer: str, cursorset: str, partitions: Sequence[int]
+    ) -> dict[int, str | None]:
+        async with translate_redis_errors("cursorset"):
+            values: Any = await self.redis.hmget(
+                self.keys.cursorset(consumer), [f"{cursorset}:{p}" for p in partitions]
+            )
+        return {p: v.decode() if v else None for p, v in zip(partitions, values, strict=True)}
+
+    # --- the micro-batches of Spark streaming writers ----------------------------------------
+
+    async def batch_recorded(self, writer: str, batch: int) -> str | None:
+        """What `writer` recorded for micro-batch `batch` when it committed it, or None."""
+        async with translate_redis_errors("spark ledger"):
+            summary: Any = await self.redis.hget(self.keys.ledger(writer), str(batch))
+        return summary.decode() if summary is not None else None
+
+    async def record_batch(self, writer: str, batch: int, summary: str, retain: int) -> None:
+        """Record micro-batch `batch` of `writer` as committed (the first record stays) and
+        forget the one `retain` batches older."""
+        ledger = self.keys.ledger(writer)
+        async with (
+            translate_redis_errors("spark ledger"),
+            self.redis.pipeline(transaction=True) as pipe,
+        ):
+            pipe.hsetnx(ledger, str(batch), summary)
+            if batch >= retain:
+                pipe.hdel(ledger, str(batch - retain))
+            await pipe.execute()
+
+    # --- reading the store ---------------------------------------------------------------
+
+    async def page(self, resource: str, after_id: str | None, limit: int) -> Page:
+        """Up to `limit` stored states of `resource` with ids after `after_id`, in id order."""
+        start = "-" if after_id is None else "(" + after_id
+        return await self.page_pieces(resource, [Piece(start, "+")], limit)
+
+    async def page_pieces(self, resource: str, pieces: Sequence[Piece], limit: int) -> Page:
+        """Up to `limit` stored states of `resource` whose ids are in `pieces` (ids and ranges of
+        the index, in id order), with the bucket head: one snapshot, one round trip."""
+        args: list[str | int] = [limit]
+        for piece in pieces:
+            args += piece.arguments()
+        async with translate_redis_errors("page"):
+            ids, states, head, epoch = await self._page(
+                keys=[*self.keys.common, self.keys.index(resource), self.keys.state(resource)],
+                args=args,
+            )
+        cursor = Cursor(epoch.decode(), StreamId.parse(head)) if epoch else None
+        return Page([i.decode() for i in ids], list(states), cursor)
+
+    async def get(self, resource: str, id: str) -> bytes | None:
+        """The stored state of one resource object as JSON bytes, or None."""
+        async with translate_redis_errors("get"):
+            state: Any = await self.redis.hget(self.keys.state(resource), id)
+        return state if state is None else bytes(state)
+
+    async def aclose(self) -> None:
+        await self.redis.aclose()
+
+
+__all__ = [
+    "BATCH",
+    "IDEMPOTENCY_KEYS",
+    "TRIM_BATCH",
+    "Batch",
+    "ChangeBucket",
+    "connect",
+    "translate_redis_errors",
+]

@@ -1,0 +1,50 @@
+-- Functions every script of the bucket starts with (scripts.py puts this file before each).
+-- KEYS[1..5] are Keys.common: log, epoch, partitions, last, trimmed. The partition streams are
+-- derived from KEYS[1], so they are in the bucket's hash slot.
+local function parse(id)
+  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
+  return tonumber(ms), tonumber(seq)
+end
+local function less(a, b)
+  local am, as = parse(a)
+  local bm, bs = parse(b)
+  return am < bm or (am == bm and as < bs)
+end
+local function stream(n, p)
+  if n == 1 then return KEYS[1] end
+  return KEYS[1] .. ':' .. p
+end
+local function partitions()
+  return tonumber(redis.call('GET', KEYS[3]) or '1')
+end
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function head(n)
+  local last = redis.call('GET', KEYS[4])
+  if last then return last end
+  local best = redis.call('GET', KEYS[5]) or '0-0'
+  for p = 0, n - 1 do
+    local top = redis.call('XREVRANGE', stream(n, p), '+', '-', 'COUNT', 1)
+    if #top > 0 and less(best, top[1][1]) then best = top[1][1] end
+  end
+  return best
+end
+-- The partition count, created with the bucket (`wanted`: a number, or '' for the bucket's).
+-- Returns nil and an error when the bucket was created with another count.
+local function ensure(candidate_epoch, wanted)
+  wanted = tonumber(wanted)
+  local n = tonumber(redis.call('GET', KEYS[3]) or '0')
+  if n == 0 then
+    n = wanted or 1
+    if redis.call('EXISTS', KEYS[2]) == 1 then n = 1 end
+  end
+  if wanted and wanted ~= n then
+    return nil, 'PARTITIONS the bucket has ' .. n .. ' partition(s), not ' .. wanted
+  end
+  if redis.call('EXISTS', KEYS[3]) == 0 then redis.call('SET', KEYS[3], n) end
+  redis.call('SET', KEYS[2], candidate_epoch, 'NX')
+  if not redis.call('GET', KEYS[4]) then redis.call('SET', KEYS[4], head(n)) end
+  return n
+end

@@ -1,0 +1,198 @@
+"""The values the bucket takes and gives: changes in, log entries, pages and commits out.
+
+Pure code: nothing here talks to Redis, so the merge of partitions and the content digest of
+idempotent commits are tested without a server.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import orjson
+
+from changefeed.cursor import Cursor, StreamId
+from changefeed.protocol import ChangeItem
+
+MAX_ID_BYTES = 512
+"""Longest changedResourceId, in UTF-8 bytes."""
+
+Op = Literal["put", "delete", "publish"]
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One change to commit: `put` stores `state`, `delete` removes it, `publish` stores nothing."""
+
+    resource: str
+    changed_resource_id: str
+    sub_resources: tuple[str, ...]
+    op: Op = "publish"
+    state: Any = None
+
+    @classmethod
+    def put(cls, resource: str, id: str, sub_resources: Sequence[str], state: Any) -> Change:
+        return cls(resource, id, tuple(sub_resources), "put", state)
+
+    @classmethod
+    def delete(cls, resource: str, id: str, sub_resources: Sequence[str]) -> Change:
+        return cls(resource, id, tuple(sub_resources), "delete")
+
+    @classmethod
+    def publish(cls, resource: str, id: str, sub_resources: Sequence[str]) -> Change:
+        return cls(resource, id, tuple(sub_resources), "publish")
+
+
+@dataclass(frozen=True, slots=True)
+class LogEntry:
+    """A change item as stored in the log."""
+
+    position: StreamId
+    resource: str
+    sub_resources: tuple[str, ...]
+    changed_resource_id: str
+
+    def item(self, epoch: str) -> ChangeItem:
+        return ChangeItem(
+            self.resource,
+            self.sub_resources,
+            self.changed_resource_id,
+            self.position.ms,
+            Cursor(epoch, self.position).encode(),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Retention:
+    """What the log retains: resumable positions are those >= `trimmed`, up to `head`."""
+
+    epoch: str | None
+    trimmed: StreamId
+    head: StreamId
+    oldest: StreamId | None
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    """One page of a resource's stored states, in id order."""
+
+    ids: list[str]
+    states: list[bytes]
+    """Each state as committed, as JSON bytes (not decoded again)."""
+    cursor: Cursor | None
+    """The bucket head when the page was read (None before the bucket has an epoch)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """One id (`end` None) or a ZRANGEBYLEX range `start`..`end` of a resource's index: what a
+    page walks, in id order (`ChangeBucket.page_pieces`)."""
+
+    start: str
+    end: str | None = None
+
+    def arguments(self) -> list[str]:
+        return ["id", self.start, ""] if self.end is None else ["range", self.start, self.end]
+
+
+@dataclass(frozen=True, slots=True)
+class Committed:
+    """What one atomic commit (one script call) gave the changes: positions ms-first ..
+    ms-(first + count - 1) in the bucket of epoch `epoch`.
+
+    `fresh` is False when the commit's idempotency key was already known: nothing was written
+    now, and the positions are those of the commit that first used the key.
+    """
+
+    epoch: str
+    ms: int
+    first: int
+    count: int
+    fresh: bool = True
+
+    @property
+    def cursors(self) -> list[str]:
+        return Cursor.run(self.epoch, self.ms, self.first, self.count)
+
+    @property
+    def first_cursor(self) -> str | None:
+        return Cursor(self.epoch, StreamId(self.ms, self.first)).encode() if self.count else None
+
+    @property
+    def last_cursor(self) -> str | None:
+        last = StreamId(self.ms, self.first + self.count - 1)
+        return Cursor(self.epoch, last).encode() if self.count else None
+
+
+def digest_of(changes: Sequence[Change]) -> str:
+    """A digest of `changes`, in order: what an idempotency key is checked against, so that a key
+    used again for other changes is refused rather than answered with another commit's cursors."""
+    digest = hashlib.blake2b(digest_size=16)
+    for change in changes:
+        digest.update(
+            orjson.dumps(
+                [
+                    change.op,
+                    change.resource,
+                    change.changed_resource_id,
+                    change.sub_resources,
+                    change.state if change.op == "put" else None,
+                ]
+            )
+        )
+    return digest.hexdigest()
+
+
+def parse_entry(entry_id: bytes, fields: dict[bytes, bytes]) -> LogEntry:
+    return LogEntry(
+        StreamId.parse(entry_id),
+        fields[b"r"].decode(),
+        tuple(orjson.loads(fields[b"s"])),
+        fields[b"i"].decode(),
+    )
+
+
+def merge_partitions(
+    parts: Sequence[Sequence[LogEntry]], count: int, *, newest_first: bool = False
+) -> list[LogEntry]:
+    """Up to `count` entries of the partitions' reads in id order, never past a gap.
+
+    Each part is one partition's read of at most `count` entries, in the given order. A part that
+    came back full may have more entries beyond its last, so the merge stops there: what it
+    returns is exactly the first `count` entries (or all) of the log in that order.
+    """
+    full = [part[-1].position for part in parts if len(part) >= count]
+    bound = (max(full) if newest_first else min(full)) if full else None
+    merged = heapq.merge(*parts, key=_position, reverse=newest_first)
+    out: list[LogEntry] = []
+    for entry in merged:
+        if bound is not None and (
+            entry.position < bound if newest_first else entry.position > bound
+        ):
+            break
+        out.append(entry)
+        if len(out) == count:
+            break
+    return out
+
+
+def _position(entry: LogEntry) -> StreamId:
+    return entry.position
+
+
+__all__ = [
+    "MAX_ID_BYTES",
+    "Change",
+    "Committed",
+    "LogEntry",
+    "Op",
+    "Page",
+    "Piece",
+    "Retention",
+    "digest_of",
+    "merge_partitions",
+    "parse_entry",
+]
