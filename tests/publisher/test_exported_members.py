@@ -13,6 +13,7 @@ def test_exported_members() -> None:
         "ChangeItem",
         "ChangeKind",
         "ChangefeedError",
+        "CommitOutcomeUnknown",
         "CloseCode",
         "Config",
         "ConfigError",
