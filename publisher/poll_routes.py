@@ -8,19 +8,26 @@ that JSON-RPC over HTTP gives them (400 for a bad request or params, 404 for an 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 import structlog
 from aiohttp import web
 
 from changefeed import feed, longpoll
-from changefeed.errors import BucketUnavailable, CursorGone, ParamError
+from changefeed.errors import BucketBusy, BucketUnavailable, CursorGone, ParamError
 from publisher import polls
-from publisher.routes import json_error, json_response
-
-if TYPE_CHECKING:
-    from publisher.service import Service
+from publisher.app_keys import BUCKET, CONFIG, HUB
+from publisher.http import (
+    OVERLOADED,
+    RETRY_OVERLOADED,
+    RETRY_UNAVAILABLE,
+    UNAVAILABLE,
+    json_error,
+    json_response,
+    overloaded,
+    retry_after,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -31,14 +38,17 @@ INVALID_PARAMS = -32602
 SERVER_ERROR = -32000  # the change bucket is unavailable: retry later
 
 
-def rpc_error(id: Any, code: int, message: str, status: int) -> web.Response:
+def rpc_error(
+    id: Any, code: int, message: str, status: int, headers: dict[str, str] | None = None
+) -> web.Response:
     body = {"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}}
-    return json_response(body, status)
+    return json_response(body, status, headers)
 
 
-def add_poll_routes(app: web.Application, service: Service) -> None:
-    config = service.config
-    resources = service.resources
+def add_poll_routes(app: web.Application) -> None:
+    """Add the pull routes for `app[CONFIG]`."""
+    config = app[CONFIG]
+    resources = config.resource_map
 
     async def events_get(request: web.Request) -> web.Response:
         try:
@@ -47,7 +57,7 @@ def add_poll_routes(app: web.Application, service: Service) -> None:
             )
         except ParamError as exc:
             return json_error(400, "InvalidParameter", str(exc))
-        reply = await polls.answer(service.bucket, service.hub, query)
+        reply = await polls.answer(request.app[BUCKET], request.app[HUB], query)
         return json_response(reply.to_wire())
 
     async def rpc(request: web.Request) -> web.Response:
@@ -67,6 +77,10 @@ def add_poll_routes(app: web.Application, service: Service) -> None:
         method = call.get("method")
         if not isinstance(method, str):
             return rpc_error(id, INVALID_REQUEST, "method must be a string", 400)
+        if "id" not in call:
+            # A notification: its reply is never seen and `events` changes nothing, so it is
+            # answered at once, without running it (or holding the connection for a long poll).
+            return web.Response(status=204)
         if method != "events":
             return rpc_error(id, METHOD_NOT_FOUND, f"method {method!r} not found (events)", 404)
         try:
@@ -74,12 +88,13 @@ def add_poll_routes(app: web.Application, service: Service) -> None:
         except ParamError as exc:
             return rpc_error(id, INVALID_PARAMS, f"invalid params: {exc}", 400)
         try:
-            reply = await polls.answer(service.bucket, service.hub, query)
+            reply = await polls.answer(request.app[BUCKET], request.app[HUB], query)
+        except BucketBusy as exc:
+            overloaded(request.path, exc)
+            return rpc_error(id, SERVER_ERROR, OVERLOADED, 503, retry_after(RETRY_OVERLOADED))
         except BucketUnavailable as exc:
             log.warning("rpc failed: bucket unavailable", error=str(exc))
-            return rpc_error(id, SERVER_ERROR, "change bucket unavailable, try again later", 503)
-        if "id" not in call:
-            return web.Response(status=204)  # a notification: no reply
+            return rpc_error(id, SERVER_ERROR, UNAVAILABLE, 503, retry_after(RETRY_UNAVAILABLE))
         return json_response({"jsonrpc": "2.0", "id": id, "result": reply.to_wire()})
 
     async def feed_get(request: web.Request) -> web.Response:
@@ -87,8 +102,9 @@ def add_poll_routes(app: web.Application, service: Service) -> None:
             query = feed.parse_request(
                 request.query, lambda name: request.query.getall(name, []), config.limits
             )
-            partitions = await service.bucket.partition_count()
-            lines = await polls.respond_feed(service.bucket, service.hub, query, partitions)
+            bucket = request.app[BUCKET]
+            partitions = await bucket.partition_count()
+            lines = await polls.respond_feed(bucket, request.app[HUB], query, partitions)
         except ParamError as exc:
             return json_error(400, "InvalidParameter", str(exc))
         except CursorGone as exc:

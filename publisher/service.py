@@ -1,5 +1,9 @@
 """The publisher service: the HTTP routes, the websocket fan-out, the tail and the trimmer,
-assembled on one aiohttp application."""
+assembled on one aiohttp application.
+
+The shared objects go on the application under `publisher.app_keys`, where the handlers find
+them; this module imports the handler modules only to add their routes.
+"""
 
 from __future__ import annotations
 
@@ -16,12 +20,15 @@ from aiohttp import web
 from changefeed.cursor import ZERO, Cursor, StreamId
 from changefeed.errors import BucketUnavailable, ChangefeedError
 from changefeed.protocol import CloseCode
+from publisher.app_keys import BUCKET, CONFIG, HUB, LIFECYCLE, TAIL, Lifecycle
 from publisher.bucket import ChangeBucket, connect
 from publisher.config import Config
+from publisher.http import errors_as_json
 from publisher.hub import Hub
 from publisher.poll_routes import add_poll_routes
-from publisher.routes import add_routes, errors_as_json
+from publisher.routes import add_routes
 from publisher.tail import Tail
+from publisher.websocket import resume_position
 from publisher.window import Window
 
 log = structlog.get_logger(__name__)
@@ -49,15 +56,24 @@ class Service:
         )
         self.hub = Hub(Window(config.limits.window, ZERO), self.bucket, config.limits.send_buffer)
         self.tail = Tail(self._tail_bucket, self.hub)
+        self.lifecycle = Lifecycle(self.id)
         self.app = web.Application(middlewares=[errors_as_json])
-        add_routes(self.app, self)
-        add_poll_routes(self.app, self)
+        self.app[CONFIG] = config
+        self.app[BUCKET] = self.bucket
+        self.app[HUB] = self.hub
+        self.app[TAIL] = self.tail
+        self.app[LIFECYCLE] = self.lifecycle
+        add_routes(self.app)
+        add_poll_routes(self.app)
         self.app.cleanup_ctx.append(self._background)
         self.app.on_shutdown.append(self._close_listeners)
-        self.unregistered: set[web.WebSocketResponse] = set()
-        """Sockets still expected to send their registration."""
         self._runner: web.AppRunner | None = None
         self.url = ""
+
+    @property
+    def unregistered(self) -> set[web.WebSocketResponse]:
+        """Sockets still expected to send their registration."""
+        return self.lifecycle.unregistered
 
     @property
     def ws_url(self) -> str:
@@ -89,12 +105,7 @@ class Service:
 
     async def resume_position(self, cursor: Cursor) -> StreamId | None:
         """Where a registration with `since=cursor` resumes, or None if it cannot."""
-        if cursor.epoch != self.hub.epoch:
-            return None
-        retention = await self.bucket.retention()
-        if cursor.position < retention.trimmed or cursor.position > retention.head:
-            return None
-        return cursor.position
+        return await resume_position(self.hub, self.bucket, cursor)
 
     async def _background(self, app: web.Application) -> AsyncIterator[None]:
         tasks = [
@@ -128,6 +139,7 @@ class Service:
             )
 
     async def _close_listeners(self, app: web.Application) -> None:
+        self.lifecycle.stopping.set()
         self.hub.release_waiters()  # long polls answer now instead of holding the shutdown up
         conns = list(self.hub.connections)
         if conns:
