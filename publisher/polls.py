@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from changefeed import feed
-from changefeed.cursor import Cursor, StreamId
+from changefeed.cursor import ZERO, Cursor, StreamId
 from changefeed.errors import ParamError
 from changefeed.longpoll import EventFilter, EventsReply, EventsRequest
 from publisher.bucket import LogEntry, Retention, merge_partitions
@@ -41,7 +41,6 @@ def reply_of(
     )
 
 
-
 def select(
     entries: Sequence[LogEntry], filter: EventFilter, wanted: int, found: list[LogEntry]
 ) -> bool:
@@ -62,6 +61,8 @@ async def scan(
 ) -> tuple[list[LogEntry], bool]:
     """The eligible items in (after, before) in the request's order, and `more`."""
     found: list[LogEntry] = []
+    if before is not None and before <= ZERO:
+        return found, False  # nothing is older than the start (and Redis refuses `(0-0`)
     if request.oldest_first:
         position = after or StreamId(0, 0)
         while True:
