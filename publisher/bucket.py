@@ -33,7 +33,13 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from changefeed.cursor import Cursor, StreamId, new_epoch
-from changefeed.errors import BucketUnavailable, ChangeError, ChangefeedError, PartitionMismatch
+from changefeed.errors import (
+    BucketBusy,
+    BucketUnavailable,
+    ChangeError,
+    ChangefeedError,
+    PartitionMismatch,
+)
 from changefeed.protocol import ChangeItem, Resource
 
 MAX_ID_BYTES = 512
@@ -316,12 +322,20 @@ return {ids, states, head(partitions()), redis.call('GET', KEYS[2]) or ''}
 """
 
 
+POOL_SIZE = 64
+POOL_TIMEOUT = 5.0
+_POOL_EXHAUSTED = "No connection available."
+"""redis-py's message when no connection of a BlockingConnectionPool came free in time."""
+
+
 @asynccontextmanager
 async def translate_redis_errors(what: str) -> AsyncIterator[None]:
     """The one place where redis-py's errors become ours."""
     try:
         yield
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
+        if isinstance(exc.__cause__, TimeoutError) and str(exc) == _POOL_EXHAUSTED:
+            raise BucketBusy(f"{what}: every Redis connection of the pool was busy", exc) from exc
         raise BucketUnavailable(f"{what}: Redis unreachable ({exc})", exc) from exc
     except redis.exceptions.ResponseError as exc:
         if str(exc).startswith("PARTITIONS "):
@@ -334,18 +348,29 @@ async def translate_redis_errors(what: str) -> AsyncIterator[None]:
         raise ChangefeedError(f"{what}: Redis error ({exc})") from exc
 
 
-def connect(url: str, *, blocking: bool = False) -> aioredis.Redis:
+def connect(
+    url: str,
+    *,
+    blocking: bool = False,
+    pool_size: int = POOL_SIZE,
+    pool_timeout: float = POOL_TIMEOUT,
+) -> aioredis.Redis:
     """A redis-py client for `url` that never retries on its own (commits are not idempotent).
 
+    Its pool holds at most `pool_size` connections; a caller that finds them all busy waits up to
+    `pool_timeout` seconds for one, then gets `BucketBusy` (overload, not an outage).
     `blocking` clients wait longer for a reply, for XREAD BLOCK (which waits at most 5 s).
     """
-    return aioredis.Redis.from_url(
+    pool = aioredis.BlockingConnectionPool.from_url(
         url,
+        max_connections=pool_size,
+        timeout=pool_timeout,
         retry=Retry(NoBackoff(), 0),
         socket_connect_timeout=5,
         socket_timeout=20 if blocking else 10,
         health_check_interval=0,
     )
+    return aioredis.Redis.from_pool(pool)
 
 
 def encode_marker(last_id: str) -> str:

@@ -48,11 +48,16 @@ class Service:
         self.id = publisher_id or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
         self.redis_url = config.bucket.redis_url
         bucket = config.bucket
-        self.bucket = ChangeBucket(
-            connect(self.redis_url), bucket.name, config.resources, bucket.partitions
+        client = connect(
+            self.redis_url, pool_size=bucket.pool_size, pool_timeout=bucket.pool_timeout
         )
+        self.bucket = ChangeBucket(client, bucket.name, config.resources, bucket.partitions)
+        # The tail's own connection: a blocking XREAD never waits behind requests, nor they on it.
         self._tail_bucket = ChangeBucket(
-            connect(self.redis_url, blocking=True), bucket.name, config.resources, bucket.partitions
+            connect(self.redis_url, blocking=True, pool_size=2),
+            bucket.name,
+            config.resources,
+            bucket.partitions,
         )
         self.hub = Hub(Window(config.limits.window, ZERO), self.bucket, config.limits.send_buffer)
         self.tail = Tail(self._tail_bucket, self.hub)
