@@ -142,8 +142,13 @@ class Keys:
     def index(self, resource: str) -> str:
         return f"{self._tag}:index:{resource}"
 
-    def cursorset(self, consumer: str) -> str:
-        return f"{self._tag}:cursorset:{consumer}"
+    def cursorsets(self, consumer: str) -> str:
+        """The consumer's cursor set names, each scored with the time it was last stored."""
+        return f"{self._tag}:cursorsets:{consumer}"
+
+    def cursorset(self, consumer: str, cursorset: str) -> str:
+        """One cursor set: partition -> cursor (names hold no ':', so keys never collide)."""
+        return f"{self._tag}:cursorset:{consumer}:{cursorset}"
 
 
 def partition_of(changed_resource_id: str, partitions: int) -> int:
@@ -328,6 +333,27 @@ _POOL_EXHAUSTED = "No connection available."
 """redis-py's message when no connection of a BlockingConnectionPool came free in time."""
 
 
+# KEYS: the consumer's set names (sorted set: name -> last store, ms), the set (hash).
+# ARGV: set name, max age in ms, most sets, then (partition, cursor) pairs. Forgets the names not
+# stored for max age (their hashes expired with them), refuses a new name past `most` (returns
+# 0), else stores and gives both keys max age to live (returns 1).
+SAVE_CURSORS_LUA = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local max_age = tonumber(ARGV[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - max_age)
+if not redis.call('ZSCORE', KEYS[1], ARGV[1])
+    and redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[3]) then
+  return 0
+end
+redis.call('ZADD', KEYS[1], now, ARGV[1])
+redis.call('PEXPIRE', KEYS[1], max_age)
+redis.call('HSET', KEYS[2], unpack(ARGV, 4))
+redis.call('PEXPIRE', KEYS[2], max_age)
+return 1
+"""
+
+
 @asynccontextmanager
 async def translate_redis_errors(what: str) -> AsyncIterator[None]:
     """The one place where redis-py's errors become ours."""
@@ -452,6 +478,7 @@ class ChangeBucket:
         self._trim = client.register_script(TRIM_LUA)
         self._retention = client.register_script(RETENTION_LUA)
         self._page = client.register_script(PAGE_LUA)
+        self._save_cursors = client.register_script(SAVE_CURSORS_LUA)
 
     # --- writing -------------------------------------------------------------------------
 
@@ -678,21 +705,35 @@ class ChangeBucket:
 
     # --- cursors stored for feed consumers -------------------------------------------------
 
-    async def save_cursors(self, consumer: str, cursorset: str, cursors: Mapping[int, str]) -> None:
+    async def save_cursors(
+        self,
+        consumer: str,
+        cursorset: str,
+        cursors: Mapping[int, str],
+        *,
+        max_age: float,
+        most: int,
+    ) -> bool:
+        """Store `cursors` in the consumer's `cursorset`, which then lives `max_age` seconds.
+        False (nothing stored) when that is a new set and the consumer has `most` already."""
         if not cursors:
-            return
+            return True
+        args: list[Any] = [cursorset, max(1, int(max_age * 1000)), most]
+        for partition, cursor in cursors.items():
+            args += [partition, cursor]
         async with translate_redis_errors("cursorset"):
-            await self.redis.hset(
-                self.keys.cursorset(consumer),
-                mapping={f"{cursorset}:{p}": cursor for p, cursor in cursors.items()},
+            stored = await self._save_cursors(
+                keys=[self.keys.cursorsets(consumer), self.keys.cursorset(consumer, cursorset)],
+                args=args,
             )
+        return bool(stored)
 
     async def load_cursors(
         self, consumer: str, cursorset: str, partitions: Sequence[int]
     ) -> dict[int, str | None]:
         async with translate_redis_errors("cursorset"):
             values: Any = await self.redis.hmget(
-                self.keys.cursorset(consumer), [f"{cursorset}:{p}" for p in partitions]
+                self.keys.cursorset(consumer, cursorset), [str(p) for p in partitions]
             )
         return {p: v.decode() if v else None for p, v in zip(partitions, values, strict=True)}
 

@@ -15,7 +15,13 @@ import structlog
 from aiohttp import web
 
 from changefeed import feed, longpoll
-from changefeed.errors import BucketBusy, BucketUnavailable, CursorGone, ParamError
+from changefeed.errors import (
+    BucketBusy,
+    BucketUnavailable,
+    CursorGone,
+    CursorSetsFull,
+    ParamError,
+)
 from publisher import polls
 from publisher.app_keys import BUCKET, CONFIG, HUB
 from publisher.http import (
@@ -28,8 +34,10 @@ from publisher.http import (
     overloaded,
     retry_after,
 )
+from publisher.logs import Throttle
 
 log = structlog.get_logger(__name__)
+_refusals = Throttle(60.0)
 
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
@@ -102,15 +110,46 @@ def add_poll_routes(app: web.Application) -> None:
             query = feed.parse_request(
                 request.query, lambda name: request.query.getall(name, []), config.limits
             )
+        except ParamError as exc:
+            return json_error(400, "InvalidParameter", str(exc))
+        if query.cursorset is not None and query.consumer not in config.feed.consumers:
+            return _unknown_consumer(request, query.consumer)
+        try:
             bucket = request.app[BUCKET]
             partitions = await bucket.partition_count()
-            lines = await polls.respond_feed(bucket, request.app[HUB], query, partitions)
+            lines = await polls.respond_feed(
+                bucket, request.app[HUB], query, partitions, config.feed
+            )
         except ParamError as exc:
             return json_error(400, "InvalidParameter", str(exc))
         except CursorGone as exc:
             return json_error(410, "CursorGone", str(exc))
+        except CursorSetsFull as exc:
+            _refusals_log(request, "cursor sets full", consumer=exc.consumer, most=exc.most)
+            return json_error(409, "TooManyCursorSets", str(exc))
         return web.Response(body=b"".join(lines), content_type="application/x-ndjson")
 
     app.router.add_get("/changefeeds/events", events_get)
     app.router.add_post("/changefeeds/rpc", rpc)
     app.router.add_get("/changefeeds/feed/v1", feed_get)
+
+
+def _unknown_consumer(request: web.Request, consumer: str | None) -> web.Response:
+    """403: cursors are stored and resumed only for the consumers config.js names (until
+    requests carry credentials, a name is all that tells consumers apart)."""
+    _refusals_log(request, "unknown consumer", consumer=consumer)
+    return json_error(
+        403,
+        "UnknownConsumer",
+        f"consumer {consumer!r} may not store or resume cursors on this publisher: it is not "
+        "one of feed.consumers in its config.js",
+    )
+
+
+def _refusals_log(request: web.Request, why: str, **fields: object) -> None:
+    """Log a refused feed request, at most once a minute per client address and reason."""
+    remote = f"{request.remote}"
+    suppressed = _refusals.allow(f"{remote} {why}")
+    if suppressed is not None:
+        log.warning("feed request refused: " + why, remote=remote, suppressed=suppressed,
+                    **fields)
