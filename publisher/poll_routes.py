@@ -8,6 +8,7 @@ that JSON-RPC over HTTP gives them (400 for a bad request or params, 404 for an 
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import orjson
@@ -69,8 +70,19 @@ def add_poll_routes(app: web.Application) -> None:
         return json_response(reply.to_wire())
 
     async def rpc(request: web.Request) -> web.Response:
+        timeout = config.server.body_timeout
         try:
-            call = orjson.loads(await request.read())
+            async with asyncio.timeout(timeout):
+                body = await request.read()
+        except TimeoutError:
+            late = json_error(
+                408, "RequestTimeout",
+                f"request body not received within {timeout:g} s (server.bodyTimeout)",
+            )
+            late.force_close()
+            return late
+        try:
+            call = orjson.loads(body)
         except orjson.JSONDecodeError as exc:
             return rpc_error(None, PARSE_ERROR, f"parse error: {exc}", 400)
         if isinstance(call, list):

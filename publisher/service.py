@@ -20,6 +20,14 @@ from aiohttp import web
 from changefeed.cursor import ZERO, Cursor, StreamId
 from changefeed.errors import BucketUnavailable, ChangefeedError
 from changefeed.protocol import CloseCode
+from publisher.admission import (
+    MAX_LINGERING,
+    RESERVED_FILES,
+    Admission,
+    Guard,
+    file_limit,
+    fitting_cap,
+)
 from publisher.app_keys import BUCKET, CONFIG, HUB, LIFECYCLE, TAIL, Lifecycle
 from publisher.bucket import ChangeBucket, connect
 from publisher.config import Config
@@ -33,6 +41,8 @@ from publisher.window import Window
 
 log = structlog.get_logger(__name__)
 
+BACKLOG = 128
+"""Connections the kernel queues for accept()."""
 READY_TIMEOUT = 10.0
 """How long start() waits for the first read of the bucket before serving anyway."""
 
@@ -62,7 +72,9 @@ class Service:
         self.hub = Hub(Window(config.limits.window, ZERO), self.bucket, config.limits.send_buffer)
         self.tail = Tail(self._tail_bucket, self.hub)
         self.lifecycle = Lifecycle(self.id)
-        self.app = web.Application(middlewares=[errors_as_json])
+        self.app = web.Application(
+            middlewares=[errors_as_json], client_max_size=config.server.max_body_bytes
+        )
         self.app[CONFIG] = config
         self.app[BUCKET] = self.bucket
         self.app[HUB] = self.hub
@@ -73,6 +85,10 @@ class Service:
         self.app.cleanup_ctx.append(self._background)
         self.app.on_shutdown.append(self._close_listeners)
         self._runner: web.AppRunner | None = None
+        self._server: asyncio.Server | None = None
+        self.admission = Admission(
+            config.server.max_connections, config.server.max_connections_per_client
+        )
         self.url = ""
 
     @property
@@ -89,14 +105,32 @@ class Service:
         configured (a Redis that cannot be reached yet is waited for in the background)."""
         with contextlib.suppress(BucketUnavailable):
             await self.bucket.ensure()
+        server = self.config.server
         # handler_cancellation: a long poll whose client went away stops waiting at once.
+        # keepalive_timeout: aiohttp's one timer for a connection without a request in progress,
+        # idle or still sending its request head. lingering_time: how long the unread body of a
+        # finished request is read and dropped before the connection is closed.
         self._runner = web.AppRunner(
-            self.app, access_log=None, handle_signals=False, handler_cancellation=True
+            self.app,
+            access_log=None,
+            handle_signals=False,
+            handler_cancellation=True,
+            keepalive_timeout=server.idle_timeout,
+            lingering_time=server.body_timeout,
         )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.config.server.host, self.config.server.port)
-        await site.start()
-        host, port = self._runner.addresses[0][:2]
+        self._fit_connections_to_files()
+        handlers = self._runner.server
+        assert handlers is not None
+        admission = self.admission
+        self._server = await asyncio.get_running_loop().create_server(
+            lambda: Guard(admission, handlers),
+            server.host,
+            server.port,
+            reuse_address=True,
+            backlog=BACKLOG,
+        )
+        host, port = self._server.sockets[0].getsockname()[:2]
         self.url = f"http://{host}:{port}"
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.tail.started.wait(), READY_TIMEOUT)
@@ -104,9 +138,25 @@ class Service:
             log.warning("bucket not reachable yet; serving, registrations are refused (1013)")
 
     async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()  # accept no more; the runner then ends every connection
+            self._server = None
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+
+    def _fit_connections_to_files(self) -> None:
+        """Keep the connection cap below the open-file limit, so accept() never fails."""
+        reserved = RESERVED_FILES + MAX_LINGERING + self.config.bucket.pool_size + 2
+        files = file_limit()
+        cap = fitting_cap(self.config.server.max_connections, files, reserved)
+        if cap < self.admission.most:
+            log.warning(
+                "server.maxConnections lowered to fit the open-file limit",
+                configured=self.admission.most, lowered_to=cap, open_file_limit=files,
+            )
+        self.admission.most = cap
+        self.admission.per_client = min(self.admission.per_client, cap)
 
     async def resume_position(self, cursor: Cursor) -> StreamId | None:
         """Where a registration with `since=cursor` resumes, or None if it cannot."""

@@ -26,6 +26,7 @@ from changefeed.protocol import (
     registration_reply,
     text_frame,
 )
+from publisher.admission import PROTOCOL_ERROR, Guard
 from publisher.app_keys import BUCKET, CONFIG, HUB, LIFECYCLE, TAIL, Lifecycle
 from publisher.bucket import ChangeBucket
 from publisher.http import OVERLOADED, UNAVAILABLE, bad_request
@@ -58,11 +59,24 @@ async def handle_websocket(request: web.Request) -> web.WebSocketResponse:
         compress=False,
         timeout=5.0,
     )
-    await ws.prepare(request)
+    guard = _guard_of(request)
+    if guard is not None:
+        guard.expect_frames()  # from the upgrade on, what the client sends are frames
+    try:
+        await ws.prepare(request)
+    except BaseException:
+        if guard is not None:
+            guard.expect_requests()
+        raise
     remote = f"{request.remote}"
     lifecycle.unregistered.add(ws)
     try:
         registered = await _register(ws, version, app, remote)
+    except asyncio.CancelledError:
+        if guard is not None and guard.violation is not None:
+            log.info("registration refused", code=PROTOCOL_ERROR, reason=guard.violation,
+                     remote=remote)
+        raise
     finally:
         lifecycle.unregistered.discard(ws)
     if registered is None:
@@ -101,7 +115,7 @@ async def handle_websocket(request: web.Request) -> web.WebSocketResponse:
         reason = await _read_until_closed(ws)
     except asyncio.CancelledError:
         # aiohttp cancels the handler when the connection is lost (handler_cancellation).
-        reason = _why_cancelled(ws, lifecycle)
+        reason = _why_cancelled(ws, lifecycle, guard)
         raise
     finally:
         hub.remove(conn)
@@ -111,9 +125,20 @@ async def handle_websocket(request: web.Request) -> web.WebSocketResponse:
     return ws
 
 
-def _why_cancelled(ws: web.WebSocketResponse, lifecycle: Lifecycle) -> str:
-    """Why a registered socket's handler was cancelled: the publisher is stopping, aiohttp gave
-    up on it (a missing pong), or the peer went away without a close frame."""
+def _guard_of(request: web.Request) -> Guard | None:
+    """The admission guard of the request's connection (None in a test server without one)."""
+    protocol = request.transport.get_protocol() if request.transport is not None else None
+    return protocol if isinstance(protocol, Guard) else None
+
+
+def _why_cancelled(
+    ws: web.WebSocketResponse, lifecycle: Lifecycle, guard: Guard | None
+) -> str:
+    """Why a registered socket's handler was cancelled: the publisher is stopping, the guard
+    closed it for a bad frame, aiohttp gave up on it (a missing pong), or the peer went away
+    without a close frame."""
+    if guard is not None and guard.violation is not None:
+        return f"protocol error: {guard.violation}"
     if lifecycle.stopping.is_set():
         return "publisher shutting down"
     error = ws.exception()
