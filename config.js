@@ -6,6 +6,8 @@ module.exports = {
         // redisUrl: "redis://127.0.0.1:6379/0",
         name: "changefeed",
         partitions: 1, // streams the log is split into (a power of two; fixed at creation)
+        poolSize: 64,  // Redis connections the requests share
+        poolTimeout: 5, // seconds a request waits for one, then 503 Overloaded
     },
     maxAge: 3600, // seconds a change item is kept in the bucket
     maxItems: 0,  // most items kept (the oldest go first); 0: no limit
@@ -13,6 +15,15 @@ module.exports = {
     server: {
         host: "127.0.0.1",
         port: 8080,
+        maxConnections: 10000,        // in total (lowered to fit the open-file limit)
+        maxConnectionsPerClient: 1000, // from one IP address (behind a proxy: maxConnections)
+        idleTimeout: 75,              // seconds without a request in progress, then closed
+        bodyTimeout: 10,              // seconds a request body may take (else 408)
+    },
+    feed: {
+        consumers: [],          // feed consumers whose cursors the publisher may store
+        cursorSetMaxAge: 604800, // seconds a stored cursor set lives after its last store
+        maxCursorSets: 16,      // cursor sets per consumer
     },
     resources: [
         {resource: "vm", subResources: ["nic", "alias", "state"], bootstrapRoute: "/vms"},

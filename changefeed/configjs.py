@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from changefeed.errors import ConfigError
 
@@ -92,21 +92,47 @@ def port(key: str, value: Any) -> int:
     return value
 
 
+def masked_url(url: str) -> str:
+    """`url` with its password masked as `***`, in the user part (`redis://u:pw@h`) and in a
+    `password=` query parameter, for logs and error messages. A URL too malformed to tell where
+    its password is comes back as a placeholder."""
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:
+        return "<malformed URL, not shown>"
+    netloc = parts.netloc
+    if password is not None:
+        user, _, host = netloc.rpartition("@")
+        netloc = f"{user.partition(':')[0]}:***@{host}"
+    pieces = parts.query.split("&") if parts.query else []
+    query = "&".join(
+        piece.partition("=")[0] + "=***"
+        if unquote(piece.partition("=")[0]).lower() == "password"
+        else piece
+        for piece in pieces
+    )
+    masked = url.replace(parts.netloc, netloc, 1) if netloc != parts.netloc else url
+    return masked.replace("?" + parts.query, "?" + query, 1) if query != parts.query else masked
+
+
 def redis_url(key: str, value: Any) -> str:
+    """A Redis URL; the errors show it with its password masked (`masked_url`)."""
     expected = "a redis://, rediss:// or unix:// URL, or null for the embedded Redis"
     if not isinstance(value, str):
         raise ConfigError(key, value, expected)
-    parts = urlsplit(value)
-    if parts.scheme not in ("redis", "rediss", "unix"):
-        raise ConfigError(key, value, expected)
-    if parts.scheme == "unix" and not parts.path:
-        raise ConfigError(key, value, "a unix:// URL with a socket path")
-    if parts.scheme != "unix" and not parts.hostname:
-        raise ConfigError(key, value, "a redis:// URL with a host")
+    shown = masked_url(value)
     try:
+        parts = urlsplit(value)
         parts.port  # noqa: B018 - raises ValueError on a bad port
     except ValueError:
-        raise ConfigError(key, value, "a URL with a valid port") from None
+        raise ConfigError(key, shown, "a URL with a valid port") from None
+    if parts.scheme not in ("redis", "rediss", "unix"):
+        raise ConfigError(key, shown, expected)
+    if parts.scheme == "unix" and not parts.path:
+        raise ConfigError(key, shown, "a unix:// URL with a socket path")
+    if parts.scheme != "unix" and not parts.hostname:
+        raise ConfigError(key, shown, "a redis:// URL with a host")
     return value
 
 
@@ -114,5 +140,5 @@ def optional_positive(key: str, value: Any) -> float | None:
     return None if value is None else positive(key, value)
 
 
-__all__ = ["NAME", "get", "host", "object_literal", "only", "optional_positive", "port",
-           "positive", "positive_int", "redis_url", "section", "string", "syntax_error"]
+__all__ = ["NAME", "get", "host", "masked_url", "object_literal", "only", "optional_positive",
+           "port", "positive", "positive_int", "redis_url", "section", "string", "syntax_error"]

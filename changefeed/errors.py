@@ -8,8 +8,10 @@
     ├── ChangeError                a change names an unknown resource or sub-resource, or a bad id;
     │                              or an idempotency key comes back with other changes
     ├── BucketUnavailable          Redis cannot be reached; nothing was sent or written (.cause)
-    │   └── CommitOutcomeUnknown   a commit was sent but no answer came: it may have been written;
-    │                              retry it with the same idempotency key (.cause)
+    │   ├── CommitOutcomeUnknown   a commit was sent but no answer came: it may have been written;
+    │   │                          retry it with the same idempotency key (.cause)
+    │   └── BucketBusy             no connection of the publisher's Redis pool came free in time:
+    │                              the publisher is overloaded, Redis may be fine (HTTP 503)
     ├── PartitionMismatch          the bucket was created with another partition count
     ├── RegistrationError          a websocket registration was refused (.close_code, .reason)
     ├── ProtocolError              a peer sent a frame that is not of the protocol; the listener
@@ -17,6 +19,8 @@
     ├── ParamError                 a pull request parameter is invalid (HTTP 400, JSON-RPC -32602)
     ├── CursorGone                 a feed cursor can no longer be followed: trimmed, or of another
     │                              bucket epoch (HTTP 410)
+    ├── CursorSetsFull             a feed consumer already has its most cursor sets (.consumer,
+    │                              .most; HTTP 409)
     └── ListenerError              raised by the listener library
         ├── RegistrationRejected   the publisher refused the registration (.url, .close_code,
         │                          .reason); raised, not retried
@@ -99,6 +103,11 @@ class CommitOutcomeUnknown(BucketUnavailable):
     """
 
 
+class BucketBusy(BucketUnavailable):
+    """Every connection of the publisher's Redis pool stayed busy for `bucket.poolTimeout`: the
+    publisher is overloaded. Redis itself may be fine; nothing was committed."""
+
+
 class PartitionMismatch(ChangefeedError):
     """The bucket in Redis was created with another partition count than configured.
 
@@ -126,6 +135,18 @@ class ParamError(ChangefeedError):
 
 class CursorGone(ChangefeedError):
     """A cursor can no longer be followed (trimmed, or of another bucket epoch): HTTP 410."""
+
+
+class CursorSetsFull(ChangefeedError):
+    """A feed consumer asked to store a new cursor set while it has `most` of them already."""
+
+    def __init__(self, consumer: str, most: int) -> None:
+        self.consumer = consumer
+        self.most = most
+        super().__init__(
+            f"consumer {consumer!r} already has {most} cursor sets (feed.maxCursorSets): reuse "
+            "one, or wait until an unused one expires (feed.cursorSetMaxAge)"
+        )
 
 
 class OptionError(ConfigError):
@@ -286,6 +307,7 @@ class HeartbeatMissed(ConnectionFailed):
 
 __all__ = [
     "BootstrapFailed",
+    "BucketBusy",
     "BucketUnavailable",
     "BufferOverflow",
     "BufferUnavailable",
@@ -297,6 +319,7 @@ __all__ = [
     "ConnectionLost",
     "CursorError",
     "CursorGone",
+    "CursorSetsFull",
     "FetchFailed",
     "HeartbeatMissed",
     "InvalidOption",

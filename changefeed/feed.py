@@ -37,11 +37,11 @@ HEADERS = ("ce_id", "ce_type", "ce_subject", "ce_time", "ce_source")
 """The headers an event can carry (CloudEvents names): its cursor, its resource, its
 changedResourceId, its publication time (RFC 3339) and the bucket's name."""
 MAX_NAME = 50
-_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,50}$")
+NAME = re.compile(r"^[A-Za-z0-9_.-]{1,50}$")
+"""A cursorset or consumer name."""
 _CURSOR_PARAM = re.compile(r"^cursor([0-9]+)$")
 PARAMETERS = ("n", "pagesizehint", "headers", "wait", "cursorset", "resume", "store_cursor",
               "consumer")
-
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +106,7 @@ def parse_request(
     cursorset = query.get("cursorset")
     consumer = query.get("consumer")
     for label, given in (("cursorset", cursorset), ("consumer", consumer)):
-        if given is not None and not _NAME.match(given):
+        if given is not None and not NAME.match(given):
             raise ParamError(f"{label} must be 1 to {MAX_NAME} letters, digits, '_', '.' or '-'")
     resume: tuple[int, ...] = ()
     if "resume" in query:
@@ -168,5 +168,5 @@ def checkpoint_line(partition: int, cursor: str) -> bytes:
     return orjson.dumps({"partition": partition, "cursor": cursor}) + b"\n"
 
 
-__all__ = ["ALL_HEADERS", "FIRST", "HEADERS", "LAST", "FeedRequest", "checkpoint_line",
+__all__ = ["ALL_HEADERS", "FIRST", "HEADERS", "LAST", "NAME", "FeedRequest", "checkpoint_line",
            "event_line", "parse_request", "resolve"]

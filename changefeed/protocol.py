@@ -41,6 +41,7 @@ class CloseCode(IntEnum):
     INTERNAL_ERROR = 1011  # an unexpected publisher fault; reconnect
     TRY_AGAIN_LATER = 1013  # the bucket (Redis) is unreachable; reconnect with backoff
     SLOW_CONSUMER = 4008  # fell behind the publisher's window; reconnect with `since`
+    OVERLOADED = 4029  # the publisher had no Redis connection free in time; reconnect with backoff
     BUCKET_RESET = 4009  # the bucket was recreated (new epoch); reconnect and bootstrap
 
 

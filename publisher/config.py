@@ -13,12 +13,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
 
 import json5
 
 from changefeed import configjs as cj
-from changefeed import longpoll
+from changefeed import feed, longpoll
 from changefeed.errors import ConfigError
 from changefeed.protocol import WILDCARD, Resource
 
@@ -29,8 +28,21 @@ _ROUTE = re.compile(r"^/[A-Za-z0-9_.~/-]*$")
 
 @dataclass(frozen=True, slots=True)
 class Server:
+    """Where the publisher listens, and what one connection, or one client, may hold."""
+
     host: str = "127.0.0.1"
     port: int = 8080
+    max_connections: int = 10000
+    """Open connections at most, of every client (lowered to fit the open-file limit)."""
+    max_connections_per_client: int = 1000
+    """Open connections at most from one client address."""
+    idle_timeout: float = 75.0
+    """Seconds a connection may wait without a request in progress: idle between requests, or
+    still sending the head of its request. Then it is closed."""
+    body_timeout: float = 10.0
+    """Seconds a request body may take to arrive (then 408)."""
+    max_body_bytes: int = 65536
+    """Largest request body accepted (a larger one is a 413)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,17 +55,29 @@ class Bucket:
     """Key prefix of every Redis key of this bucket."""
     partitions: int = 1
     """Streams the log is split into (a power of two), fixed when the bucket is created."""
+    pool_size: int = 64
+    """Redis connections the publisher's requests share (the tail has its own)."""
+    pool_timeout: float = 5.0
+    """Seconds a request waits for a free Redis connection before it is refused as overload."""
 
     @property
     def display_url(self) -> str | None:
         """The Redis URL with any password masked, for logs."""
         if self.redis_url is None:
             return None
-        parts = urlsplit(self.redis_url)
-        if parts.password is None:
-            return self.redis_url
-        netloc = parts.netloc.replace(":" + parts.password + "@", ":***@", 1)
-        return parts._replace(netloc=netloc).geturl()
+        return cj.masked_url(self.redis_url)
+
+
+@dataclass(frozen=True, slots=True)
+class Feed:
+    """Cursor sets the feed stores for its consumers (docs/pull.md)."""
+
+    consumers: frozenset[str] = frozenset()
+    """The consumers whose cursors may be stored; empty: storing is refused for all."""
+    cursor_set_max_age: float = 7 * 86400.0
+    """Seconds a cursor set lives after it was last stored."""
+    max_cursor_sets: int = 16
+    """Cursor sets one consumer may have at a time."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +106,7 @@ class Config:
     bucket: Bucket = field(default_factory=Bucket)
     server: Server = field(default_factory=Server)
     limits: Limits = field(default_factory=Limits)
+    feed: Feed = field(default_factory=Feed)
     state_dir: Path = Path(".changefeed")
     gc_interval: float | None = None
     """Seconds between trims; None derives it from maxAge (a tenth, between 1 s and 60 s)."""
@@ -131,7 +156,8 @@ def parse_config(text: str, base: Path | None = None) -> Config:
     cj.only(
         obj,
         "",
-        {"resources", "maxAge", "maxItems", "bucket", "server", "limits", "stateDir", "gcInterval"},
+        {"resources", "maxAge", "maxItems", "bucket", "server", "limits", "feed", "stateDir",
+         "gcInterval"},
     )
 
     if "resources" not in obj:
@@ -143,41 +169,34 @@ def parse_config(text: str, base: Path | None = None) -> Config:
         state_dir = (base or Path.cwd()) / state_dir
 
     bucket_obj = cj.section(obj.get("bucket", {}), "bucket")
-    cj.only(bucket_obj, "bucket.", {"redisUrl", "name", "partitions"})
-    server_obj = cj.section(obj.get("server", {}), "server")
-    cj.only(server_obj, "server.", {"host", "port"})
-    limits_obj = cj.section(obj.get("limits", {}), "limits")
-    cj.only(limits_obj, "limits.", _LIMIT_KEYS)
-
-    defaults = Limits()
-    limits = Limits(
-        **{
-            attr: cj.get(limits_obj, "limits.", key, getattr(defaults, attr), check)
-            for key, (attr, check) in _LIMIT_KEYS.items()
-        }
-    )
+    limits = _keys(obj, "limits", Limits, _LIMIT_KEYS)
+    server = _keys(obj, "server", Server, _SERVER_KEYS)
+    if server.max_connections_per_client > server.max_connections:
+        raise ConfigError(
+            "server.maxConnectionsPerClient",
+            server.max_connections_per_client,
+            f"at most server.maxConnections ({server.max_connections})",
+        )
+    feed = _keys(obj, "feed", Feed, _FEED_KEYS)
     bounded = (("pageSize", "maxPageSize"), ("results", "maxResults"), ("wait", "maxWait"))
     for small, large in bounded:
         value, bound = (getattr(limits, _LIMIT_KEYS[key][0]) for key in (small, large))
         if value > bound:
             raise ConfigError(f"limits.{small}", value, f"at most limits.{large} ({bound})")
 
-    name = cj.get(bucket_obj, "bucket.", "name", "changefeed", cj.name)
     redis_url = bucket_obj.get("redisUrl")
+    bucket = dataclasses.replace(
+        _keys(obj, "bucket", Bucket, _BUCKET_KEYS, {"redisUrl"}),
+        redis_url=None if redis_url is None else cj.redis_url("bucket.redisUrl", redis_url),
+    )
     return Config(
         resources=resources,
         max_age=cj.get(obj, "", "maxAge", 3600.0, cj.positive),
         max_items=cj.get(obj, "", "maxItems", None, _max_items),
-        bucket=Bucket(
-            None if redis_url is None else cj.redis_url("bucket.redisUrl", redis_url),
-            name,
-            cj.get(bucket_obj, "bucket.", "partitions", 1, _partitions),
-        ),
-        server=Server(
-            cj.get(server_obj, "server.", "host", "127.0.0.1", cj.host),
-            cj.get(server_obj, "server.", "port", 8080, cj.port),
-        ),
+        bucket=bucket,
+        server=server,
         limits=limits,
+        feed=feed,
         state_dir=state_dir,
         gc_interval=None
         if obj.get("gcInterval") is None
@@ -206,7 +225,62 @@ def _max_items(key: str, value: Any) -> int | None:
     return cj.positive_int(key, value)
 
 
-_LIMIT_KEYS: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
+Checks = dict[str, tuple[str, Callable[[str, Any], Any]]]
+"""config.js key -> (dataclass field, validator) of one section."""
+
+
+def _keys(
+    obj: dict[str, Any],
+    name: str,
+    make: Callable[..., T],
+    checks: Checks,
+    others: frozenset[str] | set[str] = frozenset(),
+) -> T:
+    """The dataclass of section `name` of `obj`: its defaults, overridden by the keys of
+    `checks`, validated (`others` are allowed keys the caller reads itself)."""
+    section = cj.section(obj.get(name, {}), name)
+    cj.only(section, name + ".", {*checks, *others})
+    return make(
+        **{attr: check(f"{name}.{key}", section[key])
+           for key, (attr, check) in checks.items() if key in section}
+    )
+
+
+def _consumers(key: str, value: Any) -> frozenset[str]:
+    expected = "a list of consumer names (1 to 50 letters, digits, '_', '.' or '-'), no duplicates"
+    if not isinstance(value, list) or not all(
+        isinstance(v, str) and feed.NAME.match(v) for v in value
+    ):
+        raise ConfigError(key, value, expected)
+    if len(set(value)) != len(value):
+        raise ConfigError(key, value, expected)
+    return frozenset(value)
+
+
+_BUCKET_KEYS: Checks = {
+    "name": ("name", cj.name),
+    "partitions": ("partitions", _partitions),
+    "poolSize": ("pool_size", cj.positive_int),
+    "poolTimeout": ("pool_timeout", cj.positive),
+}
+
+_SERVER_KEYS: Checks = {
+    "host": ("host", cj.host),
+    "port": ("port", cj.port),
+    "maxConnections": ("max_connections", cj.positive_int),
+    "maxConnectionsPerClient": ("max_connections_per_client", cj.positive_int),
+    "idleTimeout": ("idle_timeout", cj.positive),
+    "bodyTimeout": ("body_timeout", cj.positive),
+    "maxBodyBytes": ("max_body_bytes", cj.positive_int),
+}
+
+_FEED_KEYS: Checks = {
+    "consumers": ("consumers", _consumers),
+    "cursorSetMaxAge": ("cursor_set_max_age", cj.positive),
+    "maxCursorSets": ("max_cursor_sets", cj.positive_int),
+}
+
+_LIMIT_KEYS: Checks = {
     "registrationBytes": ("registration_bytes", cj.positive_int),
     "registrationTimeout": ("registration_timeout", cj.positive),
     "pageSize": ("page_size", cj.positive_int),

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
+from collections.abc import Callable
 
 import structlog
 
@@ -32,3 +34,37 @@ def configure(json: bool | None = None, level: str = "info") -> None:
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
         cache_logger_on_first_use=True,
     )
+
+
+class Throttle:
+    """At most one log line per key (a client address, a kind of refusal) per `interval` seconds,
+    for events that come in floods.
+
+    `allow(key)` returns None to stay silent, else how many events of `key` were suppressed since
+    its last line (0 for the first). Keys not seen for an interval are forgotten, so a flood from
+    many addresses costs at most one entry per address and interval.
+    """
+
+    def __init__(
+        self, interval: float, clock: Callable[[], float] = time.monotonic, most: int = 10000
+    ) -> None:
+        self.interval = interval
+        self._clock = clock
+        self._most = most
+        self._last: dict[str, tuple[float, int]] = {}
+
+    def allow(self, key: str) -> int | None:
+        now = self._clock()
+        last = self._last.get(key)
+        if last is not None and now - last[0] < self.interval:
+            self._last[key] = (last[0], last[1] + 1)
+            return None
+        if len(self._last) >= self._most:
+            self._forget(now)
+        self._last[key] = (now, 0)
+        return 0 if last is None else last[1]
+
+    def _forget(self, now: float) -> None:
+        stale = [k for k, (at, _) in self._last.items() if now - at >= self.interval]
+        for key in stale or list(self._last)[: len(self._last) // 2]:
+            del self._last[key]

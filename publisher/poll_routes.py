@@ -8,21 +8,37 @@ that JSON-RPC over HTTP gives them (400 for a bad request or params, 404 for an 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import asyncio
+from typing import Any
 
 import orjson
 import structlog
 from aiohttp import web
 
 from changefeed import feed, longpoll
-from changefeed.errors import BucketUnavailable, CursorGone, ParamError
+from changefeed.errors import (
+    BucketBusy,
+    BucketUnavailable,
+    CursorGone,
+    CursorSetsFull,
+    ParamError,
+)
 from publisher import polls
-from publisher.routes import json_error, json_response
-
-if TYPE_CHECKING:
-    from publisher.service import Service
+from publisher.app_keys import BUCKET, CONFIG, HUB
+from publisher.http import (
+    OVERLOADED,
+    RETRY_OVERLOADED,
+    RETRY_UNAVAILABLE,
+    UNAVAILABLE,
+    json_error,
+    json_response,
+    overloaded,
+    retry_after,
+)
+from publisher.logs import Throttle
 
 log = structlog.get_logger(__name__)
+_refusals = Throttle(60.0)
 
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
@@ -31,14 +47,17 @@ INVALID_PARAMS = -32602
 SERVER_ERROR = -32000  # the change bucket is unavailable: retry later
 
 
-def rpc_error(id: Any, code: int, message: str, status: int) -> web.Response:
+def rpc_error(
+    id: Any, code: int, message: str, status: int, headers: dict[str, str] | None = None
+) -> web.Response:
     body = {"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}}
-    return json_response(body, status)
+    return json_response(body, status, headers)
 
 
-def add_poll_routes(app: web.Application, service: Service) -> None:
-    config = service.config
-    resources = service.resources
+def add_poll_routes(app: web.Application) -> None:
+    """Add the pull routes for `app[CONFIG]`."""
+    config = app[CONFIG]
+    resources = config.resource_map
 
     async def events_get(request: web.Request) -> web.Response:
         try:
@@ -47,12 +66,23 @@ def add_poll_routes(app: web.Application, service: Service) -> None:
             )
         except ParamError as exc:
             return json_error(400, "InvalidParameter", str(exc))
-        reply = await polls.answer(service.bucket, service.hub, query)
+        reply = await polls.answer(request.app[BUCKET], request.app[HUB], query)
         return json_response(reply.to_wire())
 
     async def rpc(request: web.Request) -> web.Response:
+        timeout = config.server.body_timeout
         try:
-            call = orjson.loads(await request.read())
+            async with asyncio.timeout(timeout):
+                body = await request.read()
+        except TimeoutError:
+            late = json_error(
+                408, "RequestTimeout",
+                f"request body not received within {timeout:g} s (server.bodyTimeout)",
+            )
+            late.force_close()
+            return late
+        try:
+            call = orjson.loads(body)
         except orjson.JSONDecodeError as exc:
             return rpc_error(None, PARSE_ERROR, f"parse error: {exc}", 400)
         if isinstance(call, list):
@@ -67,6 +97,10 @@ def add_poll_routes(app: web.Application, service: Service) -> None:
         method = call.get("method")
         if not isinstance(method, str):
             return rpc_error(id, INVALID_REQUEST, "method must be a string", 400)
+        if "id" not in call:
+            # A notification: its reply is never seen and `events` changes nothing, so it is
+            # answered at once, without running it (or holding the connection for a long poll).
+            return web.Response(status=204)
         if method != "events":
             return rpc_error(id, METHOD_NOT_FOUND, f"method {method!r} not found (events)", 404)
         try:
@@ -74,12 +108,13 @@ def add_poll_routes(app: web.Application, service: Service) -> None:
         except ParamError as exc:
             return rpc_error(id, INVALID_PARAMS, f"invalid params: {exc}", 400)
         try:
-            reply = await polls.answer(service.bucket, service.hub, query)
+            reply = await polls.answer(request.app[BUCKET], request.app[HUB], query)
+        except BucketBusy as exc:
+            overloaded(request.path, exc)
+            return rpc_error(id, SERVER_ERROR, OVERLOADED, 503, retry_after(RETRY_OVERLOADED))
         except BucketUnavailable as exc:
             log.warning("rpc failed: bucket unavailable", error=str(exc))
-            return rpc_error(id, SERVER_ERROR, "change bucket unavailable, try again later", 503)
-        if "id" not in call:
-            return web.Response(status=204)  # a notification: no reply
+            return rpc_error(id, SERVER_ERROR, UNAVAILABLE, 503, retry_after(RETRY_UNAVAILABLE))
         return json_response({"jsonrpc": "2.0", "id": id, "result": reply.to_wire()})
 
     async def feed_get(request: web.Request) -> web.Response:
@@ -87,14 +122,46 @@ def add_poll_routes(app: web.Application, service: Service) -> None:
             query = feed.parse_request(
                 request.query, lambda name: request.query.getall(name, []), config.limits
             )
-            partitions = await service.bucket.partition_count()
-            lines = await polls.respond_feed(service.bucket, service.hub, query, partitions)
+        except ParamError as exc:
+            return json_error(400, "InvalidParameter", str(exc))
+        if query.cursorset is not None and query.consumer not in config.feed.consumers:
+            return _unknown_consumer(request, query.consumer)
+        try:
+            bucket = request.app[BUCKET]
+            partitions = await bucket.partition_count()
+            lines = await polls.respond_feed(
+                bucket, request.app[HUB], query, partitions, config.feed
+            )
         except ParamError as exc:
             return json_error(400, "InvalidParameter", str(exc))
         except CursorGone as exc:
             return json_error(410, "CursorGone", str(exc))
+        except CursorSetsFull as exc:
+            _refusals_log(request, "cursor sets full", consumer=exc.consumer, most=exc.most)
+            return json_error(409, "TooManyCursorSets", str(exc))
         return web.Response(body=b"".join(lines), content_type="application/x-ndjson")
 
     app.router.add_get("/changefeeds/events", events_get)
     app.router.add_post("/changefeeds/rpc", rpc)
     app.router.add_get("/changefeeds/feed/v1", feed_get)
+
+
+def _unknown_consumer(request: web.Request, consumer: str | None) -> web.Response:
+    """403: cursors are stored and resumed only for the consumers config.js names (until
+    requests carry credentials, a name is all that tells consumers apart)."""
+    _refusals_log(request, "unknown consumer", consumer=consumer)
+    return json_error(
+        403,
+        "UnknownConsumer",
+        f"consumer {consumer!r} may not store or resume cursors on this publisher: it is not "
+        "one of feed.consumers in its config.js",
+    )
+
+
+def _refusals_log(request: web.Request, why: str, **fields: object) -> None:
+    """Log a refused feed request, at most once a minute per client address and reason."""
+    remote = f"{request.remote}"
+    suppressed = _refusals.allow(f"{remote} {why}")
+    if suppressed is not None:
+        log.warning("feed request refused: " + why, remote=remote, suppressed=suppressed,
+                    **fields)

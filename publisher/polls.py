@@ -12,13 +12,14 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from changefeed import feed
-from changefeed.cursor import Cursor, StreamId
-from changefeed.errors import ParamError
+from changefeed.cursor import ZERO, Cursor, StreamId
+from changefeed.errors import CursorSetsFull, ParamError
 from changefeed.longpoll import EventFilter, EventsReply, EventsRequest
 from publisher.bucket import LogEntry, Retention, merge_partitions
 
 if TYPE_CHECKING:
     from publisher.bucket import ChangeBucket
+    from publisher.config import Feed as CursorSets
     from publisher.hub import Hub
 
 SCAN = 1000
@@ -41,7 +42,6 @@ def reply_of(
     )
 
 
-
 def select(
     entries: Sequence[LogEntry], filter: EventFilter, wanted: int, found: list[LogEntry]
 ) -> bool:
@@ -62,6 +62,8 @@ async def scan(
 ) -> tuple[list[LogEntry], bool]:
     """The eligible items in (after, before) in the request's order, and `more`."""
     found: list[LogEntry] = []
+    if before is not None and before <= ZERO:
+        return found, False  # nothing is older than the start (and Redis refuses `(0-0`)
     if request.oldest_first:
         position = after or StreamId(0, 0)
         while True:
@@ -122,9 +124,14 @@ async def answer(bucket: ChangeBucket, hub: Hub, request: EventsRequest) -> Even
 
 
 async def respond_feed(
-    bucket: ChangeBucket, hub: Hub, request: feed.FeedRequest, partitions: int
+    bucket: ChangeBucket,
+    hub: Hub,
+    request: feed.FeedRequest,
+    partitions: int,
+    cursorsets: CursorSets,
 ) -> list[bytes]:
-    """The NDJSON lines of one feed request."""
+    """The NDJSON lines of one feed request. Its consumer (if any) must be one of
+    `cursorsets.consumers` (the caller checks). Raises ParamError, CursorGone, CursorSetsFull."""
     if request.n != partitions:
         raise ParamError(
             f"n={request.n} but this feed has {partitions} partition(s): pass n={partitions} "
@@ -143,7 +150,15 @@ async def respond_feed(
         cursors = {p: c for p, c in stored.items() if c is not None}
     elif request.cursorset is not None:
         assert request.consumer is not None
-        await bucket.save_cursors(request.consumer, request.cursorset, cursors)
+        saved = await bucket.save_cursors(
+            request.consumer,
+            request.cursorset,
+            cursors,
+            max_age=cursorsets.cursor_set_max_age,
+            most=cursorsets.max_cursor_sets,
+        )
+        if not saved:
+            raise CursorSetsFull(request.consumer, cursorsets.max_cursor_sets)
 
     retention = await bucket.retention()
     epoch = retention.epoch or await bucket.ensure()

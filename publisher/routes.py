@@ -1,73 +1,35 @@
 """The HTTP routes: /changefeeds, /changefeeds/stats and each resource's bootstrap route.
 
-Every error is a JSON body `{"code", "message"}` with a 4xx status (503 when Redis is down);
-bad input never produces a 500. docs/http.md documents the formats.
+Every error is a JSON body `{"code", "message"}` with a 4xx status (503 when Redis is down,
+through `publisher.http.errors_as_json`); bad input never produces a 500. docs/http.md documents
+the formats. Handlers find the config, bucket and hub under the application's keys
+(`publisher.app_keys`).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import quote, urlencode
 
 import orjson
-import structlog
 from aiohttp import web
 
-from changefeed.errors import BucketUnavailable, ChangefeedError
 from changefeed.protocol import Resource
 from changefeed.watch import Watch, parse_watch
+from publisher.app_keys import BUCKET, CONFIG, HUB, LIFECYCLE
 from publisher.bucket import decode_marker, encode_marker
+from publisher.http import bad_request, json_error, json_response
 from publisher.watch_pages import page_watched
 from publisher.websocket import handle_websocket
-
-if TYPE_CHECKING:
-    from publisher.service import Service
-
-log = structlog.get_logger(__name__)
-
-
-def json_response(body: Any, status: int = 200) -> web.Response:
-    return web.Response(body=orjson.dumps(body), status=status, content_type="application/json")
-
-
-def json_error(status: int, code: str, message: str) -> web.Response:
-    return json_response({"code": code, "message": message}, status)
-
-
-@web.middleware
-async def errors_as_json(request: web.Request, handler: Any) -> web.StreamResponse:
-    """Turn every error into a JSON body: HTTP errors keep their status, Redis outages are 503."""
-    try:
-        response: web.StreamResponse = await handler(request)
-        return response
-    except web.HTTPException as exc:
-        if exc.content_type == "application/json" or exc.status < 400:
-            raise
-        code = exc.reason.replace(" ", "")
-        message = {
-            404: f"no route {request.method} {request.path}",
-            405: f"method {request.method} not allowed on {request.path}",
-        }.get(exc.status, exc.text or exc.reason)
-        return json_error(exc.status, code, message)
-    except BucketUnavailable as exc:
-        log.warning("request failed: bucket unavailable", path=request.path, error=str(exc))
-        return json_error(503, "BucketUnavailable", "change bucket unavailable, try again later")
-    except ChangefeedError as exc:
-        log.error("request failed", path=request.path, error=str(exc))
-        return json_error(500, "InternalError", str(exc))
 
 
 def _limit(request: web.Request, default: int, maximum: int) -> int:
     text = request.query.get("limit")
     if text is None:
         return default
-    if not text.isdigit() or not 1 <= int(text) <= maximum:
-        raise web.HTTPBadRequest(
-            text=orjson.dumps(
-                {"code": "InvalidLimit", "message": f"limit must be an integer from 1 to {maximum}"}
-            ).decode(),
-            content_type="application/json",
-        )
+    # ASCII digits only: `'²'.isdigit()` is true and `int('²')` raises.
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= maximum:
+        raise bad_request("InvalidLimit", f"limit must be an integer from 1 to {maximum}")
     return int(text)
 
 
@@ -80,10 +42,7 @@ def _watch(request: web.Request) -> Watch:
             names=("id", "prefix"),
         )
     except ValueError as exc:
-        raise web.HTTPBadRequest(
-            text=orjson.dumps({"code": "InvalidWatch", "message": str(exc)}).decode(),
-            content_type="application/json",
-        ) from None
+        raise bad_request("InvalidWatch", str(exc)) from None
 
 
 def next_page(route: str, limit: int, watch: Watch, last_id: str) -> str:
@@ -92,12 +51,13 @@ def next_page(route: str, limit: int, watch: Watch, last_id: str) -> str:
     return f"{route}?{urlencode(params, safe='/', quote_via=quote)}"
 
 
-def add_routes(app: web.Application, service: Service) -> None:
-    config = service.config
+def add_routes(app: web.Application) -> None:
+    """Add the routes of `app[CONFIG]` (its resources decide the bootstrap routes)."""
+    config = app[CONFIG]
 
     async def changefeeds(request: web.Request) -> web.StreamResponse:
         if request.headers.get("Upgrade", "").lower() == "websocket":
-            return await handle_websocket(request, service)
+            return await handle_websocket(request)
         return json_response(
             {
                 "resources": [r.to_wire() for r in config.resources],
@@ -106,11 +66,12 @@ def add_routes(app: web.Application, service: Service) -> None:
         )
 
     async def stats(request: web.Request) -> web.Response:
+        hub, publisher_id = request.app[HUB], request.app[LIFECYCLE].publisher_id
         return json_response(
             {
-                "listeners": len(service.hub.connections),
-                "registrations": service.hub.stats(service.id),
-                "publisher": service.id,
+                "listeners": len(hub.connections),
+                "registrations": hub.stats(publisher_id),
+                "publisher": publisher_id,
             }
         )
 
@@ -128,10 +89,11 @@ def add_routes(app: web.Application, service: Service) -> None:
                     400, "InvalidQuery", f"unknown parameter(s): {', '.join(sorted(unknown))}"
                 )
             watch = _watch(request)
+            bucket = request.app[BUCKET]
             if watch.everything:
-                result = await service.bucket.page(resource.resource, after, limit)
+                result = await bucket.page(resource.resource, after, limit)
             else:
-                result = await page_watched(service.bucket, resource.resource, watch, after, limit)
+                result = await page_watched(bucket, resource.resource, watch, after, limit)
             next_url = None
             if len(result.ids) == limit:
                 next_url = next_page(resource.bootstrap_route, limit, watch, result.ids[-1])
@@ -149,7 +111,7 @@ def add_routes(app: web.Application, service: Service) -> None:
 
         async def one(request: web.Request) -> web.Response:
             id = request.match_info["id"]
-            state = await service.bucket.get(resource.resource, id)
+            state = await request.app[BUCKET].get(resource.resource, id)
             if state is None:
                 return json_error(404, "ResourceNotFound", f"no {resource.resource} {id!r}")
             return web.Response(body=state, content_type="application/json")

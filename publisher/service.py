@@ -1,5 +1,9 @@
 """The publisher service: the HTTP routes, the websocket fan-out, the tail and the trimmer,
-assembled on one aiohttp application."""
+assembled on one aiohttp application.
+
+The shared objects go on the application under `publisher.app_keys`, where the handlers find
+them; this module imports the handler modules only to add their routes.
+"""
 
 from __future__ import annotations
 
@@ -16,16 +20,29 @@ from aiohttp import web
 from changefeed.cursor import ZERO, Cursor, StreamId
 from changefeed.errors import BucketUnavailable, ChangefeedError
 from changefeed.protocol import CloseCode
+from publisher.admission import (
+    MAX_LINGERING,
+    RESERVED_FILES,
+    Admission,
+    Guard,
+    file_limit,
+    fitting_cap,
+)
+from publisher.app_keys import BUCKET, CONFIG, HUB, LIFECYCLE, TAIL, Lifecycle
 from publisher.bucket import ChangeBucket, connect
 from publisher.config import Config
+from publisher.http import errors_as_json
 from publisher.hub import Hub
 from publisher.poll_routes import add_poll_routes
-from publisher.routes import add_routes, errors_as_json
+from publisher.routes import add_routes
 from publisher.tail import Tail
+from publisher.websocket import resume_position
 from publisher.window import Window
 
 log = structlog.get_logger(__name__)
 
+BACKLOG = 128
+"""Connections the kernel queues for accept()."""
 READY_TIMEOUT = 10.0
 """How long start() waits for the first read of the bucket before serving anyway."""
 
@@ -41,23 +58,43 @@ class Service:
         self.id = publisher_id or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
         self.redis_url = config.bucket.redis_url
         bucket = config.bucket
-        self.bucket = ChangeBucket(
-            connect(self.redis_url), bucket.name, config.resources, bucket.partitions
+        client = connect(
+            self.redis_url, pool_size=bucket.pool_size, pool_timeout=bucket.pool_timeout
         )
+        self.bucket = ChangeBucket(client, bucket.name, config.resources, bucket.partitions)
+        # The tail's own connection: a blocking XREAD never waits behind requests, nor they on it.
         self._tail_bucket = ChangeBucket(
-            connect(self.redis_url, blocking=True), bucket.name, config.resources, bucket.partitions
+            connect(self.redis_url, blocking=True, pool_size=2),
+            bucket.name,
+            config.resources,
+            bucket.partitions,
         )
         self.hub = Hub(Window(config.limits.window, ZERO), self.bucket, config.limits.send_buffer)
         self.tail = Tail(self._tail_bucket, self.hub)
-        self.app = web.Application(middlewares=[errors_as_json])
-        add_routes(self.app, self)
-        add_poll_routes(self.app, self)
+        self.lifecycle = Lifecycle(self.id)
+        self.app = web.Application(
+            middlewares=[errors_as_json], client_max_size=config.server.max_body_bytes
+        )
+        self.app[CONFIG] = config
+        self.app[BUCKET] = self.bucket
+        self.app[HUB] = self.hub
+        self.app[TAIL] = self.tail
+        self.app[LIFECYCLE] = self.lifecycle
+        add_routes(self.app)
+        add_poll_routes(self.app)
         self.app.cleanup_ctx.append(self._background)
         self.app.on_shutdown.append(self._close_listeners)
-        self.unregistered: set[web.WebSocketResponse] = set()
-        """Sockets still expected to send their registration."""
         self._runner: web.AppRunner | None = None
+        self._server: asyncio.Server | None = None
+        self.admission = Admission(
+            config.server.max_connections, config.server.max_connections_per_client
+        )
         self.url = ""
+
+    @property
+    def unregistered(self) -> set[web.WebSocketResponse]:
+        """Sockets still expected to send their registration."""
+        return self.lifecycle.unregistered
 
     @property
     def ws_url(self) -> str:
@@ -68,14 +105,32 @@ class Service:
         configured (a Redis that cannot be reached yet is waited for in the background)."""
         with contextlib.suppress(BucketUnavailable):
             await self.bucket.ensure()
+        server = self.config.server
         # handler_cancellation: a long poll whose client went away stops waiting at once.
+        # keepalive_timeout: aiohttp's one timer for a connection without a request in progress,
+        # idle or still sending its request head. lingering_time: how long the unread body of a
+        # finished request is read and dropped before the connection is closed.
         self._runner = web.AppRunner(
-            self.app, access_log=None, handle_signals=False, handler_cancellation=True
+            self.app,
+            access_log=None,
+            handle_signals=False,
+            handler_cancellation=True,
+            keepalive_timeout=server.idle_timeout,
+            lingering_time=server.body_timeout,
         )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.config.server.host, self.config.server.port)
-        await site.start()
-        host, port = self._runner.addresses[0][:2]
+        self._fit_connections_to_files()
+        handlers = self._runner.server
+        assert handlers is not None
+        admission = self.admission
+        self._server = await asyncio.get_running_loop().create_server(
+            lambda: Guard(admission, handlers),
+            server.host,
+            server.port,
+            reuse_address=True,
+            backlog=BACKLOG,
+        )
+        host, port = self._server.sockets[0].getsockname()[:2]
         self.url = f"http://{host}:{port}"
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.tail.started.wait(), READY_TIMEOUT)
@@ -83,18 +138,29 @@ class Service:
             log.warning("bucket not reachable yet; serving, registrations are refused (1013)")
 
     async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()  # accept no more; the runner then ends every connection
+            self._server = None
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
 
+    def _fit_connections_to_files(self) -> None:
+        """Keep the connection cap below the open-file limit, so accept() never fails."""
+        reserved = RESERVED_FILES + MAX_LINGERING + self.config.bucket.pool_size + 2
+        files = file_limit()
+        cap = fitting_cap(self.config.server.max_connections, files, reserved)
+        if cap < self.admission.most:
+            log.warning(
+                "server.maxConnections lowered to fit the open-file limit",
+                configured=self.admission.most, lowered_to=cap, open_file_limit=files,
+            )
+        self.admission.most = cap
+        self.admission.per_client = min(self.admission.per_client, cap)
+
     async def resume_position(self, cursor: Cursor) -> StreamId | None:
         """Where a registration with `since=cursor` resumes, or None if it cannot."""
-        if cursor.epoch != self.hub.epoch:
-            return None
-        retention = await self.bucket.retention()
-        if cursor.position < retention.trimmed or cursor.position > retention.head:
-            return None
-        return cursor.position
+        return await resume_position(self.hub, self.bucket, cursor)
 
     async def _background(self, app: web.Application) -> AsyncIterator[None]:
         tasks = [
@@ -128,6 +194,7 @@ class Service:
             )
 
     async def _close_listeners(self, app: web.Application) -> None:
+        self.lifecycle.stopping.set()
         self.hub.release_waiters()  # long polls answer now instead of holding the shutdown up
         conns = list(self.hub.connections)
         if conns:

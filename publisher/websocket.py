@@ -2,19 +2,20 @@
 
 One handler task per connection reads what the listener sends (its registration, then `heartbeat`
 texts, pongs) and unregisters it the moment it goes away (registrations are ephemeral, RFD 5).
+The handler finds the config, hub, bucket and tail under the application's keys
+(`publisher.app_keys`).
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
 
 import orjson
 import structlog
 from aiohttp import WSMsgType, web
 
 from changefeed.cursor import Cursor, StreamId
-from changefeed.errors import BucketUnavailable, CursorError, RegistrationError
+from changefeed.errors import BucketBusy, BucketUnavailable, CursorError, RegistrationError
 from changefeed.protocol import (
     HEARTBEAT,
     CloseCode,
@@ -25,38 +26,59 @@ from changefeed.protocol import (
     registration_reply,
     text_frame,
 )
-from publisher.hub import Connection
-
-if TYPE_CHECKING:
-    from publisher.service import Service
+from publisher.admission import PROTOCOL_ERROR, Guard
+from publisher.app_keys import BUCKET, CONFIG, HUB, LIFECYCLE, TAIL, Lifecycle
+from publisher.bucket import ChangeBucket
+from publisher.http import OVERLOADED, UNAVAILABLE, bad_request
+from publisher.hub import Connection, Hub
 
 log = structlog.get_logger(__name__)
 
-UNAVAILABLE = "change bucket unavailable, try again later"
+
+async def resume_position(hub: Hub, bucket: ChangeBucket, cursor: Cursor) -> StreamId | None:
+    """Where a registration with `since=cursor` resumes, or None if it cannot."""
+    if cursor.epoch != hub.epoch:
+        return None
+    retention = await bucket.retention()
+    if cursor.position < retention.trimmed or cursor.position > retention.head:
+        return None
+    return cursor.position
 
 
-async def handle_websocket(request: web.Request, service: Service) -> web.WebSocketResponse:
-    limits = service.config.limits
+async def handle_websocket(request: web.Request) -> web.WebSocketResponse:
+    app = request.app
+    limits = app[CONFIG].limits
+    lifecycle = app[LIFECYCLE]
     try:
         version = accept_version(request.headers.get("Accept-Version"))
     except RegistrationError as exc:
-        raise web.HTTPBadRequest(
-            text=orjson.dumps({"code": "BadAcceptVersion", "message": exc.reason}).decode(),
-            content_type="application/json",
-        ) from None
+        raise bad_request("BadAcceptVersion", exc.reason) from None
     ws = web.WebSocketResponse(
         heartbeat=limits.ping_interval,
         max_msg_size=limits.registration_bytes,
         compress=False,
         timeout=5.0,
     )
-    await ws.prepare(request)
-    remote = f"{request.remote}"
-    service.unregistered.add(ws)
+    guard = _guard_of(request)
+    if guard is not None:
+        guard.expect_frames()  # from the upgrade on, what the client sends are frames
     try:
-        registered = await _register(ws, version, service, remote)
+        await ws.prepare(request)
+    except BaseException:
+        if guard is not None:
+            guard.expect_requests()
+        raise
+    remote = f"{request.remote}"
+    lifecycle.unregistered.add(ws)
+    try:
+        registered = await _register(ws, version, app, remote)
+    except asyncio.CancelledError:
+        if guard is not None and guard.violation is not None:
+            log.info("registration refused", code=PROTOCOL_ERROR, reason=guard.violation,
+                     remote=remote)
+        raise
     finally:
-        service.unregistered.discard(ws)
+        lifecycle.unregistered.discard(ws)
     if registered is None:
         return ws
     registration, since = registered
@@ -64,11 +86,12 @@ async def handle_websocket(request: web.Request, service: Service) -> web.WebSoc
     if transport is None or transport.is_closing():
         return ws
 
-    hub = service.hub
+    hub = app[HUB]
+    resources = app[CONFIG].resource_map
     # From here to hub.add nothing awaits: the reply's cursor is exactly where the stream starts.
     head = hub.window.head
     reply = registration_reply(
-        registration, service.resources, Cursor(hub.epoch, head).encode(), since is not None
+        registration, resources, Cursor(hub.epoch, head).encode(), since is not None
     )
     transport.write(text_frame(orjson.dumps(reply)))
     # The protocol pauses (and drains) above the send buffer: what the hub counts as slow.
@@ -87,12 +110,41 @@ async def handle_websocket(request: web.Request, service: Service) -> web.WebSoc
         resumed=since is not None,
         listeners=len(hub.connections),
     )
-    reason = await _read_until_closed(ws)
-    hub.remove(conn)
-    if conn.closing:
-        reason = "closed by publisher"
-    bound.info("listener disconnected", reason=reason, listeners=len(hub.connections))
+    reason = "closed by publisher"
+    try:
+        reason = await _read_until_closed(ws)
+    except asyncio.CancelledError:
+        # aiohttp cancels the handler when the connection is lost (handler_cancellation).
+        reason = _why_cancelled(ws, lifecycle, guard)
+        raise
+    finally:
+        hub.remove(conn)
+        if conn.closing:
+            reason = "closed by publisher"
+        bound.info("listener disconnected", reason=reason, listeners=len(hub.connections))
     return ws
+
+
+def _guard_of(request: web.Request) -> Guard | None:
+    """The admission guard of the request's connection (None in a test server without one)."""
+    protocol = request.transport.get_protocol() if request.transport is not None else None
+    return protocol if isinstance(protocol, Guard) else None
+
+
+def _why_cancelled(
+    ws: web.WebSocketResponse, lifecycle: Lifecycle, guard: Guard | None
+) -> str:
+    """Why a registered socket's handler was cancelled: the publisher is stopping, the guard
+    closed it for a bad frame, aiohttp gave up on it (a missing pong), or the peer went away
+    without a close frame."""
+    if guard is not None and guard.violation is not None:
+        return f"protocol error: {guard.violation}"
+    if lifecycle.stopping.is_set():
+        return "publisher shutting down"
+    error = ws.exception()
+    if error is not None:
+        return f"error: {error}"
+    return "connection lost (no close frame)"
 
 
 async def _refuse(ws: web.WebSocketResponse, code: int, reason: str, remote: str) -> None:
@@ -101,10 +153,10 @@ async def _refuse(ws: web.WebSocketResponse, code: int, reason: str, remote: str
 
 
 async def _register(
-    ws: web.WebSocketResponse, version: int, service: Service, remote: str
+    ws: web.WebSocketResponse, version: int, app: web.Application, remote: str
 ) -> tuple[Registration, StreamId | None] | None:
     """Read and check the registration; None when the socket was refused (and closed)."""
-    timeout = service.config.limits.registration_timeout
+    timeout = app[CONFIG].limits.registration_timeout
     try:
         message = await ws.receive(timeout=timeout)
     except TimeoutError:
@@ -124,11 +176,11 @@ async def _register(
         await _refuse(ws, CloseCode.UNSUPPORTED_DATA, "registration must be a text frame", remote)
         return None
     try:
-        registration = parse_registration(message.data, version, service.resources)
+        registration = parse_registration(message.data, version, app[CONFIG].resource_map)
     except RegistrationError as exc:
         await _refuse(ws, exc.close_code, exc.reason, remote)
         return None
-    if not service.tail.healthy:
+    if not app[TAIL].healthy:
         await _refuse(ws, CloseCode.TRY_AGAIN_LATER, UNAVAILABLE, remote)
         return None
     if registration.since is None:
@@ -139,7 +191,10 @@ async def _register(
         await _refuse(ws, CloseCode.POLICY_VIOLATION, f"since: {exc}", remote)
         return None
     try:
-        return registration, await service.resume_position(cursor)
+        return registration, await resume_position(app[HUB], app[BUCKET], cursor)
+    except BucketBusy:
+        await _refuse(ws, CloseCode.OVERLOADED, OVERLOADED, remote)
+        return None
     except BucketUnavailable:
         await _refuse(ws, CloseCode.TRY_AGAIN_LATER, UNAVAILABLE, remote)
         return None
@@ -147,25 +202,22 @@ async def _register(
 
 async def _read_until_closed(ws: web.WebSocketResponse) -> str:
     """Accept heartbeats until the socket closes; returns why it closed."""
-    try:
-        async for message in ws:
-            if message.type is WSMsgType.TEXT and message.data == HEARTBEAT:
-                continue
-            if message.type is WSMsgType.TEXT:
-                await ws.close(
-                    code=CloseCode.POLICY_VIOLATION,
-                    message=b"a socket carries one registration; open another socket",
-                )
-                return "second registration on one socket"
-            if message.type is WSMsgType.BINARY:
-                await ws.close(
-                    code=CloseCode.UNSUPPORTED_DATA, message=b"binary frames are not used"
-                )
-                return "binary frame"
-            if message.type is WSMsgType.ERROR:
-                return f"error: {message.data}"
-    except asyncio.CancelledError:
-        return "publisher shutting down"
+    async for message in ws:
+        if message.type is WSMsgType.TEXT and message.data == HEARTBEAT:
+            continue
+        if message.type is WSMsgType.TEXT:
+            await ws.close(
+                code=CloseCode.POLICY_VIOLATION,
+                message=b"a socket carries one registration; open another socket",
+            )
+            return "second registration on one socket"
+        if message.type is WSMsgType.BINARY:
+            await ws.close(
+                code=CloseCode.UNSUPPORTED_DATA, message=b"binary frames are not used"
+            )
+            return "binary frame"
+        if message.type is WSMsgType.ERROR:
+            return f"error: {message.data}"
     if ws.close_code not in (None, 1000, 1001):
         return f"closed by listener (code {ws.close_code})"
     return "closed by listener"

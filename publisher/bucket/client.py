@@ -26,6 +26,7 @@ from redis.backoff import NoBackoff
 
 from changefeed.cursor import Cursor, StreamId, new_epoch
 from changefeed.errors import (
+    BucketBusy,
     BucketUnavailable,
     ChangeError,
     ChangefeedError,
@@ -73,6 +74,13 @@ def _key_reused_error(what: str, message: str) -> ChangefeedError:
     )
 
 
+POOL_SIZE = 64
+"""Connections a client's pool holds at most (config.js `bucket.poolSize`)."""
+POOL_TIMEOUT = 5.0
+"""Seconds a caller waits for a pooled connection before `BucketBusy` (`bucket.poolTimeout`)."""
+_POOL_EXHAUSTED = "No connection available."
+"""redis-py's message when no connection of a BlockingConnectionPool came free in time."""
+
 _SCRIPT_ERRORS = {"PARTITIONS ": _partitions_error, "KEYREUSED ": _key_reused_error}
 """Errors our scripts reply with, by prefix: the error of ours each one becomes."""
 
@@ -88,6 +96,9 @@ async def translate_redis_errors(what: str, *, sent: bool = False) -> AsyncItera
     try:
         yield
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
+        if isinstance(exc.__cause__, TimeoutError) and str(exc) == _POOL_EXHAUSTED:
+            # Raised while waiting for a pooled connection: nothing was sent.
+            raise BucketBusy(f"{what}: every Redis connection of the pool was busy", exc) from exc
         if sent:
             raise CommitOutcomeUnknown(
                 f"{what}: no answer from Redis ({exc}); the commit may have been written", exc
@@ -102,20 +113,32 @@ async def translate_redis_errors(what: str, *, sent: bool = False) -> AsyncItera
         raise ChangefeedError(f"{what}: Redis error ({exc})") from exc
 
 
-def connect(url: str, *, blocking: bool = False, timeout: float | None = None) -> aioredis.Redis:
+def connect(
+    url: str,
+    *,
+    blocking: bool = False,
+    timeout: float | None = None,
+    pool_size: int = POOL_SIZE,
+    pool_timeout: float = POOL_TIMEOUT,
+) -> aioredis.Redis:
     """A redis-py client for `url` that never retries on its own (a commit without an idempotency
     key is not idempotent).
 
+    Its pool holds at most `pool_size` connections; a caller that finds them all busy waits up to
+    `pool_timeout` seconds for one, then gets `BucketBusy` (overload, not an outage).
     `blocking` clients wait longer for a reply, for XREAD BLOCK (which waits at most 5 s);
     `timeout` overrides how long any reply is waited for (seconds).
     """
-    return aioredis.Redis.from_url(
+    pool = aioredis.BlockingConnectionPool.from_url(
         url,
+        max_connections=pool_size,
+        timeout=pool_timeout,
         retry=Retry(NoBackoff(), 0),
         socket_connect_timeout=5,
         socket_timeout=timeout or (20 if blocking else 10),
         health_check_interval=0,
     )
+    return aioredis.Redis.from_pool(pool)
 
 
 async def _exchange(connection: AbstractConnection, commands: Sequence[Sequence[Any]]) -> list[Any]:
@@ -185,6 +208,7 @@ class ChangeBucket:
         self._trim = client.register_script(scripts.TRIM.text)
         self._retention = client.register_script(scripts.RETENTION.text)
         self._page = client.register_script(scripts.PAGE.text)
+        self._save_cursors = client.register_script(scripts.SAVE_CURSORS.text)
 
     # --- writing -------------------------------------------------------------------------
 
@@ -468,21 +492,35 @@ class ChangeBucket:
 
     # --- cursors stored for feed consumers -------------------------------------------------
 
-    async def save_cursors(self, consumer: str, cursorset: str, cursors: Mapping[int, str]) -> None:
+    async def save_cursors(
+        self,
+        consumer: str,
+        cursorset: str,
+        cursors: Mapping[int, str],
+        *,
+        max_age: float,
+        most: int,
+    ) -> bool:
+        """Store `cursors` in the consumer's `cursorset`, which then lives `max_age` seconds.
+        False (nothing stored) when that is a new set and the consumer has `most` already."""
         if not cursors:
-            return
+            return True
+        args: list[Any] = [cursorset, max(1, int(max_age * 1000)), most]
+        for partition, cursor in cursors.items():
+            args += [partition, cursor]
         async with translate_redis_errors("cursorset"):
-            await self.redis.hset(
-                self.keys.cursorset(consumer),
-                mapping={f"{cursorset}:{p}": cursor for p, cursor in cursors.items()},
+            stored = await self._save_cursors(
+                keys=[self.keys.cursorsets(consumer), self.keys.cursorset(consumer, cursorset)],
+                args=args,
             )
+        return bool(stored)
 
     async def load_cursors(
         self, consumer: str, cursorset: str, partitions: Sequence[int]
     ) -> dict[int, str | None]:
         async with translate_redis_errors("cursorset"):
             values: Any = await self.redis.hmget(
-                self.keys.cursorset(consumer), [f"{cursorset}:{p}" for p in partitions]
+                self.keys.cursorset(consumer, cursorset), [str(p) for p in partitions]
             )
         return {p: v.decode() if v else None for p, v in zip(partitions, values, strict=True)}
 

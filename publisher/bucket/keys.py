@@ -13,7 +13,8 @@ in one slot and the scripts may touch any of them::
     {name}:index:<resource> sorted set, all scores 0: ids, for keyset pagination by id
     {name}:idem             hash: idempotency key -> "<epoch> <ms> <first seq> <count> <digest>"
     {name}:idem:at          sorted set: idempotency key, scored by the ms of its commit
-    {name}:cursorset:<c>    hash: the cursors a feed consumer stored
+    {name}:cursorsets:<c>   sorted set: a feed consumer's cursor set names, by last store (ms)
+    {name}:cursorset:<c>:<s> hash: partition -> cursor of consumer c's set s (expires)
     {name}:spark:<query>    hash: the micro-batches a Spark streaming query committed
 """
 
@@ -59,8 +60,13 @@ class Keys:
     def index(self, resource: str) -> str:
         return f"{self._tag}:index:{resource}"
 
-    def cursorset(self, consumer: str) -> str:
-        return f"{self._tag}:cursorset:{consumer}"
+    def cursorsets(self, consumer: str) -> str:
+        """The consumer's cursor set names, each scored with the time it was last stored."""
+        return f"{self._tag}:cursorsets:{consumer}"
+
+    def cursorset(self, consumer: str, cursorset: str) -> str:
+        """One cursor set: partition -> cursor (names hold no ':', so keys never collide)."""
+        return f"{self._tag}:cursorset:{consumer}:{cursorset}"
 
     def ledger(self, writer: str) -> str:
         """The micro-batches a Spark streaming query (`writer`) committed."""

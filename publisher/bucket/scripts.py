@@ -40,4 +40,7 @@ RETENTION = load("retention")
 PAGE = load("page")
 """A page of stored states (whole index or a watch's pieces) with the head: one snapshot."""
 
-__all__ = ["COMMIT", "ENSURE", "PAGE", "RETENTION", "TRIM", "Script", "load"]
+SAVE_CURSORS = load("save_cursors")
+"""Store a feed consumer's cursor set: bounded in number, expiring."""
+
+__all__ = ["COMMIT", "ENSURE", "PAGE", "RETENTION", "SAVE_CURSORS", "TRIM", "Script", "load"]

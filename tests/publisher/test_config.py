@@ -82,6 +82,30 @@ def test_javascript_forms() -> None:
             "present",
         ),
         ("{resources: [" + VM + "]", "<file>", "JavaScript object literal"),
+        ("{resources: [" + VM + "], server: {maxConnections: 0}}", "server.maxConnections",
+         "positive integer"),
+        ("{resources: [" + VM + "], server: {maxConnections: 10, maxConnectionsPerClient: 11}}",
+         "server.maxConnectionsPerClient", "at most server.maxConnections (10)"),
+        ("{resources: [" + VM + "], server: {idleTimeout: 0}}", "server.idleTimeout",
+         "positive number"),
+        ("{resources: [" + VM + "], server: {bodyTimeout: 'x'}}", "server.bodyTimeout",
+         "positive number"),
+        ("{resources: [" + VM + "], server: {maxBodyBytes: 1.5}}", "server.maxBodyBytes",
+         "positive integer"),
+        ("{resources: [" + VM + "], bucket: {poolSize: 0}}", "bucket.poolSize", "positive integer"),
+        ("{resources: [" + VM + "], bucket: {poolTimeout: -1}}", "bucket.poolTimeout",
+         "positive number"),
+        ("{resources: [" + VM + "], bucket: {pool: 1}}", "bucket.pool", "known keys"),
+        ("{resources: [" + VM + "], feed: {consumers: ['a b']}}", "feed.consumers",
+         "consumer names"),
+        ("{resources: [" + VM + "], feed: {consumers: ['a', 'a']}}", "feed.consumers",
+         "no duplicates"),
+        ("{resources: [" + VM + "], feed: {consumers: 'a'}}", "feed.consumers", "a list"),
+        ("{resources: [" + VM + "], feed: {maxCursorSets: 0}}", "feed.maxCursorSets",
+         "positive integer"),
+        ("{resources: [" + VM + "], feed: {cursorSetMaxAge: 0}}", "feed.cursorSetMaxAge",
+         "positive number"),
+        ("{resources: [" + VM + "], feed: {colour: 1}}", "feed.colour", "known keys"),
     ],
 )
 def test_invalid_config_names_key_value_and_expectation(text: str, key: str, expected: str) -> None:
@@ -99,6 +123,35 @@ def test_overrides_are_validated() -> None:
     assert changed.bucket.redis_url == "unix:///tmp/r.sock"
     with pytest.raises(ConfigError, match="--redis-url"):
         config.with_overrides(redis_url="mysql://x")
+
+
+def test_the_new_sections_and_their_defaults() -> None:
+    config = parse_config("{resources: [" + VM + "]}")
+    assert config.feed.consumers == frozenset() and config.feed.max_cursor_sets == 16
+    assert (config.bucket.pool_size, config.bucket.pool_timeout) == (64, 5.0)
+    assert (config.server.max_connections, config.server.max_connections_per_client) == (
+        10000, 1000)
+    text = "{resources: [" + VM + """], feed: {consumers: ["billing", "audit"],
+              cursorSetMaxAge: 60, maxCursorSets: 2}, bucket: {poolSize: 8, poolTimeout: 0.5},
+              server: {maxConnections: 50, maxConnectionsPerClient: 5, idleTimeout: 3,
+              bodyTimeout: 2, maxBodyBytes: 1024}}"""
+    config = parse_config(text)
+    assert config.feed.consumers == {"billing", "audit"} and config.feed.cursor_set_max_age == 60
+    assert (config.bucket.pool_size, config.bucket.pool_timeout) == (8, 0.5)
+    assert config.server.max_connections_per_client == 5 and config.server.idle_timeout == 3
+
+
+def test_a_redis_password_is_never_shown() -> None:
+    text = "{resources: [" + VM + "], bucket: {redisUrl: 'redis://u:hunter2@h:99999/0'}}"
+    with pytest.raises(ConfigError) as info:
+        parse_config(text)
+    assert "hunter2" not in str(info.value) and "u:***@h" in str(info.value)
+    config = parse_config("{resources: [" + VM + "]}")
+    with pytest.raises(ConfigError) as info:
+        config.with_overrides(redis_url="http://h/?password=hunter2")
+    assert "hunter2" not in str(info.value) and "password=***" in str(info.value)
+    shown = config.with_overrides(redis_url="redis://h:6379/0?password=hunter2&db=1")
+    assert shown.bucket.display_url == "redis://h:6379/0?password=***&db=1"
 
 
 def test_missing_file(tmp_path: Path) -> None:

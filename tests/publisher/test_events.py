@@ -277,6 +277,23 @@ async def test_json_rpc_notification_gets_no_reply(publisher: Service) -> None:
         assert r.status == 204
 
 
+async def test_json_rpc_notification_does_not_wait(
+    redis_server: RedisServer, make_config: Callable[..., Config], start_publisher: PublisherFactory
+) -> None:
+    """A notification's reply is never seen: it is answered at once, not after a long poll
+    (here the default wait is a minute and nothing new is ever committed)."""
+    config = make_config(redis_server.url, limits={"wait": 60, "maxWait": 60})
+    async with start_publisher(config) as service:
+        head = await service.bucket.publish("vm", "x", ["nic"])
+        notification = {"jsonrpc": "2.0", "method": "events", "params": {"after": head}}
+        timeout = aiohttp.ClientTimeout(total=scaled(10))
+        async with (
+            aiohttp.ClientSession(timeout=timeout) as http,
+            http.post(service.url + "/changefeeds/rpc", json=notification) as r,
+        ):
+            assert r.status == 204 and await r.read() == b""
+
+
 async def test_redis_down_is_503_not_500(
     tcp_redis_server: RedisServer,
     make_config: Callable[..., Config],

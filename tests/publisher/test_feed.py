@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 import orjson
@@ -54,8 +54,9 @@ async def client(
     redis_server: RedisServer, make_config: Callable[..., Config], start_publisher: PublisherFactory
 ) -> AsyncIterator[Client]:
     bucket = {"redisUrl": redis_server.url, "name": "test", "partitions": N}
+    cursorsets = {"consumers": ["billing", "other"], "maxCursorSets": 3, "cursorSetMaxAge": 600}
     async with (
-        start_publisher(make_config(redis_server.url, bucket=bucket)) as service,
+        start_publisher(make_config(redis_server.url, bucket=bucket, feed=cursorsets)) as service,
         aiohttp.ClientSession() as http,
     ):
         yield Client(service, http)
@@ -169,6 +170,53 @@ async def test_cursorset_and_resume(client: Client) -> None:
     status, message = await client.error({"n": N, "resume": "0", "cursorset": "forwarder",
                                           "consumer": "other"})
     assert status == 400 and "holds no cursor for partition(s) 0" in message
+
+
+async def test_cursors_are_stored_only_for_configured_consumers(client: Client) -> None:
+    """The reported attack: anyone rewriting a consumer's stored cursors, creating a key per
+    request. Unknown consumers are refused (403) and write nothing."""
+    redis = client.service.bucket.redis
+    before = set(await redis.keys("*"))
+    for i in range(20):
+        status, message = await client.error(
+            {"n": N, **FIRST, "cursorset": f"set{i}", "consumer": f"stranger{i}",
+             "pagesizehint": 0, "store_cursor": 1}
+        )
+        assert status == 403 and "not one of feed.consumers" in message
+    status, message = await client.error(
+        {"n": N, "resume": "0", "cursorset": "main", "consumer": "stranger"}
+    )
+    assert status == 403 and "'stranger'" in message
+    assert set(await redis.keys("*")) == before, "a refused request writes nothing"
+
+
+async def test_cursor_sets_are_bounded_per_consumer_and_expire(client: Client) -> None:
+    redis = client.service.bucket.redis
+    for i in range(3):
+        events, _ = await client.read(**FIRST, cursorset=f"set{i}", consumer="billing",
+                                      pagesizehint=0)
+        assert events == []
+    status, message = await client.error(
+        {"n": N, **FIRST, "cursorset": "set3", "consumer": "billing", "pagesizehint": 0}
+    )
+    assert status == 409 and "already has 3 cursor sets (feed.maxCursorSets)" in message
+    # Storing again in an existing set is fine; another consumer has its own budget.
+    await client.read(**FIRST, cursorset="set0", consumer="billing", pagesizehint=0)
+    await client.read(**FIRST, cursorset="set3", consumer="other", pagesizehint=0)
+    keys = sorted(k.decode() for k in cast(list[bytes], await redis.keys("{test}:cursorset*")))
+    assert len(keys) == 3 + 1 + 1 + 1, keys  # billing's 3 sets and index, other's set and index
+    for key in keys:
+        ttl = await redis.pttl(key)
+        assert 0 < ttl <= 600_000, (key, ttl)
+
+    # A set not stored for cursorSetMaxAge is gone, and frees its place.
+    await redis.delete("{test}:cursorset:billing:set1")  # what its expiry does
+    await redis.zadd("{test}:cursorsets:billing", {"set1": 0})  # last stored long ago
+    await client.read(**FIRST, cursorset="set3", consumer="billing", pagesizehint=0)
+    status, message = await client.error(
+        {"n": N, "resume": "0", "cursorset": "set1", "consumer": "billing"}
+    )
+    assert status == 400 and "holds no cursor" in message
 
 
 async def test_trimmed_cursor_is_gone(client: Client) -> None:
