@@ -98,6 +98,32 @@ class Retention:
 
 
 @dataclass(frozen=True, slots=True)
+class LogRead:
+    """Entries after a position and, from the same atomic snapshot, what they are checked against.
+
+    The tail and resume replays read through this so that a trimmed gap (`trimmed` past the
+    position), a rollback (`head` behind it, or the entry at it gone untrimmed) and a new epoch
+    are seen in the very read that would otherwise skip over them, with no second round trip.
+    """
+
+    entries: list[LogEntry]
+    complete: bool
+    """Every partition was read to its end: nothing follows the last entry (at that instant)."""
+    epoch: str | None
+    partitions: int | None
+    """The stored partition count (None: the key is absent)."""
+    head: StreamId
+    trimmed: StreamId
+    witnessed: bool
+    """The entry at the position read after is still in the log (True when it could not be:
+    the position is 0-0 or at or before the trimmed horizon)."""
+    length: int
+    """Entries in the log now."""
+    added: int | None
+    """Entries ever appended to the log (Redis >= 7 counts them; None before)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Page:
     """One page of a resource's stored states, in id order."""
 
@@ -306,6 +332,50 @@ local trimmed = redis.call('GET', KEYS[5]) or '0-0'
 return {redis.call('GET', KEYS[2]) or '', trimmed, head(n), oldest, n}
 """
 
+# KEYS: common. ARGV: position (exclusive), most entries per partition (0: none), partition count
+# to read. Returns {epoch, stored partition count, head, trimmed, 1 if the entry at the position
+# is still there (or cannot be, at or before trimmed) else 0, length, entries ever added (-1:
+# unknown), then one XRANGE reply per partition}: one snapshot.
+TAIL_LUA = LUA_LIB + """
+local after, count, n = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local trimmed = redis.call('GET', KEYS[5]) or '0-0'
+local witnessed = 1
+if after ~= '0-0' and less(trimmed, after) then witnessed = 0 end
+local length, added, uncounted = 0, 0, false
+local reads = {}
+for p = 0, n - 1 do
+  local s = stream(n, p)
+  if redis.call('EXISTS', s) == 1 then
+    local info, counted = redis.call('XINFO', 'STREAM', s), false
+    for i = 1, #info, 2 do
+      if info[i] == 'length' then length = length + info[i + 1] end
+      if info[i] == 'entries-added' then added, counted = added + info[i + 1], true end
+    end
+    uncounted = uncounted or not counted
+    if witnessed == 0 and #redis.call('XRANGE', s, after, after) > 0 then witnessed = 1 end
+  end
+  reads[p + 1] = {}
+  if count > 0 then reads[p + 1] = redis.call('XRANGE', s, '(' .. after, '+', 'COUNT', count) end
+end
+if uncounted then added = -1 end
+local out = {redis.call('GET', KEYS[2]) or '', redis.call('GET', KEYS[3]) or '', head(n), trimmed,
+             witnessed, length, added}
+for p = 1, n do out[#out + 1] = reads[p] end
+return out
+"""
+
+# KEYS: common. ARGV: the epoch the caller knows, a new one. Replaces the epoch only while it is
+# still the caller's, so several publishers noticing one rollback start one new epoch. Returns the
+# epoch ('' when the bucket has none).
+RENEW_EPOCH_LUA = """
+local current = redis.call('GET', KEYS[2])
+if current == ARGV[1] then
+  redis.call('SET', KEYS[2], ARGV[2])
+  return ARGV[2]
+end
+return current or ''
+"""
+
 # KEYS: common, index, state. ARGV: ZRANGEBYLEX start, limit.
 # Returns {ids, states, head id, epoch}: one consistent snapshot.
 PAGE_LUA = LUA_LIB + """
@@ -427,6 +497,8 @@ class ChangeBucket:
         self._trim = client.register_script(TRIM_LUA)
         self._retention = client.register_script(RETENTION_LUA)
         self._page = client.register_script(PAGE_LUA)
+        self._tail = client.register_script(TAIL_LUA)
+        self._renew_epoch = client.register_script(RENEW_EPOCH_LUA)
 
     # --- writing -------------------------------------------------------------------------
 
@@ -616,25 +688,56 @@ class ChangeBucket:
         head = StreamId.parse(last or trimmed or b"0-0")
         return entries, head
 
-    async def tail(self, after: StreamId, block_ms: int, count: int = 1000) -> list[LogEntry]:
-        """Entries after `after`, waiting up to `block_ms` for the first (XREAD BLOCK).
+    async def tail(self, after: StreamId, block_ms: int | None, count: int = 1000) -> LogRead:
+        """Up to `count` entries per partition after `after`, with the checks of `LogRead`.
 
-        With several partitions the blocking read only says that something arrived (Redis may
-        answer with the one stream that woke it); the entries come from a second, non-blocking
-        read of every partition, which Redis answers as one snapshot.
+        With `block_ms` an `XREAD BLOCK` (COUNT 1) first waits up to that long for an entry after
+        `after`, and TAIL_LUA is pipelined behind it: Redis runs the script as soon as the wait
+        ends, so waiting, reading and checking cost one round trip. The blocking read only
+        wakes; the entries come from the script (XREAD BLOCK cannot run in a script), atomic
+        with the checks. Without `block_ms` it is the script alone.
         """
-        streams = await self.streams()
-        position = str(after)
+        n = await self.partition_count()
+        keys = self.keys.common
+        args: list[str | int] = [str(after), count, n]
         async with translate_redis_errors("tail"):
-            reply: Any = await self.redis.xread(
-                dict.fromkeys(streams, position), count=count, block=block_ms
-            )
-            if not reply:
-                return []
-            if len(streams) > 1:
-                reply = await self.redis.xread(dict.fromkeys(streams, position), count=count)
-        parts = [[parse_entry(i, f) for i, f in rows] for _, rows in reply]
-        return parts[0] if len(parts) == 1 else merge_partitions(parts, count)
+            if block_ms is None:
+                reply = await self._tail(keys=keys, args=args)
+            else:
+                streams = [self.keys.stream(p, n) for p in range(n)]
+                pipe = self.redis.pipeline(transaction=False)
+                pipe.xread(dict.fromkeys(streams, str(after)), count=1, block=block_ms)
+                pipe.evalsha(self._tail.sha, len(keys), *keys, *args)
+                try:
+                    _, reply = await pipe.execute()
+                except redis.exceptions.NoScriptError:
+                    # A restarted (or failed-over) Redis forgot the script: load it, read now.
+                    reply = await self._tail(keys=keys, args=args)
+        epoch, stored, head, trimmed, witnessed, length, added, *reads = reply
+        parts = [[parse_entry(i, dict(zip(f[::2], f[1::2], strict=True))) for i, f in rows]
+                 for rows in reads]
+        if count == 0:
+            entries: list[LogEntry] = []
+        else:
+            entries = parts[0] if n == 1 else merge_partitions(parts, count)
+        return LogRead(
+            entries,
+            count > 0 and all(len(rows) < count for rows in reads),
+            epoch.decode() or None,
+            int(stored) if stored else None,
+            StreamId.parse(head),
+            StreamId.parse(trimmed),
+            bool(witnessed),
+            int(length),
+            None if added < 0 else int(added),
+        )
+
+    async def renew_epoch(self, known: str) -> str:
+        """Start a new epoch if the bucket's is still `known` (a rollback was seen); returns the
+        bucket's epoch after it ('' when the bucket has none)."""
+        async with translate_redis_errors("epoch"):
+            epoch: Any = await self._renew_epoch(keys=self.keys.common, args=[known, new_epoch()])
+        return str(epoch.decode())
 
     async def trim(self, max_age: float | None, max_items: int | None = None) -> int:
         """Remove items older than `max_age` seconds (Redis' clock) and the oldest beyond
@@ -694,4 +797,4 @@ class ChangeBucket:
         await self.redis.aclose()
 
 
-__all__ = ["Change", "ChangeBucket", "LogEntry", "Page", "Retention", "merge_partitions"]
+__all__ = ["Change", "ChangeBucket", "LogEntry", "LogRead", "Page", "Retention", "merge_partitions"]

@@ -116,6 +116,8 @@ async def answer(bucket: ChangeBucket, hub: Hub, request: EventsRequest) -> Even
             missed = "the bucket was recreated while waiting"
             items, more = [], False
             break
+        if missed is None and floor < retention.trimmed:
+            missed = "items after the cursor were trimmed while waiting"
     if items and max(items[0].position, items[-1].position) > retention.head:
         retention = await bucket.retention()  # `newest` must not be older than an item
     return reply_of(items, more, retention, missed)

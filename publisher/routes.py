@@ -111,6 +111,8 @@ def add_routes(app: web.Application, service: Service) -> None:
                 "listeners": len(service.hub.connections),
                 "registrations": service.hub.stats(service.id),
                 "publisher": service.id,
+                "tail": service.tail.stats(),
+                "closed": dict(service.hub.closed),
             }
         )
 

@@ -92,6 +92,10 @@ class Service:
         if cursor.epoch != self.hub.epoch:
             return None
         retention = await self.bucket.retention()
+        # Redis's epoch too: another publisher may have started a new one (a rollback) that
+        # this one's tail has not read yet.
+        if cursor.epoch != retention.epoch:
+            return None
         if cursor.position < retention.trimmed or cursor.position > retention.head:
             return None
         return cursor.position
