@@ -163,8 +163,8 @@ class Tail:
         log.info("tail started", epoch=epoch, head=str(read.head))
 
     def _restart(self, epoch: str, read: LogRead) -> None:
-        """Start over at the head of `read` under `epoch`: every listener is closed (by the
-        caller's reason) and nothing before the head is sent."""
+        """Take up the log of `read` from its head: what the next `assess` compares with. The
+        caller resets the hub (closing every listener with its reason)."""
         self._partitions = read.partitions or self._partitions
         self._added = read.added
         self.hub.unread = 0
