@@ -8,6 +8,9 @@ connection's transport, without awaiting. A connection whose transport buffer pa
 `send_buffer` bytes stops being written to and catches up from the shared window in a task of its
 own; if the window moves past it, it is closed with 4008 (slow consumer).
 A resuming connection (registration with `since`) first reads what it missed from Redis.
+
+A connection that cannot be sent a gap-free history any more is closed with 4009 and one of the
+reasons below, exactly as if its `since` had expired: its next registration gets `resumed: false`.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import chain
@@ -40,6 +44,16 @@ log = structlog.get_logger(__name__)
 
 CLOSE_GRACE = 2.0
 """Seconds a congested connection gets to take its close frame before it is aborted."""
+REPLAY_BATCH = 1000
+"""Log entries a resuming connection reads from Redis per call."""
+
+SLOW = "slow consumer: fell behind the window"
+RECREATED = "bucket recreated: bootstrap again"
+"""4009: the bucket's epoch changed (recreated, or a new epoch after a rollback elsewhere)."""
+ROLLED_BACK = "bucket rolled back: bootstrap again"
+"""4009: Redis lost changes this publisher had sent; it started a new epoch."""
+TRIMMED = "items trimmed before they were sent: bootstrap again"
+"""4009: the log was trimmed past what this connection had been sent."""
 
 
 class Transport(Protocol):
@@ -182,6 +196,12 @@ class Hub:
         self._lagging: set[Connection] = set()
         self._advanced = asyncio.Event()
         self.released = False
+        self.log_head = window.head
+        """The bucket's head at the tail's last read."""
+        self.unread = 0
+        """Log entries after the window head at the tail's last read (items it is behind)."""
+        self.closed: Counter[str] = Counter()
+        """Connections closed because their history broke, by cause (for stats)."""
 
     # --- membership ----------------------------------------------------------------------
 
@@ -302,7 +322,20 @@ class Hub:
             remote=conn.remote,
             behind=behind,
         )
-        self.close_now(conn, CloseCode.SLOW_CONSUMER, "slow consumer: fell behind the window")
+        self.closed["slowConsumer"] += 1
+        self.close_now(conn, CloseCode.SLOW_CONSUMER, SLOW)
+
+    def close_trimmed(self, conn: Connection) -> None:
+        """Close a connection whose next items were trimmed before it was sent them (4009)."""
+        log.warning(
+            "listener closed: items trimmed before they were sent",
+            instance=conn.registration.instance,
+            service=conn.registration.service,
+            remote=conn.remote,
+            position=str(conn.position),
+        )
+        self.closed["trimGap"] += 1
+        self.close_now(conn, CloseCode.BUCKET_RESET, TRIMMED)
 
     def close_now(self, conn: Connection, code: int, reason: str) -> None:
         """Queue a close frame and drop the connection, aborting it if it cannot take the frame."""
@@ -317,13 +350,32 @@ class Hub:
         transport.close()
         asyncio.get_running_loop().call_later(CLOSE_GRACE, transport.abort)
 
-    def reset(self, epoch: str, base: StreamId) -> None:
-        """The bucket was recreated: forget the window and close every connection with 4009."""
+    def reset(self, epoch: str, base: StreamId, *, rollback: bool = False) -> None:
+        """A new history (the bucket was recreated or rolled back): forget the window, start it
+        at `base` and close every connection with 4009."""
         self.epoch = epoch
         self.window.reset(base)
+        cause, reason = ("rollback", ROLLED_BACK) if rollback else ("epochChange", RECREATED)
         for conn in list(self.connections):
-            self.close_now(conn, CloseCode.BUCKET_RESET, "bucket recreated: bootstrap again")
+            self.closed[cause] += 1
+            self.close_now(conn, CloseCode.BUCKET_RESET, reason)
         self._wake()
+
+    def skip_to(self, trimmed: StreamId) -> int:
+        """The tail found the log trimmed past the window head: the items up to `trimmed` are
+        gone unread. Close every connection that had not been sent past them (4009) and restart
+        the window at `trimmed`; returns how many were closed.
+
+        A connection resuming ahead of the tail, at or past `trimmed`, has missed nothing.
+        """
+        head = self.window.head
+        behind = [c for c in self.connections if (head if c.live else c.position) < trimmed]
+        for conn in behind:
+            self.closed["trimGap"] += 1
+            self.close_now(conn, CloseCode.BUCKET_RESET, TRIMMED)
+        self.window.reset(trimmed)
+        self._wake()
+        return len(behind)
 
     # --- catching up ---------------------------------------------------------------------
 
@@ -363,13 +415,22 @@ class Hub:
             self.close_now(conn, CloseCode.TRY_AGAIN_LATER, "bucket unavailable during replay")
 
     async def _replay_from_bucket(self, conn: Connection, until: StreamId) -> None:
-        """Send a resuming connection the matching items in (position, until] from Redis."""
+        """Send a resuming connection the matching items in (position, until] from Redis.
+
+        Each read says, in the same snapshot, how far the log was trimmed: a replay that falls
+        behind trimming is closed as the tail's listeners are, never continued over the gap.
+        """
         while conn.position < until and not conn.closing:
-            rows = await self.bucket.read(conn.position, until, count=1000)
-            if (await self.bucket.retention()).trimmed > conn.position:
-                # Trimmed while we read: what was missed may be gone. Make it bootstrap.
-                self.close_slow(conn)
+            read = await self.bucket.tail(conn.position, None, REPLAY_BATCH)
+            if read.epoch != self.epoch:
+                # The tail resets the hub when it reads this too; this one cannot wait for it.
+                self.closed["epochChange"] += 1
+                self.close_now(conn, CloseCode.BUCKET_RESET, RECREATED)
                 return
+            if read.trimmed > conn.position:
+                self.close_trimmed(conn)
+                return
+            rows = [row for row in read.entries if row.position <= until]
             if not rows:
                 conn.position = until
                 return
@@ -393,15 +454,19 @@ class Hub:
     # --- reporting -----------------------------------------------------------------------
 
     def stats(self, publisher_id: str) -> list[dict[str, Any]]:
-        """One entry per registered (connection, resource), as /changefeeds/stats shows them."""
-        head = self.window.head
+        """One entry per registered (connection, resource), as /changefeeds/stats shows them.
+
+        `itemsBehindHead` is what the connection may still be due: the matching window items
+        after its position, plus every log item the tail has not read yet (of any kind: the
+        tail cannot know which match before reading them). `headCursor` is the bucket's head.
+        """
+        head = max(self.log_head, self.window.head)
         out = []
         for conn in self.connections:
             reg = conn.registration
-            if conn.live:
-                behind = 0
-            else:
-                behind = sum(1 for e in self.window.after(conn.position) if conn.wants(e))
+            behind = self.unread
+            if not conn.live:
+                behind += sum(1 for e in self.window.after(conn.position) if conn.wants(e))
             last = conn.last_sent
             for kind in reg.kinds:
                 out.append(

@@ -103,8 +103,8 @@ async def answer(bucket: ChangeBucket, hub: Hub, request: EventsRequest) -> Even
     floor = after
     while True:
         items, more = await scan(bucket, request, floor, before)
-        if items or before is not None:
-            break
+        if items or before is not None or missed is not None:
+            break  # a client that missed items must learn it now, not after the wait
         remaining = deadline - loop_time()
         if remaining <= 0:
             break
@@ -118,6 +118,10 @@ async def answer(bucket: ChangeBucket, hub: Hub, request: EventsRequest) -> Even
             missed = "the bucket was recreated while waiting"
             items, more = [], False
             break
+        if missed is None and floor < retention.trimmed:
+            # Items after what the client has seen were trimmed before this publisher read
+            # them (it was stalled): say so now, with whatever eligible items are left.
+            missed = "items after the cursor were trimmed while waiting"
     if items and max(items[0].position, items[-1].position) > retention.head:
         retention = await bucket.retention()  # `newest` must not be older than an item
     return reply_of(items, more, retention, missed)

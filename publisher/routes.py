@@ -16,7 +16,7 @@ from aiohttp import web
 
 from changefeed.protocol import Resource
 from changefeed.watch import Watch, parse_watch
-from publisher.app_keys import BUCKET, CONFIG, HUB, LIFECYCLE
+from publisher.app_keys import BUCKET, CONFIG, HUB, LIFECYCLE, TAIL
 from publisher.bucket import decode_marker, encode_marker
 from publisher.http import bad_request, json_error, json_response
 from publisher.watch_pages import page_watched
@@ -72,6 +72,8 @@ def add_routes(app: web.Application) -> None:
                 "listeners": len(hub.connections),
                 "registrations": hub.stats(publisher_id),
                 "publisher": publisher_id,
+                "tail": request.app[TAIL].stats(),
+                "closed": dict(hub.closed),
             }
         )
 

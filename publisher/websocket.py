@@ -40,6 +40,10 @@ async def resume_position(hub: Hub, bucket: ChangeBucket, cursor: Cursor) -> Str
     if cursor.epoch != hub.epoch:
         return None
     retention = await bucket.retention()
+    # Redis's epoch too: another publisher may have started a new one (a rollback) that this
+    # one's tail has not read yet.
+    if cursor.epoch != retention.epoch:
+        return None
     if cursor.position < retention.trimmed or cursor.position > retention.head:
         return None
     return cursor.position

@@ -41,6 +41,7 @@ from publisher.bucket.values import (
     Change,
     Committed,
     LogEntry,
+    LogRead,
     Page,
     Piece,
     Retention,
@@ -209,6 +210,8 @@ class ChangeBucket:
         self._retention = client.register_script(scripts.RETENTION.text)
         self._page = client.register_script(scripts.PAGE.text)
         self._save_cursors = client.register_script(scripts.SAVE_CURSORS.text)
+        self._tail = client.register_script(scripts.TAIL.text)
+        self._renew_epoch = client.register_script(scripts.RENEW_EPOCH.text)
 
     # --- writing -------------------------------------------------------------------------
 
@@ -454,25 +457,56 @@ class ChangeBucket:
         head = StreamId.parse(last or trimmed or b"0-0")
         return entries, head
 
-    async def tail(self, after: StreamId, block_ms: int, count: int = 1000) -> list[LogEntry]:
-        """Entries after `after`, waiting up to `block_ms` for the first (XREAD BLOCK).
+    async def tail(self, after: StreamId, block_ms: int | None, count: int = 1000) -> LogRead:
+        """Up to `count` entries per partition after `after`, with the checks of `LogRead`.
 
-        With several partitions the blocking read only says that something arrived (Redis may
-        answer with the one stream that woke it); the entries come from a second, non-blocking
-        read of every partition, which Redis answers as one snapshot.
+        With `block_ms` an `XREAD BLOCK` (COUNT 1) first waits up to that long for an entry after
+        `after`, and the tail script is pipelined behind it: Redis runs the script as soon as the
+        wait ends, so waiting, reading and checking cost one round trip. The blocking read only
+        wakes; the entries come from the script (XREAD BLOCK cannot run in a script), atomic
+        with the checks. Without `block_ms` it is the script alone.
         """
-        streams = await self.streams()
-        position = str(after)
+        n = await self.partition_count()
+        keys = self.keys.common
+        args: list[str | int] = [str(after), count, n]
         async with translate_redis_errors("tail"):
-            reply: Any = await self.redis.xread(
-                dict.fromkeys(streams, position), count=count, block=block_ms
-            )
-            if not reply:
-                return []
-            if len(streams) > 1:
-                reply = await self.redis.xread(dict.fromkeys(streams, position), count=count)
-        parts = [[parse_entry(i, f) for i, f in rows] for _, rows in reply]
-        return parts[0] if len(parts) == 1 else merge_partitions(parts, count)
+            if block_ms is None:
+                reply = await self._tail(keys=keys, args=args)
+            else:
+                streams = [self.keys.stream(p, n) for p in range(n)]
+                pipe = self.redis.pipeline(transaction=False)
+                pipe.xread(dict.fromkeys(streams, str(after)), count=1, block=block_ms)
+                pipe.evalsha(self._tail.sha, len(keys), *keys, *args)
+                try:
+                    _, reply = await pipe.execute()
+                except redis.exceptions.NoScriptError:
+                    # A restarted (or failed-over) Redis forgot the script: load it, read now.
+                    reply = await self._tail(keys=keys, args=args)
+        epoch, stored, head, trimmed, witnessed, length, added, *reads = reply
+        parts = [[parse_entry(i, dict(zip(f[::2], f[1::2], strict=True))) for i, f in rows]
+                 for rows in reads]
+        if count == 0:
+            entries: list[LogEntry] = []
+        else:
+            entries = parts[0] if n == 1 else merge_partitions(parts, count)
+        return LogRead(
+            entries,
+            count > 0 and all(len(rows) < count for rows in reads),
+            epoch.decode() or None,
+            int(stored) if stored else None,
+            StreamId.parse(head),
+            StreamId.parse(trimmed),
+            bool(witnessed),
+            int(length),
+            None if added < 0 else int(added),
+        )
+
+    async def renew_epoch(self, known: str) -> str:
+        """Start a new epoch if the bucket's is still `known` (a rollback was seen); returns the
+        bucket's epoch after it ('' when the bucket has none)."""
+        async with translate_redis_errors("epoch"):
+            epoch: Any = await self._renew_epoch(keys=self.keys.common, args=[known, new_epoch()])
+        return str(epoch.decode())
 
     async def trim(self, max_age: float | None, max_items: int | None = None) -> int:
         """Remove items older than `max_age` seconds (Redis' clock) and the oldest beyond

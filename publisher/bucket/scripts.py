@@ -40,7 +40,12 @@ RETENTION = load("retention")
 PAGE = load("page")
 """A page of stored states (whole index or a watch's pieces) with the head: one snapshot."""
 
+TAIL = load("tail")
+"""The tail's read: entries after a position with the epoch, head, horizon and a witness."""
+RENEW_EPOCH = load("renew_epoch")
+"""Start a new epoch if it is still the caller's (a rollback was seen)."""
 SAVE_CURSORS = load("save_cursors")
 """Store a feed consumer's cursor set: bounded in number, expiring."""
 
-__all__ = ["COMMIT", "ENSURE", "PAGE", "RETENTION", "SAVE_CURSORS", "TRIM", "Script", "load"]
+__all__ = ["COMMIT", "ENSURE", "PAGE", "RENEW_EPOCH", "RETENTION", "SAVE_CURSORS", "TAIL",
+           "TRIM", "Script", "load"]

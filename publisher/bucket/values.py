@@ -76,6 +76,32 @@ class Retention:
 
 
 @dataclass(frozen=True, slots=True)
+class LogRead:
+    """Entries after a position and, from the same atomic snapshot, what they are checked against.
+
+    The tail and resume replays read through this so that a trimmed gap (`trimmed` past the
+    position), a rollback (`head` behind it, or the entry at it gone untrimmed) and a new epoch
+    are seen in the very read that would otherwise skip over them, with no second round trip.
+    """
+
+    entries: list[LogEntry]
+    complete: bool
+    """Every partition was read to its end: nothing follows the last entry (at that instant)."""
+    epoch: str | None
+    partitions: int | None
+    """The stored partition count (None: the key is absent)."""
+    head: StreamId
+    trimmed: StreamId
+    witnessed: bool
+    """The entry at the position read after is still in the log (True when it could not be:
+    the position is 0-0 or at or before the trimmed horizon)."""
+    length: int
+    """Entries in the log now."""
+    added: int | None
+    """Entries ever appended to the log (Redis >= 7 counts them; None before)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Page:
     """One page of a resource's stored states, in id order."""
 
@@ -188,6 +214,7 @@ __all__ = [
     "Change",
     "Committed",
     "LogEntry",
+    "LogRead",
     "Op",
     "Page",
     "Piece",
