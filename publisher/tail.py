@@ -1,8 +1,8 @@
 """The tail: one blocking read loop per publisher process, feeding the hub.
 
 It waits with XREAD BLOCK (no polling interval) after the last position it delivered and reads
-with the tail script (tail.lua) pipelined behind the wait, so every read also brings, in the same snapshot, what
-the tail checks it against (`assess`):
+with the tail script (tail.lua) pipelined behind the wait, so every read also brings, in the same
+snapshot, what the tail checks it against (`assess`):
 
 - another epoch (or none): the bucket was recreated, or another publisher saw a rollback;
 - the log's head behind the tail's position, or the entry at that position gone without being
