@@ -27,7 +27,7 @@ from typing import Any, Protocol
 import structlog
 
 from changefeed.cursor import ZERO, Cursor, StreamId
-from changefeed.errors import BucketUnavailable
+from changefeed.errors import BucketBusy, BucketUnavailable
 from changefeed.protocol import (
     WILDCARD,
     ChangeKind,
@@ -410,6 +410,9 @@ class Hub:
                     conn.position = entry.position
         except (ConnectionError, RuntimeError) as exc:
             log.info("catch-up ended: connection gone", remote=conn.remote, error=str(exc))
+        except BucketBusy as exc:
+            log.warning("catch-up failed: publisher overloaded", remote=conn.remote, error=str(exc))
+            self.close_now(conn, CloseCode.OVERLOADED, "publisher overloaded during replay")
         except BucketUnavailable as exc:
             log.warning("catch-up failed: bucket unavailable", remote=conn.remote, error=str(exc))
             self.close_now(conn, CloseCode.TRY_AGAIN_LATER, "bucket unavailable during replay")
