@@ -66,7 +66,7 @@ class Transport(Protocol):
 
 
 @dataclass(eq=False, slots=True)
-class Connection:
+class Subscriber:
     """A registered websocket: what it listens for and how far it has been sent."""
 
     registration: Registration
@@ -98,7 +98,7 @@ class Connection:
         )
 
 
-Table = dict[str, dict[str, set[Connection]]]
+Table = dict[str, dict[str, set[Subscriber]]]
 """resource -> key (a sub-resource, an id or an id prefix) -> connections."""
 
 
@@ -124,14 +124,14 @@ class Routes:
             yield self._by_id, kind.watch.ids
             yield self._by_prefix, kind.watch.prefixes
 
-    def add(self, conn: Connection) -> None:
+    def add(self, conn: Subscriber) -> None:
         for kind in conn.registration.kinds:
             for table, keys in self._keys(kind):
                 by_key = table.setdefault(kind.resource, {})
                 for key in keys:
                     by_key.setdefault(key, set()).add(conn)
 
-    def remove(self, conn: Connection) -> None:
+    def remove(self, conn: Subscriber) -> None:
         for kind in conn.registration.kinds:
             for table, keys in self._keys(kind):
                 by_key = table.get(kind.resource, {})
@@ -146,10 +146,10 @@ class Routes:
 
     def matching(
         self, resource: str, sub_resources: Iterable[str], changed_resource_id: str
-    ) -> Iterator[Connection]:
+    ) -> Iterator[Subscriber]:
         """Each connection registered for an item of `resource` with `sub_resources` and
         `changed_resource_id`, once."""
-        sets: list[set[Connection]] = []
+        sets: list[set[Subscriber]] = []
         by_sub = self._by_sub.get(resource)
         if by_sub:
             sets.extend(by_sub[s] for s in sub_resources if s in by_sub)
@@ -158,7 +158,7 @@ class Routes:
         by_id = self._by_id.get(resource)
         by_prefix = self._by_prefix.get(resource)
         if by_id or by_prefix:
-            found: list[set[Connection]] = []
+            found: list[set[Subscriber]] = []
             if by_id and changed_resource_id in by_id:
                 found.append(by_id[changed_resource_id])
             if by_prefix:
@@ -191,9 +191,9 @@ class Hub:
         self.bucket = bucket
         self.send_buffer = send_buffer
         self.epoch = ""
-        self.connections: set[Connection] = set()
+        self.connections: set[Subscriber] = set()
         self.routes = Routes()
-        self._lagging: set[Connection] = set()
+        self._lagging: set[Subscriber] = set()
         self._advanced = asyncio.Event()
         self.released = False
         self.log_head = window.head
@@ -205,7 +205,7 @@ class Hub:
 
     # --- membership ----------------------------------------------------------------------
 
-    def add(self, conn: Connection, since: StreamId | None = None) -> None:
+    def add(self, conn: Subscriber, since: StreamId | None = None) -> None:
         """Register `conn`: live from the window head, or catching up from `since`."""
         self.connections.add(conn)
         self.routes.add(conn)
@@ -213,7 +213,7 @@ class Hub:
             conn.replaying = True
             self._fall_behind(conn, since)
 
-    def remove(self, conn: Connection) -> None:
+    def remove(self, conn: Subscriber) -> None:
         self.connections.discard(conn)
         self._lagging.discard(conn)
         self.routes.remove(conn)
@@ -244,7 +244,7 @@ class Hub:
         """
         window = self.window
         send_buffer = self.send_buffer
-        pending: dict[Connection, _Pending] = {}
+        pending: dict[Subscriber, _Pending] = {}
         for raw in entries:
             if raw.position <= window.head:
                 continue  # already seen (a re-read after a Redis reconnect)
@@ -306,13 +306,13 @@ class Hub:
         self.released = True
         self._wake()
 
-    def _fall_behind(self, conn: Connection, position: StreamId) -> None:
+    def _fall_behind(self, conn: Subscriber, position: StreamId) -> None:
         conn.live = False
         conn.position = position
         self._lagging.add(conn)
         conn.task = asyncio.create_task(self._catch_up(conn), name=f"catch-up {conn.remote}")
 
-    def close_slow(self, conn: Connection) -> None:
+    def close_slow(self, conn: Subscriber) -> None:
         """Close a connection that fell out of the window with 4008, without waiting on it."""
         behind = self.window.behind(conn.position)
         log.warning(
@@ -325,7 +325,7 @@ class Hub:
         self.closed["slowConsumer"] += 1
         self.close_now(conn, CloseCode.SLOW_CONSUMER, SLOW)
 
-    def close_trimmed(self, conn: Connection) -> None:
+    def close_trimmed(self, conn: Subscriber) -> None:
         """Close a connection whose next items were trimmed before it was sent them (4009)."""
         log.warning(
             "listener closed: items trimmed before they were sent",
@@ -337,7 +337,7 @@ class Hub:
         self.closed["trimGap"] += 1
         self.close_now(conn, CloseCode.BUCKET_RESET, TRIMMED)
 
-    def close_now(self, conn: Connection, code: int, reason: str) -> None:
+    def close_now(self, conn: Subscriber, code: int, reason: str) -> None:
         """Queue a close frame and drop the connection, aborting it if it cannot take the frame."""
         if conn.closing:
             return
@@ -379,7 +379,7 @@ class Hub:
 
     # --- catching up ---------------------------------------------------------------------
 
-    async def _catch_up(self, conn: Connection) -> None:
+    async def _catch_up(self, conn: Subscriber) -> None:
         """Send `conn` what it missed, from Redis then from the window, then make it live."""
         try:
             while not conn.closing:
@@ -417,7 +417,7 @@ class Hub:
             log.warning("catch-up failed: bucket unavailable", remote=conn.remote, error=str(exc))
             self.close_now(conn, CloseCode.TRY_AGAIN_LATER, "bucket unavailable during replay")
 
-    async def _replay_from_bucket(self, conn: Connection, until: StreamId) -> None:
+    async def _replay_from_bucket(self, conn: Subscriber, until: StreamId) -> None:
         """Send a resuming connection the matching items in (position, until] from Redis.
 
         Each read says, in the same snapshot, how far the log was trimmed: a replay that falls
@@ -445,7 +445,7 @@ class Hub:
                     conn.last_sent = row.position
                 conn.position = row.position
 
-    async def _writable(self, conn: Connection) -> bool:
+    async def _writable(self, conn: Subscriber) -> bool:
         """Wait until `conn` can take another frame without passing `send_buffer`; False when
         it is closing instead."""
         if conn.transport.get_write_buffer_size() > self.send_buffer:

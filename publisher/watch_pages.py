@@ -12,7 +12,7 @@ snapshot of the store, read in one round trip.
 from __future__ import annotations
 
 from changefeed.watch import Watch, prefixes_of
-from publisher.bucket import ChangeBucket, Page, Piece
+from publisher.bucket import ChangeBucket, Piece, StatePage
 
 
 def _after(start: str, after_id: str | None) -> str:
@@ -45,7 +45,7 @@ def pieces(watch: Watch, after_id: str | None = None) -> list[Piece]:
 
 async def page_watched(
     bucket: ChangeBucket, resource: str, watch: Watch, after_id: str | None, limit: int
-) -> Page:
+) -> StatePage:
     """Up to `limit` stored states of `resource` whose ids `watch` sees, after `after_id`, in id
     order, with the bucket head read in the same snapshot."""
     return await bucket.page_pieces(resource, pieces(watch, after_id), limit)

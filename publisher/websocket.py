@@ -30,7 +30,7 @@ from publisher.admission import PROTOCOL_ERROR, Guard
 from publisher.app_keys import BUCKET, CONFIG, HUB, LIFECYCLE, TAIL, Lifecycle
 from publisher.bucket import ChangeBucket
 from publisher.http import OVERLOADED, UNAVAILABLE, bad_request
-from publisher.hub import Connection, Hub
+from publisher.hub import Hub, Subscriber
 
 log = structlog.get_logger(__name__)
 
@@ -100,7 +100,7 @@ async def handle_websocket(request: web.Request) -> web.WebSocketResponse:
     transport.write(text_frame(orjson.dumps(reply)))
     # The protocol pauses (and drains) above the send buffer: what the hub counts as slow.
     transport.set_write_buffer_limits(high=limits.send_buffer)
-    conn = Connection(registration, transport, request.protocol, remote)
+    conn = Subscriber(registration, transport, request.protocol, remote)
     hub.add(conn, since if since is not None else head)
     bound = log.bind(
         instance=registration.instance,

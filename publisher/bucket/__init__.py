@@ -1,7 +1,7 @@
 """The change bucket and the authoritative store, in Redis.
 
     keys.py      the key layout of a bucket (`Keys`) and the partition of a change
-    values.py    what goes in and comes out: `Change`, `LogEntry`, `Page`, `Committed`, ...
+    values.py    what goes in and comes out: `Change`, `LogEntry`, `StatePage`, `Committed`, ...
     markers.py   the keyset marker of bootstrap pages
     scripts.py   the Lua scripts (`*.lua` beside it), loaded with importlib.resources
     client.py    `ChangeBucket` and `connect`: the only code that talks to Redis or runs a script,
@@ -29,9 +29,9 @@ from publisher.bucket.values import (
     LogEntry,
     LogRead,
     Op,
-    Page,
     Piece,
     Retention,
+    StatePage,
     digest_of,
     merge_partitions,
     parse_entry,
@@ -54,9 +54,9 @@ __all__ = [
     "LogEntry",
     "LogRead",
     "Op",
-    "Page",
     "Piece",
     "Retention",
+    "StatePage",
     "connect",
     "decode_marker",
     "digest_of",

@@ -42,9 +42,9 @@ from publisher.bucket.values import (
     Committed,
     LogEntry,
     LogRead,
-    Page,
     Piece,
     Retention,
+    StatePage,
     digest_of,
     merge_partitions,
     parse_entry,
@@ -581,12 +581,12 @@ class ChangeBucket:
 
     # --- reading the store ---------------------------------------------------------------
 
-    async def page(self, resource: str, after_id: str | None, limit: int) -> Page:
+    async def page(self, resource: str, after_id: str | None, limit: int) -> StatePage:
         """Up to `limit` stored states of `resource` with ids after `after_id`, in id order."""
         start = "-" if after_id is None else "(" + after_id
         return await self.page_pieces(resource, [Piece(start, "+")], limit)
 
-    async def page_pieces(self, resource: str, pieces: Sequence[Piece], limit: int) -> Page:
+    async def page_pieces(self, resource: str, pieces: Sequence[Piece], limit: int) -> StatePage:
         """Up to `limit` stored states of `resource` whose ids are in `pieces` (ids and ranges of
         the index, in id order), with the bucket head: one snapshot, one round trip."""
         args: list[str | int] = [limit]
@@ -598,7 +598,7 @@ class ChangeBucket:
                 args=args,
             )
         cursor = Cursor(epoch.decode(), StreamId.parse(head)) if epoch else None
-        return Page([i.decode() for i in ids], list(states), cursor)
+        return StatePage([i.decode() for i in ids], list(states), cursor)
 
     async def get(self, resource: str, id: str) -> bytes | None:
         """The stored state of one resource object as JSON bytes, or None."""

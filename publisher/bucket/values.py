@@ -102,7 +102,7 @@ class LogRead:
 
 
 @dataclass(frozen=True, slots=True)
-class Page:
+class StatePage:
     """One page of a resource's stored states, in id order."""
 
     ids: list[str]
@@ -216,9 +216,9 @@ __all__ = [
     "LogEntry",
     "LogRead",
     "Op",
-    "Page",
     "Piece",
     "Retention",
+    "StatePage",
     "digest_of",
     "merge_partitions",
     "parse_entry",

@@ -78,7 +78,7 @@ def test_the_names_the_tree_imports_from_the_bucket_stay_exported() -> None:
 
     documented = {
         "BATCH", "COMMIT_LUA", "Change", "ChangeBucket", "Committed", "Keys", "LogEntry", "Op",
-        "Page", "Piece", "Retention", "connect", "decode_marker", "digest_of", "encode_marker",
+        "StatePage", "Piece", "Retention", "connect", "decode_marker", "digest_of", "encode_marker",
         "merge_partitions", "parse_entry", "partition_of", "translate_redis_errors",
     }
     assert documented <= set(bucket.__all__)

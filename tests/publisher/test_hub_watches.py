@@ -16,7 +16,7 @@ from changefeed.protocol import ChangeKind, Registration
 from changefeed.watch import Watch
 from publisher.bucket import Change, LogEntry
 from publisher.config import Config
-from publisher.hub import Connection, Routes
+from publisher.hub import Routes, Subscriber
 from publisher.service import Service
 from tests.conftest import PublisherFactory
 from tests.servers import RedisServer
@@ -27,9 +27,9 @@ W = Watch.of
 # --- the hub's index -----------------------------------------------------------------------
 
 
-def _connection(*kinds: ChangeKind) -> Connection:
+def _connection(*kinds: ChangeKind) -> Subscriber:
     registration = Registration("i", "s", kinds, 2 if len(kinds) > 1 else 1)
-    return Connection(registration, transport=None, protocol=None, remote="test")  # type: ignore[arg-type]
+    return Subscriber(registration, transport=None, protocol=None, remote="test")  # type: ignore[arg-type]
 
 
 def test_routes_find_exactly_the_connections_whose_kind_and_watch_match() -> None:
