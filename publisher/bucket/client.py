@@ -20,6 +20,7 @@ from typing import Any
 import orjson
 import redis.asyncio as aioredis
 import redis.exceptions
+import structlog
 from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
@@ -49,6 +50,8 @@ from publisher.bucket.values import (
     merge_partitions,
     parse_entry,
 )
+
+log = structlog.get_logger(__name__)
 
 BATCH = 500
 """Changes per Lua call in commit_many: keeps Redis responsive between calls."""
@@ -198,6 +201,8 @@ class ChangeBucket:
         idempotency_keys: int = IDEMPOTENCY_KEYS,
     ) -> None:
         self.redis = client
+        self._witness: tuple[str, StreamId] | None = None
+        """(epoch, position) of the newest change this client was acknowledged."""
         """The redis-py client: the bucket's own. Other modules use the methods."""
         self.keys = Keys(name)
         self.name = name
@@ -247,6 +252,7 @@ class ChangeBucket:
             key or "",
             digest_of(changes) if key else "",
             self.idempotency_keys,
+            "" if self._witness is None else f"{self._witness[0]} {self._witness[1]}",
         ]
         for change in changes:
             self.validate(change)
@@ -263,9 +269,11 @@ class ChangeBucket:
 
     @staticmethod
     def committed(reply: Sequence[Any]) -> Committed:
-        """commit.lua's reply {epoch, ms, first seq, count, fresh} as a value."""
-        epoch, ms, first, count, fresh = reply
-        return Committed(epoch.decode(), int(ms), int(first), int(count), bool(fresh))
+        """commit.lua's reply {epoch, ms, first seq, count, fresh, renewed} as a value."""
+        epoch, ms, first, count, fresh, renewed = reply
+        return Committed(
+            epoch.decode(), int(ms), int(first), int(count), bool(fresh), bool(renewed)
+        )
 
     @classmethod
     def cursors_of(cls, reply: Sequence[Any]) -> list[str]:
@@ -291,7 +299,26 @@ class ChangeBucket:
                 replies = await _evalsha(connection, scripts.COMMIT, calls)
         finally:
             await pool.release(connection)
-        return [self.committed(reply) for reply in replies]
+        done = [self.committed(reply) for reply in replies]
+        for committed in done:
+            self._witnessed(committed)
+        return done
+
+    def _witnessed(self, committed: Committed) -> None:
+        """Remember the newest position this client was acknowledged: the next commit sends it,
+        and a bucket whose head is behind it (Redis lost acknowledged commits) gets a new epoch."""
+        if committed.renewed:
+            log.error(
+                "bucket rolled back: its head was behind a commit this client had been "
+                "acknowledged; started a new epoch so that every listener bootstraps again",
+                bucket=self.name, witness=None if self._witness is None else str(self._witness[1]),
+                epoch=committed.epoch,
+            )
+        if not committed.fresh or not committed.count:
+            return
+        last = StreamId(committed.ms, committed.first + committed.count - 1)
+        if self._witness is None or self._witness[0] != committed.epoch or self._witness[1] < last:
+            self._witness = (committed.epoch, last)
 
     async def commit_many(self, changes: Iterable[Change], *, key: str | None = None) -> list[str]:
         """Commit changes atomically per batch of BATCH, in order; returns their cursors.

@@ -1,10 +1,14 @@
 -- Commit changes: store each state and append each change item, atomically.
 -- KEYS: common, idempotency hash, idempotency times, then (state, index) per change.
 -- ARGV: candidate epoch, wanted partitions, idempotency key ('' for none), digest of the changes,
--- most keys remembered, then (op, resource, sub-resources as JSON, id, state JSON) per change.
--- Returns {epoch, ms, first seq, count, 1}: the changes' ids are ms-(first seq), ms-(first seq + 1),
--- ... in order. With a key already remembered it writes nothing and returns the first call's
--- {epoch, ms, first seq, count, 0}; an error KEYREUSED when that call had other changes.
+-- most keys remembered, the writer's witness ('<epoch> <id>': the newest position it was given,
+-- or ''), then (op, resource, sub-resources as JSON, id, state JSON) per change.
+-- Returns {epoch, ms, first seq, count, 1, renewed}: the changes' ids are ms-(first seq),
+-- ms-(first seq + 1), ... in order. With a key already remembered it writes nothing and returns
+-- the first call's {epoch, ms, first seq, count, 0, 0}; an error KEYREUSED when that call had
+-- other changes. `renewed` is 1 when the head was behind the witness: Redis lost commits it had
+-- acknowledged (restored from an older snapshot, a lagging replica promoted), so the bucket gets
+-- a new epoch before this commit, and every publisher tells its listeners to bootstrap again.
 -- Ids come from one sequence for every partition (`last`), so they order every change of the
 -- bucket, whatever its partition.
 local call = redis.call
@@ -16,18 +20,25 @@ if key ~= '' then
     if was ~= digest then
       return redis.error_reply('KEYREUSED ' .. count .. ' ' .. key)
     end
-    return {epoch, ms, tonumber(first), tonumber(count), 0}
+    return {epoch, ms, tonumber(first), tonumber(count), 0, 0}
   end
 end
 local n, problem = ensure(ARGV[1], ARGV[2])
 if not n then return redis.error_reply(problem) end
+local renewed = 0
+local witness_epoch, witness_id = string.match(ARGV[6], '^(%S+) (%S+)$')
+if witness_epoch and witness_epoch == call('GET', KEYS[2])
+    and less(call('GET', KEYS[4]), witness_id) then
+  call('SET', KEYS[2], ARGV[1])
+  renewed = 1
+end
 local lms, lseq = parse(call('GET', KEYS[4]))
 local ms, seq = now_ms(), -1
 if ms <= lms then ms, seq = lms, lseq end
-local first, count = seq + 1, (#ARGV - 5) / 5
+local first, count = seq + 1, (#ARGV - 6) / 5
 local prefix = string.format('%d-', ms)
 for j = 0, count - 1 do
-  local a = 6 + j * 5
+  local a = 7 + j * 5
   local op, changed = ARGV[a], ARGV[a + 3]
   if op == 'put' then
     call('HSET', KEYS[8 + j * 2], changed, ARGV[a + 4])
@@ -55,4 +66,4 @@ if key ~= '' then
     call('ZREMRANGEBYRANK', KEYS[7], 0, excess - 1)
   end
 end
-return {epoch, string.format('%d', ms), first, count, 1}
+return {epoch, string.format('%d', ms), first, count, 1, renewed}

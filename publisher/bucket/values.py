@@ -130,7 +130,9 @@ class Committed:
     ms-(first + count - 1) in the bucket of epoch `epoch`.
 
     `fresh` is False when the commit's idempotency key was already known: nothing was written
-    now, and the positions are those of the commit that first used the key.
+    now, and the positions are those of the commit that first used the key. `renewed` is True
+    when this commit found the bucket rolled back behind what this client had been acknowledged,
+    and started a new epoch before writing.
     """
 
     epoch: str
@@ -138,6 +140,7 @@ class Committed:
     first: int
     count: int
     fresh: bool = True
+    renewed: bool = False
 
     @property
     def cursors(self) -> list[str]:
