@@ -195,6 +195,11 @@ class Hub:
         self.routes = Routes()
         self._lagging: set[Subscriber] = set()
         self._advanced = asyncio.Event()
+        self.waiting = 0
+        """Long polls waiting for the window to advance now (a gauge for stats and metrics)."""
+        self.waits = 0
+        """Waits begun since start: a poll that woke, found nothing for it and waits again
+        counts twice."""
         self.released = False
         self.log_head = window.head
         """The bucket's head at the tail's last read."""
@@ -293,13 +298,18 @@ class Hub:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         epoch = self.epoch
-        while self.window.head <= position and self.epoch == epoch:
-            remaining = deadline - loop.time()
-            if self.released or remaining <= 0:
-                return False
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._advanced.wait(), remaining)
-        return True
+        self.waits += 1
+        self.waiting += 1
+        try:
+            while self.window.head <= position and self.epoch == epoch:
+                remaining = deadline - loop.time()
+                if self.released or remaining <= 0:
+                    return False
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._advanced.wait(), remaining)
+            return True
+        finally:
+            self.waiting -= 1
 
     def release_waiters(self) -> None:
         """Shutting down: every wait_past() returns now, and later ones at once."""

@@ -61,14 +61,30 @@ can still disappear, or never reach a listener, when:
 2. **Redis loses its last writes but keeps the bucket**: restored from an older RDB snapshot,
    an AOF with `appendfsync everysec` (the embedded Redis's setting) after a power loss or
    kernel crash (up to a second of commits), or **a failover to a replica that lagged**. The
-   epoch survives and the head goes backwards. Measured: "redis restored from an older RDB". A
-   failover to a lagging replica has the same shape but is not exercised here (the suite runs no
-   replicas).
-3. **The log is trimmed past a position that is still needed**: a listener that was away
-   longer than `maxAge` (or past `maxItems`) resumes with a cursor older than the trimmed
-   horizon and gets **`resumed: false`** → **`Resync`** (or **4008** if it happens during its
-   replay, then `resumed: false`); a pull consumer gets **`missed: true`**. A *publisher* whose
-   tail is behind the trim (paused, or overloaded, with another publisher trimming): measured in
+   epoch survives and the head goes backwards. Two witnesses notice it: every publisher
+   remembers the newest position its tail read, and every `ChangeBucket` client remembers the
+   newest position it was acknowledged and sends it with its next commit. A head behind either
+   is a new history: the bucket gets a **new epoch** (once, whoever sees it first), logged at
+   error (`bucket rolled back`), and every publisher closes its listeners with **4009**
+   `bucket rolled back: bootstrap again` (or `bucket recreated: bootstrap again` when another
+   publisher or a writer renewed the epoch first); `since` then gets **`resumed: false`** and
+   the `Listener` yields **`Resync`**. The changes the rollback removed are gone from the store
+   too, so the bootstrap hands the listener the store as it now is ("lost, announced").
+   Measured: "redis restored from an older RDB" (the publisher is paused across the rollback,
+   so only the writer's witness can see it). Not seen: a rollback of commits that no running
+   publisher read and whose writer has gone (a new client has no witness). A failover to a
+   lagging replica has the same shape but is not exercised here (the suite runs no replicas).
+3. **The log is trimmed past a position that is still needed**: a listener that was away longer
+   than `maxAge` (or past `maxItems`) resumes with a cursor older than the trimmed horizon and
+   gets **`resumed: false`** → **`Resync`**; a pull consumer gets **`missed: true`**
+   (`ItemsMissed`). A *publisher* whose tail falls behind the trim (paused, or overloaded, with
+   another publisher trimming) sees it in the same read that brings the entries
+   (`{name}:trimmed` past its position), logs `tail fell behind the trim horizon: items trimmed
+   before they were sent` at warning with the number of items lost, counts it in
+   `/changefeeds/stats` (`tail.trimGaps`, `tail.itemsLost`, `closed.trimGap`), and closes every
+   listener it had not yet sent past the horizon with **4009** `items trimmed before they were
+   sent: bootstrap again`; their `since` is older than the horizon, so **`resumed: false`** →
+   **`Resync`**. A resume replay that is trimmed under it is closed the same way. Measured:
    "tail behind trim".
 
 Redis with `appendonly yes` and `appendfsync always` loses nothing on a crash of the Redis
@@ -76,24 +92,22 @@ process or of the host ("redis SIGKILL, AOF fsync always"). A paused Redis, a ki
 publisher, a network that drops, delays or resets the listener's connection lose nothing: the
 listener resumes after the last change it delivered.
 
-A commit whose reply is lost (a timeout or a reset after the request left) raised
-`BucketUnavailable`, "nothing was written", although the change may have been written.
+## What a writer is told
+
+- `commit` returned a cursor: the change is in Redis (and, with AOF `always`, on disk).
+- **`BucketUnavailable`**: nothing was sent (Redis unreachable before the request left):
+  nothing was written; retrying is safe.
+- **`CommitOutcomeUnknown`** (a `BucketUnavailable`): the request was sent and no answer came
+  (a timeout, a reset): the change may have been written and delivered ("commit reply lost":
+  the suite records such commits as "maybe"). Retry with the same **idempotency key**
+  (`commit(..., key=...)`, `changefeed publish --key`): a retry of a commit that got in returns
+  its original cursor and writes nothing; one that did not writes it once.
+- **`BucketBusy`** (a `BucketUnavailable`): the publisher's Redis pool stayed busy for
+  `bucket.poolTimeout`: overload, nothing was sent. Listeners see **4029** (websocket) or
+  **503 `Overloaded`** with `Retry-After`, never the 1013 / 503 `BucketUnavailable` of a real
+  outage ("herd of 500 resumes": 500 resumes at once on one publisher, none refused).
 """
 
-TODO = """\
-## TODO: behaviour after the fixes of issue 11
-
-<!-- TODO(issue 11): to be written once the fixes are merged; the table above is from real
-runs of the code at the commit named above, before them. -->
-
-- **Rollback (older snapshot, lagging replica)**: TODO — how the publisher detects that the
-  head went backwards, and what the listener sees (expected: a new epoch, 4009 → `Resync`).
-- **Tail behind trim**: TODO — how a publisher whose tail fell behind the trimmed horizon tells
-  its listeners (expected: 4009 / `resumed: false` → `Resync`).
-- **Commit outcome unknown**: TODO — the exception a commit raises when its reply was lost
-  (the writer of this suite records such commits as "maybe").
-- **Herd of resumes**: TODO — the connection limit behind the false 1013s.
-"""
 
 
 def cell(value: float | None) -> str:
@@ -124,9 +138,9 @@ def render(rows: Sequence[Row], *, command: str, machine: str, date: str, commit
     return (
         "# Reliability: the fault-injection matrix\n\n"
         "<!-- written by `python -m tests.faults`; edit tests/faults/report.py, not this file"
-        " (except the TODO section) -->\n\n"
+        " -->\n\n"
         f"Produced by `{command}` on {machine}, {date}, at commit `{commit}`, in "
         f"{seconds:.0f} s. The quick variants of the same scenarios run in the test suite "
         "(`pytest -m faults`, tests/faults/test_quick.py).\n\n"
-        + table(rows) + "\n" + notes(rows) + "\n" + PROSE + "\n" + TODO
+        + table(rows) + "\n" + notes(rows) + "\n" + PROSE
     )

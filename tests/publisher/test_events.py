@@ -14,7 +14,7 @@ from changefeed.cursor import Cursor, new_epoch
 from publisher.config import Config
 from publisher.service import Service
 from tests.conftest import PublisherFactory
-from tests.servers import RedisServer, scaled
+from tests.servers import RedisServer, eventually, scaled
 
 ITEMS = [
     ("vm", "servers/1", ["nic"]),  # 0
@@ -140,8 +140,9 @@ async def test_paging_backwards_to_the_end_then_polling_the_head(feed: Feed) -> 
     assert (await feed.get(before=feed.cursors[0]))["items"] == []
 
     # Then poll forward from the newest item seen: a new item ends the wait at once.
+    hub = feed.service.hub
     poll = asyncio.create_task(feed.get(after=feed.cursors[7], wait_time=scaled(30)))
-    await asyncio.sleep(0.2)
+    await eventually(lambda: hub.waiting == 1, "the poll waits on the hub")
     assert not poll.done(), "nothing new yet: the request waits"
     new = await feed.service.bucket.publish("vm", "late", ["nic"])
     reply = await asyncio.wait_for(poll, scaled(10))
@@ -150,12 +151,15 @@ async def test_paging_backwards_to_the_end_then_polling_the_head(feed: Feed) -> 
 
 
 async def test_a_wait_ends_only_for_an_eligible_item(feed: Feed) -> None:
+    hub = feed.service.hub
     poll = asyncio.create_task(
         feed.get(after=feed.cursors[7], resource="network", wait_time="30s")
     )
-    await asyncio.sleep(0.2)
+    await eventually(lambda: hub.waiting == 1, "the poll waits on the hub")
+    waits = hub.waits
     await feed.service.bucket.publish("vm", "not-for-it", ["nic"])
-    await asyncio.sleep(0.3)
+    # The new item wakes the poll; it scans, finds nothing for its filter, and waits again.
+    await eventually(lambda: hub.waits == waits + 1 and hub.waiting == 1, "the poll waits again")
     assert not poll.done(), "an item the filter does not match must not end the wait"
     wanted = await feed.service.bucket.publish("network", "n3", ["ips"])
     reply = await asyncio.wait_for(poll, scaled(10))
@@ -331,7 +335,7 @@ async def test_shutdown_answers_waiting_long_polls(
                     return r.status, await r.json()
 
             waiting = asyncio.create_task(poll())
-            await asyncio.sleep(0.2)
+            await eventually(lambda: service.hub.waiting == 1, "the poll waits on the hub")
             assert not waiting.done(), "nothing new: the request waits"
             # A stop must not sit out the 60 s wait: the poll is answered, empty, at once.
             await asyncio.wait_for(service.stop(), scaled(10))

@@ -14,7 +14,7 @@ from publisher.bucket import partition_of
 from publisher.config import Config
 from publisher.service import Service
 from tests.conftest import PublisherFactory
-from tests.servers import RedisServer, scaled
+from tests.servers import RedisServer, eventually, scaled
 
 N = 4
 
@@ -113,7 +113,7 @@ async def test_first_last_and_waiting(client: Client) -> None:
     waiting = asyncio.create_task(
         client.read(**{f"cursor{p}": c for p, c in checkpoints.items()}, wait=scaled(30))
     )
-    await asyncio.sleep(0.2)
+    await eventually(lambda: client.service.hub.waiting == 1, "the read waits on the hub")
     assert not waiting.done()
     new = await client.publish("after-1")
     events, _ = await asyncio.wait_for(waiting, scaled(10))
