@@ -211,7 +211,8 @@ class Hub:
     # --- membership ----------------------------------------------------------------------
 
     def add(self, conn: Subscriber, since: StreamId | None = None) -> None:
-        """Register `conn`: live from the window head, or catching up from `since`."""
+        """Register `conn`: live from the window head, or catching up from `since` (a resumed
+        cursor, or a bucket head the tail has not read up to yet)."""
         self.connections.add(conn)
         self.routes.add(conn)
         if since is not None and since != self.window.head:

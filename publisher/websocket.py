@@ -35,18 +35,36 @@ from publisher.hub import Hub, Subscriber
 log = structlog.get_logger(__name__)
 
 
-async def resume_position(hub: Hub, bucket: ChangeBucket, cursor: Cursor) -> StreamId | None:
-    """Where a registration with `since=cursor` resumes, or None if it cannot."""
-    if cursor.epoch != hub.epoch:
-        return None
+async def start_position(
+    hub: Hub, bucket: ChangeBucket, cursor: Cursor | None
+) -> tuple[StreamId, bool]:
+    """Where a new registration's stream starts, and whether that resumes `cursor` (`since`).
+
+    A registration that does not resume starts at the bucket's head as Redis has it now, not at
+    this publisher's window head: the listener's bootstrap, read after the reply, already holds
+    every change up to there, so changes the tail has not read yet are not sent to it again as
+    live changes, and the reply's cursor is a true position of the log (never 0-0 in front of a
+    full bucket).
+    """
     retention = await bucket.retention()
     # Redis's epoch too: another publisher may have started a new one (a rollback) that this
     # one's tail has not read yet.
-    if cursor.epoch != retention.epoch:
-        return None
-    if cursor.position < retention.trimmed or cursor.position > retention.head:
-        return None
-    return cursor.position
+    current = retention.epoch == hub.epoch
+    if (
+        cursor is not None
+        and current
+        and cursor.epoch == hub.epoch
+        and retention.trimmed <= cursor.position <= retention.head
+    ):
+        return cursor.position, True
+    head = hub.window.head
+    return (max(head, retention.head) if current else head), False
+
+
+async def resume_position(hub: Hub, bucket: ChangeBucket, cursor: Cursor) -> StreamId | None:
+    """Where a registration with `since=cursor` resumes, or None if it cannot."""
+    position, resumed = await start_position(hub, bucket, cursor)
+    return position if resumed else None
 
 
 async def handle_websocket(request: web.Request) -> web.WebSocketResponse:
@@ -85,7 +103,7 @@ async def handle_websocket(request: web.Request) -> web.WebSocketResponse:
         lifecycle.unregistered.discard(ws)
     if registered is None:
         return ws
-    registration, since = registered
+    registration, start, resumed = registered
     transport = request.transport
     if transport is None or transport.is_closing():
         return ws
@@ -93,15 +111,12 @@ async def handle_websocket(request: web.Request) -> web.WebSocketResponse:
     hub = app[HUB]
     resources = app[CONFIG].resource_map
     # From here to hub.add nothing awaits: the reply's cursor is exactly where the stream starts.
-    head = hub.window.head
-    reply = registration_reply(
-        registration, resources, Cursor(hub.epoch, head).encode(), since is not None
-    )
+    reply = registration_reply(registration, resources, Cursor(hub.epoch, start).encode(), resumed)
     transport.write(text_frame(orjson.dumps(reply)))
     # The protocol pauses (and drains) above the send buffer: what the hub counts as slow.
     transport.set_write_buffer_limits(high=limits.send_buffer)
     conn = Subscriber(registration, transport, request.protocol, remote)
-    hub.add(conn, since if since is not None else head)
+    hub.add(conn, start)
     bound = log.bind(
         instance=registration.instance,
         service=registration.service,
@@ -111,7 +126,7 @@ async def handle_websocket(request: web.Request) -> web.WebSocketResponse:
     bound.info(
         "listener registered",
         version=registration.version,
-        resumed=since is not None,
+        resumed=resumed,
         listeners=len(hub.connections),
     )
     reason = "closed by publisher"
@@ -158,8 +173,9 @@ async def _refuse(ws: web.WebSocketResponse, code: int, reason: str, remote: str
 
 async def _register(
     ws: web.WebSocketResponse, version: int, app: web.Application, remote: str
-) -> tuple[Registration, StreamId | None] | None:
-    """Read and check the registration; None when the socket was refused (and closed)."""
+) -> tuple[Registration, StreamId, bool] | None:
+    """Read and check the registration: with where its stream starts and whether that resumes
+    its `since`; None when the socket was refused (and closed)."""
     timeout = app[CONFIG].limits.registration_timeout
     try:
         message = await ws.receive(timeout=timeout)
@@ -187,15 +203,15 @@ async def _register(
     if not app[TAIL].healthy:
         await _refuse(ws, CloseCode.TRY_AGAIN_LATER, UNAVAILABLE, remote)
         return None
-    if registration.since is None:
-        return registration, None
+    cursor = None
+    if registration.since is not None:
+        try:
+            cursor = Cursor.decode(registration.since)
+        except CursorError as exc:
+            await _refuse(ws, CloseCode.POLICY_VIOLATION, f"since: {exc}", remote)
+            return None
     try:
-        cursor = Cursor.decode(registration.since)
-    except CursorError as exc:
-        await _refuse(ws, CloseCode.POLICY_VIOLATION, f"since: {exc}", remote)
-        return None
-    try:
-        return registration, await resume_position(app[HUB], app[BUCKET], cursor)
+        return registration, *await start_position(app[HUB], app[BUCKET], cursor)
     except BucketBusy:
         await _refuse(ws, CloseCode.OVERLOADED, OVERLOADED, remote)
         return None

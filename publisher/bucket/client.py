@@ -125,8 +125,8 @@ def connect(
     pool_size: int = POOL_SIZE,
     pool_timeout: float = POOL_TIMEOUT,
 ) -> aioredis.Redis:
-    """A redis-py client for `url` that never retries on its own (a commit without an idempotency
-    key is not idempotent).
+    """A redis-py client for `url` that never sends a commit twice (a commit without an
+    idempotency key is not idempotent).
 
     Its pool holds at most `pool_size` connections; a caller that finds them all busy waits up to
     `pool_timeout` seconds for one, then gets `BucketBusy` (overload, not an outage).
@@ -137,7 +137,11 @@ def connect(
         url,
         max_connections=pool_size,
         timeout=pool_timeout,
-        retry=Retry(NoBackoff(), 0),
+        # One retry, on a fresh connection, when a pooled connection turns out dead (Redis
+        # restarted since it was last used): every command redis-py sends for us is a read or an
+        # idempotent write. Commits bypass this (commit_batches sends them itself), and so never
+        # run twice; timeouts are not retried either.
+        retry=Retry(NoBackoff(), 1, supported_errors=(redis.exceptions.ConnectionError,)),
         socket_connect_timeout=5,
         socket_timeout=timeout or (20 if blocking else 10),
         health_check_interval=0,

@@ -12,6 +12,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
 from changefeed.cursor import Cursor
+from publisher.bucket import Change
 from publisher.config import Config
 from publisher.service import Service
 from tests.conftest import PublisherFactory
@@ -175,3 +176,23 @@ async def test_shutdown_closes_listeners_with_1001(
         feed = await register(service.ws_url, v1())
     await asyncio.wait_for(feed.ws.wait_closed(), scaled(5))
     assert feed.ws.close_code == 1001
+
+
+async def test_a_fresh_registration_starts_at_the_buckets_head_even_when_the_tail_lags(
+    publisher: Service,
+) -> None:
+    """The reply's cursor is the bucket's head as Redis has it at registration, not the tail's
+    window head: the bootstrap the listener reads next already holds those changes, so they are
+    not sent again as live changes, and the cursor is a true position of the log."""
+    before = await register(publisher.ws_url, v1("vm", ["nic"]))
+    publisher.tail.stop()  # the window stays where it is: a tail that has not read the commits
+    cursors = await publisher.bucket.commit_many(
+        [Change.put("vm", f"vm-{i}", ["nic"], {"n": i}) for i in range(5)]
+    )
+    fresh = await register(publisher.ws_url, v1("vm", ["nic"]))
+    assert fresh.reply["cursor"] == cursors[-1]
+    assert Cursor.decode(fresh.reply["cursor"]).position > publisher.hub.window.head
+    assert fresh.reply["resumed"] is False
+    assert Cursor.decode(before.reply["cursor"]).position == publisher.hub.window.head
+    await fresh.close()
+    await before.close()
