@@ -20,6 +20,9 @@ import orjson
 from changefeed.errors import ProtocolError, RegistrationError
 from changefeed.watch import EVERYTHING, Watch, parse_watch
 
+CHANGEFEEDS = "/changefeeds"
+"""The route of the websocket registration, `GET /changefeeds` and the routes under it."""
+
 HEARTBEAT = "heartbeat"
 """The text frame Triton listeners send every ~28 s after registering; ignored."""
 

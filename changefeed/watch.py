@@ -15,6 +15,8 @@ from typing import Any
 MAX_WATCHED = 1000
 """Most ids plus prefixes one watch may name."""
 MAX_ID_BYTES = 512
+"""Longest changedResourceId (and so watched id or prefix), in UTF-8 bytes: the one definition
+the publisher's commits and bootstrap markers check too."""
 
 
 @dataclass(frozen=True, slots=True)

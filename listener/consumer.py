@@ -31,7 +31,7 @@ from changefeed.errors import (
     PullRejected,
 )
 from changefeed.longpoll import EventsQuery, EventsReply
-from changefeed.protocol import ChangeItem
+from changefeed.protocol import CHANGEFEEDS, ChangeItem
 from changefeed.retry import Retrier
 from listener.consumer_options import (
     DEFAULT_EXPIRES,
@@ -40,7 +40,7 @@ from listener.consumer_options import (
     fetch_options,
 )
 from listener.consumer_state import ConsumeCore, ConsumeState, FetchCore
-from listener.state import CHANGEFEEDS, publisher_urls
+from listener.state import publisher_urls
 
 log = structlog.get_logger(__name__)
 

@@ -35,6 +35,7 @@ from changefeed.errors import (
     RegistrationRejected,
 )
 from changefeed.protocol import (
+    CHANGEFEEDS,
     HEARTBEAT,
     ChangeItem,
     ChangeKind,
@@ -59,7 +60,6 @@ SINCE_REFUSED = "since:"
 REGISTRATION_TIMEOUT = "no registration within"
 """The start of a 1008 reason for a registration that came too late: just reconnect."""
 
-CHANGEFEEDS = "/changefeeds"
 
 
 class Phase(enum.Enum):

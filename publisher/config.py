@@ -19,7 +19,7 @@ import json5
 from changefeed import configjs as cj
 from changefeed import feed, longpoll
 from changefeed.errors import ConfigError
-from changefeed.protocol import WILDCARD, Resource
+from changefeed.protocol import CHANGEFEEDS, WILDCARD, Resource
 
 T = TypeVar("T")
 
@@ -329,7 +329,7 @@ def _resources(value: Any) -> tuple[Resource, ...]:
         if not isinstance(route, str) or not _ROUTE.match(route) or route.rstrip("/") == "":
             raise ConfigError(f"{where}.bootstrapRoute", route, "an absolute path such as '/vms'")
         route = route.rstrip("/")
-        if route == "/changefeeds" or route.startswith("/changefeeds/"):
+        if route == CHANGEFEEDS or route.startswith(CHANGEFEEDS + "/"):
             raise ConfigError(f"{where}.bootstrapRoute", route, "a path outside /changefeeds")
         if route in routes:
             raise ConfigError(

@@ -14,7 +14,7 @@ from urllib.parse import quote, urlencode
 import orjson
 from aiohttp import web
 
-from changefeed.protocol import Resource
+from changefeed.protocol import CHANGEFEEDS, Resource
 from changefeed.watch import Watch, parse_watch
 from publisher.app_keys import BUCKET, CONFIG, HUB, LIFECYCLE, TAIL
 from publisher.bucket import decode_marker, encode_marker
@@ -120,7 +120,7 @@ def add_routes(app: web.Application) -> None:
 
         return page, one
 
-    app.router.add_get("/changefeeds", changefeeds)
+    app.router.add_get(CHANGEFEEDS, changefeeds)
     app.router.add_get("/changefeeds/stats", stats)
     for resource in config.resources:
         page, one = bootstrap(resource)

@@ -19,7 +19,7 @@ from aiohttp import web
 
 from changefeed.cursor import ZERO, Cursor, StreamId
 from changefeed.errors import BucketUnavailable, ChangefeedError
-from changefeed.protocol import CloseCode
+from changefeed.protocol import CHANGEFEEDS, CloseCode
 from publisher.admission import (
     MAX_LINGERING,
     RESERVED_FILES,
@@ -98,7 +98,7 @@ class Service:
 
     @property
     def ws_url(self) -> str:
-        return self.url.replace("http://", "ws://", 1) + "/changefeeds"
+        return self.url.replace("http://", "ws://", 1) + CHANGEFEEDS
 
     async def start(self) -> None:
         """Serve. Raises PartitionMismatch when the bucket has another partition count than

@@ -16,9 +16,7 @@ import orjson
 
 from changefeed.cursor import Cursor, StreamId
 from changefeed.protocol import ChangeItem
-
-MAX_ID_BYTES = 512
-"""Longest changedResourceId, in UTF-8 bytes."""
+from changefeed.watch import MAX_ID_BYTES
 
 Op = Literal["put", "delete", "publish"]
 
