@@ -85,6 +85,20 @@ class View:
             await self._updated.wait_for(predicate)
 
 
+@contextlib.asynccontextmanager
+async def consuming(view: View) -> AsyncIterator[asyncio.Task[None]]:
+    """Run the view's consumer; on exit, close the feed and re-raise what the consumer raised."""
+    task = asyncio.create_task(view.consume())
+    try:
+        yield task
+    finally:
+        if not task.done():
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await view.feed.aclose()
+
+
 class WatchedBuffer(MemoryBuffer):
     """A memory buffer that says when it first holds more than `limit` items."""
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import AsyncIterator
 
 import pytest
 import structlog
@@ -25,7 +24,7 @@ from listener import (
 )
 from publisher.bucket import Change
 from publisher.service import Service
-from tests.listener.app import View, WatchedBuffer, store_objects, vm
+from tests.listener.app import View, WatchedBuffer, consuming, store_objects, vm
 from tests.servers import RedisServer, eventually, scaled
 
 FAST = ListenerConfig(backoff=Backoff(initial=0.02, maximum=0.2), page_size=100,
@@ -34,18 +33,6 @@ FAST = ListenerConfig(backoff=Backoff(initial=0.02, maximum=0.2), page_size=100,
 
 
 
-@contextlib.asynccontextmanager
-async def consuming(view: View) -> AsyncIterator[asyncio.Task[None]]:
-    """Run the view's consumer; on exit, close the feed and re-raise what the consumer raised."""
-    task = asyncio.create_task(view.consume())
-    try:
-        yield task
-    finally:
-        if not task.done():
-            task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        await view.feed.aclose()
 
 
 async def test_bootstrap_under_concurrent_commits_gives_the_exact_view(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import cast
 
 import aiohttp
@@ -13,26 +13,10 @@ import redis.asyncio as aioredis
 
 from changefeed.cursor import Cursor
 from changefeed.errors import ChangeError
-from publisher.bucket import Change, ChangeBucket, connect
+from publisher.bucket import Change, ChangeBucket
 from publisher.config import Config
 from publisher.service import Service
 from tests.servers import RedisServer
-
-
-@pytest.fixture
-async def bucket(config: Config) -> AsyncIterator[ChangeBucket]:
-    assert config.bucket.redis_url
-    bucket = ChangeBucket(connect(config.bucket.redis_url), "test", config.resources)
-    yield bucket
-    await bucket.aclose()
-
-
-@pytest.fixture
-async def plain(redis_server: RedisServer) -> AsyncIterator[aioredis.Redis]:
-    """A client of our own, to look at what the bucket stored."""
-    client = aioredis.Redis.from_url(redis_server.url)
-    yield client
-    await client.aclose()
 
 
 async def test_concurrent_commits_leave_store_and_bucket_in_agreement(

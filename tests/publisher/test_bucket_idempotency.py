@@ -4,7 +4,6 @@ with its first cursors; keys are forgotten after maxAge and beyond the bound."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from dataclasses import replace
 
 import pytest
@@ -14,23 +13,6 @@ from changefeed.cursor import ZERO
 from changefeed.errors import ChangeError
 from publisher.bucket import BATCH, Change, ChangeBucket, connect
 from publisher.config import Config
-from tests.servers import RedisServer
-
-
-@pytest.fixture
-async def bucket(config: Config) -> AsyncIterator[ChangeBucket]:
-    assert config.bucket.redis_url
-    bucket = ChangeBucket(connect(config.bucket.redis_url), "test", config.resources)
-    yield bucket
-    await bucket.aclose()
-
-
-@pytest.fixture
-async def plain(redis_server: RedisServer) -> AsyncIterator[aioredis.Redis]:
-    """A client of our own, to look at what the bucket stored."""
-    client = aioredis.Redis.from_url(redis_server.url)
-    yield client
-    await client.aclose()
 
 
 async def ids_in_log(bucket: ChangeBucket) -> list[str]:

@@ -14,7 +14,7 @@ import shutil
 import signal
 import socket
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ from publisher.config import Config, load_config
 from publisher.hub import RECREATED, ROLLED_BACK, TRIMMED
 from publisher.tail import Gap, NewHistory, added_after, assess
 from tests.conftest import PublisherFactory
-from tests.listener.app import View, bucket_of, publisher_process, store_objects, vm
+from tests.listener.app import View, bucket_of, consuming, publisher_process, store_objects, vm
 from tests.servers import PublisherProcess, RedisServer, eventually, scaled, write_config
 from tests.wsclient import Feed, register, v1
 
@@ -172,16 +172,6 @@ async def _trimmed_past(bucket: ChangeBucket, position: StreamId, within: float 
         await asyncio.sleep(0.05)
 
 
-@contextlib.asynccontextmanager
-async def consuming(view: View) -> AsyncIterator[asyncio.Task[None]]:
-    task = asyncio.create_task(view.consume())
-    try:
-        yield task
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        await view.feed.aclose()
 
 
 async def test_a_publisher_stopped_while_another_trims_makes_its_listeners_bootstrap_again(
