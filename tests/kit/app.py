@@ -18,6 +18,7 @@ from listener import (
     BootstrapStart,
     Change,
     Event,
+    FetchFailed,
     Listener,
     ListenerConfig,
     Resync,
@@ -54,7 +55,7 @@ class Mirror:
             case BootstrapDone(_, cursor):
                 self.objects, self.cursor = self._fresh, cursor or self.cursor
             case Change(item):
-                obj = await self.feed.fetch(item.resource, item.changed_resource_id)
+                obj = await self.fetch(item.resource, item.changed_resource_id)
                 if obj is None:
                     self.objects.pop(item.changed_resource_id, None)
                 else:
@@ -62,6 +63,20 @@ class Mirror:
                 self.cursor = item.cursor
         async with self._updated:
             self._updated.notify_all()
+
+    async def fetch(self, resource: str, id: str) -> Any:
+        """The object, or None when it is gone; retried while the publisher does not answer
+        (it may be restarting under a fault)."""
+        delay = 0.02
+        while True:
+            try:
+                return await self.feed.fetch(resource, id)
+            except FetchFailed as error:
+                if error.status is not None and error.status < 500:
+                    raise
+                self.errors.append(error)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 0.5)
 
     async def failed(self, error: ChangefeedError) -> None:
         self.errors.append(error)
