@@ -16,8 +16,9 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
-from changefeed_testing.servers import PublisherProcess, free_port, write_config
+from changefeed_testing.servers import PublisherProcess, write_config
 
 if TYPE_CHECKING:
     from publisher import ChangeBucket, Config
@@ -25,10 +26,9 @@ if TYPE_CHECKING:
 
 @dataclass
 class RunningPublisher:
-    """`changefeed serve` running in a subprocess on a fixed free port, on a given Redis.
+    """`changefeed serve` running in a subprocess on a given Redis.
 
-    The port is fixed (not 0) so that a restarted publisher comes back on the same URL and the
-    listeners under test find it again.
+    Its port stays the same across restarts, so that the listeners under test find it again.
     """
 
     process: PublisherProcess
@@ -42,12 +42,19 @@ class RunningPublisher:
         cls, directory: Path, redis_url: str, settings: Mapping[str, Any] | None = None
     ) -> RunningPublisher:
         """Write a config.js in `directory` (resources `vm` and `network` unless `settings`
-        names others; any config.js key of `settings` wins) and start a publisher on it."""
+        names others; any config.js key of `settings` wins) and start a publisher on it.
+
+        It binds port 0 (no race for a free port); the config is then rewritten with the port
+        it got, so that a restart comes back on the same URL."""
         directory.mkdir(parents=True, exist_ok=True)
-        extra: dict[str, Any] = {"server": {"host": "127.0.0.1", "port": free_port()}}
+        extra: dict[str, Any] = {"server": {"host": "127.0.0.1", "port": 0}}
         extra.update(settings or {})
         path = write_config(directory / "config.js", redis_url, **extra)
-        return cls(PublisherProcess(path).start(), path, redis_url)
+        process = PublisherProcess(path).start()
+        port = urlsplit(process.url).port
+        assert port is not None, process.url
+        write_config(path, redis_url, **{**extra, "server": {"host": "127.0.0.1", "port": port}})
+        return cls(process, path, redis_url)
 
     @property
     def url(self) -> str:

