@@ -42,13 +42,19 @@ class RunningPublisher:
         cls, directory: Path, redis_url: str, settings: Mapping[str, Any] | None = None
     ) -> RunningPublisher:
         """Write a config.js in `directory` (resources `vm` and `network` unless `settings`
-        names others; any config.js key of `settings` wins) and start a publisher on it.
+        names others; any config.js key of `settings` wins, `bucket.name` and
+        `bucket.partitions` too) and start a publisher on it.
 
         It binds port 0 (no race for a free port); the config is then rewritten with the port
         it got, so that a restart comes back on the same URL."""
+        extra = dict(settings or {})
+        bucket = dict(extra.pop("bucket", None) or {})
+        if "server" in extra or "redisUrl" in bucket:
+            raise ValueError("changefeed settings: `server` and `bucket.redisUrl` are the kit's "
+                             "(a private Redis, a port of the publisher's own)")
+        extra["bucket"] = {"redisUrl": redis_url, "name": "test", **bucket}
+        extra["server"] = {"host": "127.0.0.1", "port": 0}
         directory.mkdir(parents=True, exist_ok=True)
-        extra: dict[str, Any] = {"server": {"host": "127.0.0.1", "port": 0}}
-        extra.update(settings or {})
         path = write_config(directory / "config.js", redis_url, **extra)
         process = PublisherProcess(path).start()
         port = urlsplit(process.url).port

@@ -15,6 +15,7 @@ from click.testing import CliRunner
 
 from changefeed_cli import main
 from changefeed_testing import RunningPublisher, scaled
+from changefeed_testing.conformance.cli import conformance as conformance_command
 
 
 async def conformance(*args: str) -> tuple[int, str]:
@@ -137,11 +138,13 @@ async def test_a_wrong_publisher_is_reported_and_exits_1() -> None:
 
 
 def test_usage_errors_and_the_list_of_checks() -> None:
+    # The command itself, not through `main`: main configures structlog for the whole process.
+    assert main.commands["conformance"] is conformance_command
     runner = CliRunner()
-    listed = runner.invoke(main, ["conformance", "--list"])
+    listed = runner.invoke(conformance_command, ["--list"])
     assert listed.exit_code == 0 and "bad-second-registration" in listed.output
-    both = runner.invoke(main, ["conformance", "http://x", "--config", "c.js",
-                                "--publish-command", "true"])
+    both = runner.invoke(conformance_command, ["http://x", "--config", "c.js",
+                                               "--publish-command", "true"])
     assert both.exit_code == 2 and "exclude each other" in both.output
-    unknown = runner.invoke(main, ["conformance", "http://x", "--check", "nope"])
+    unknown = runner.invoke(conformance_command, ["http://x", "--check", "nope"])
     assert unknown.exit_code == 2 and "unknown check(s): nope" in unknown.output

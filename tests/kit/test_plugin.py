@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -144,7 +145,7 @@ async def test_slow_socket_every_change_still_arrives(
 @pytest.mark.parametrize(
     "changefeed_settings",
     [{"resources": [{"resource": "disk", "subResources": ["size"], "bootstrapRoute": "/disks"}],
-      "limits": {"pageSize": 5}}],
+      "limits": {"pageSize": 5}, "bucket": {"name": "disks", "partitions": 2}}],
 )
 async def test_settings_give_the_publisher_your_resources(
     changefeed_publisher: RunningPublisher, changefeed_bucket: ChangeBucket,
@@ -154,8 +155,17 @@ async def test_settings_give_the_publisher_your_resources(
         body = await response.json()
     assert [r["resource"] for r in body["resources"]] == ["disk"]
     assert changefeed_publisher.config.limits.page_size == 5
+    assert changefeed_bucket.name == "disks" and await changefeed_bucket.partition_count() == 2
     cursor = await changefeed_bucket.commit("disk", "d1", ["size"], {"uuid": "d1", "size": 10})
     mirror = Mirror(changefeed_publisher.url, resource="disk", config=QUICK)
     async with running(mirror):
         await mirror.until(lambda: mirror.cursor == cursor)
     assert mirror.objects == {"d1": {"uuid": "d1", "size": 10}}
+
+
+@pytest.mark.parametrize("settings", [{"server": {"port": 80}}, {"bucket": {"redisUrl": "x"}}])
+def test_settings_cannot_move_the_kit_s_redis_or_port(
+    settings: dict[str, Any], tmp_path: Path
+) -> None:
+    with pytest.raises(ValueError, match="are the kit's"):
+        RunningPublisher.start(tmp_path, "unix:///nowhere", settings)
