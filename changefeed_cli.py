@@ -1,7 +1,8 @@
 """The `changefeed` command: one click group over the publisher's commands (serve, publish,
-stats) and the listener's (snoop).
+stats), the listener's (snoop) and the testing kit's (conformance).
 
-The only module that imports both sides; `python -m changefeed_cli` runs it too.
+The only module besides the testing kit that imports both sides; `python -m changefeed_cli`
+runs it too.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import sys
 
 import click
 
+from changefeed_testing.conformance.cli import conformance
 from listener.snoop import snoop
 from publisher.cli import publish, serve, stats
 from publisher.logs import configure
@@ -28,7 +30,7 @@ def main(log_format: str, log_level: str) -> None:
     configure(json=None if log_format == "auto" else log_format == "json", level=log_level)
 
 
-for command in (serve, publish, stats, snoop):
+for command in (serve, publish, stats, snoop, conformance):
     main.add_command(command)
 
 

