@@ -48,7 +48,7 @@ RECORD_RETENTION = 7 * 24 * 3600
 _COMMON = ("config", "redisUrl", "bucket")
 SINK_OPTIONS = (
     *_COMMON, "resource", "idColumn", "subResources", "subResourcesColumn", "state",
-    "stateColumn", "opColumn", "batchSize", "pipeline", "txnAppId", "txnVersion",
+    "stateColumn", "opColumn", "batchSize", "pipeline", "sortRows", "txnAppId", "txnVersion",
     "recordRetention", "queryName", "checkpointLocation",
 )
 SOURCE_OPTIONS = (
@@ -99,6 +99,9 @@ class SinkOptions:
     txn_version: int | None = None
     record_retention: int = RECORD_RETENTION
     """Seconds the txn record (or the streaming ledger) is kept after the last write."""
+    sort_rows: bool = False
+    """Sort each task's changes (by id, then content) before cutting them into chunks, so a
+    retry that gets the same rows in another order (after a shuffle) makes the same chunks."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,6 +295,7 @@ def sink_options(options: Mapping[str, str], schema: StructType, streaming: bool
         txn_app_id=app_id,
         txn_version=version,
         record_retention=opts.integer("recordRetention", RECORD_RETENTION),
+        sort_rows=opts.boolean("sortRows", False),
     )
 
 

@@ -132,6 +132,15 @@ def by_id(chunk: list[Encoded]) -> list[Encoded]:
 _ID = itemgetter(2)
 
 
+def canonical(changes: Iterable[Encoded]) -> list[Encoded]:
+    """All of `changes` in an order that does not depend on theirs: by id, then by content
+    (one id's changes are then ordered by their content, not as they came)."""
+    return sorted(changes, key=_CANONICAL)
+
+
+_CANONICAL = itemgetter(2, 4, 0, 3)
+
+
 def _rows(batch: pa.RecordBatch, names: tuple[str, ...]) -> Iterator[dict[str, Any]]:
     """Each row as a dict of the columns `names` (maps as dicts)."""
     columns = [_column(batch, name) for name in names]
@@ -195,5 +204,5 @@ def _sub_resources(value: list[str] | str | None) -> tuple[str, ...]:
     return tuple(name for name in value if name)
 
 
-__all__ = ["Check", "RowEncoder", "by_id", "chunks"]
+__all__ = ["Check", "RowEncoder", "by_id", "canonical", "chunks"]
 

@@ -1,13 +1,17 @@
 """The executors' side of a write: changes committed straight to the bucket, in pipelined chunks.
 
-Each task cuts its changes into chunks of `batchSize` and commits each chunk atomically with the
-bucket's idempotent commit (`ChangeBucket.commit_batches`, `pipeline` chunks per round trip).
-A chunk's idempotency key names the write, the micro-batch, the task and the chunk's content::
+Each task encodes its rows (`rows.RowEncoder`), cuts the changes into chunks of `batchSize` and
+commits each chunk atomically with the bucket's idempotent commit (`ChangeBucket.commit_stream`,
+`pipeline` chunks in flight while the next one is encoded). A chunk's idempotency key names the
+write, the micro-batch, the task and the chunk's content::
 
     spark:<writer>:<batch id>:<task>:<digest of the chunk's changes>:<n>
 
-`<writer>` is the streaming query's name, or `job:<uuid>` for a batch job (whose batch id is 0);
+`<writer>` is the streaming query's name, `txn:<txnAppId>:<txnVersion>` for a batch job with
+those options (the same for the job submitted again), or `job:<uuid>` (the batch id is then 0);
 `<n>` counts the task's earlier chunks with the same digest, so identical chunks stay distinct.
+With `sortRows` the task's changes are put in a canonical order before they are cut, so a retry
+that gets its rows in another order (after a shuffle) cuts the same chunks.
 The rows of a chunk are sorted by id (stably: one id's changes keep their order) before the
 digest is taken. So whatever Spark runs again — a failed task, a speculative copy, a micro-batch
 after a driver failure — sends the same chunks under the same keys, even when they come in
@@ -24,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 import pyarrow as pa
@@ -40,7 +44,7 @@ from publisher.bucket import (
     connect,
 )
 from publisher.spark.options import SinkOptions, Target
-from publisher.spark.rows import RowEncoder, by_id, chunks
+from publisher.spark.rows import RowEncoder, by_id, canonical, chunks
 
 log = structlog.get_logger(__name__)
 
@@ -141,7 +145,11 @@ async def _write_task(
         if options.query is not None and await bucket.batch_recorded(writer, batch_id):
             return skip_task(batches, task)
         encoder = RowEncoder(options, bucket.validate)
-        changes = (change for batch in batches for change in encoder.encode(batch))
+        changes: Iterable[Encoded] = (
+            change for batch in batches for change in encoder.encode(batch)
+        )
+        if options.sort_rows:
+            changes = canonical(changes)  # a bad row fails here, before anything is sent
         keyed = keyed_chunks(chunks(changes, options.batch_size), writer, batch_id, task)
         async for committed in bucket.commit_stream(keyed, options.pipeline, stats):
             done = _tally(done, committed)

@@ -338,3 +338,28 @@ def test_bad_values_fail_before_writing_and_name_the_option(
     assert message in str(failure.value)
     assert log_of(redis_server.url) == []
     assert redis.Redis.from_url(redis_server.url).keys("{bad*") == []
+
+
+def test_with_sort_rows_a_retry_that_gets_its_rows_in_any_order_publishes_nothing_twice(
+    redis_server: RedisServer,
+) -> None:
+    """After a shuffle a retried task may get its rows in another order, across chunks: with
+    sortRows the task's changes are cut into chunks in a canonical order."""
+    schema = StructType([StructField("uuid", StringType()), StructField("op", StringType())])
+    options = sink_options(
+        {"redisUrl": redis_server.url, "bucket": "test", "resource": "vm", "idColumn": "uuid",
+         "subResources": "nic", "opColumn": "op", "batchSize": "10", "sortRows": "true"},
+        schema, streaming=False,
+    )
+    rows = [(f"vm-{n:02d}", "publish") for n in range(45)]
+
+    def batches(order: list[tuple[str, str]]) -> Iterator[pa.RecordBatch]:
+        yield pa.RecordBatch.from_pydict({"uuid": [u for u, _ in order],
+                                          "op": [o for _, o in order]})
+
+    first = write_task(batches(rows), options, "job:s", 0, 1)
+    shuffled = rows[7::3] + rows[::3] + rows[2::3][::-1] + rows[1:7:3]
+    assert sorted(shuffled) == rows
+    retry = write_task(batches(shuffled), options, "job:s", 0, 1)
+    assert (retry.written, retry.skipped, retry.chunks_skipped) == (first.written, 45, 5)
+    assert len(log_of(redis_server.url)) == 45
