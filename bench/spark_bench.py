@@ -82,15 +82,23 @@ def measure(
 ) -> dict[str, Any]:
     client = redis.Redis.from_url(url)
     client.flushall()
+    redis_cpu = _redis_cpu(client)
     started = time.perf_counter()
     run(frame, url)
     seconds = time.perf_counter() - started
+    redis_cpu = _redis_cpu(client) - redis_cpu
     published = client.xlen(f"{{{BUCKET}}}:log")
     client.close()
     if name != "noop" and published != count:
         raise SystemExit(f"{name}: {published} items in the log, expected {count}")
     return {"name": name, "rows": count, "seconds": round(seconds, 3),
-            "rows_per_second": round(count / seconds)}
+            "rows_per_second": round(count / seconds), "redis_cpu_seconds": round(redis_cpu, 3)}
+
+
+def _redis_cpu(client: redis.Redis) -> float:
+    """CPU seconds the Redis server used so far (user and system, main thread and others)."""
+    info: dict[str, Any] = client.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
 def main() -> None:
@@ -124,11 +132,11 @@ def main() -> None:
 
     base = next(r["rows_per_second"] for r in results if r["name"] == "baseline")
     print(f"\n{count:,} rows on local[2]\n")
-    print(f"{'write':<12}{'seconds':>10}{'rows/s':>12}{'vs baseline':>14}")
+    print(f"{'write':<12}{'seconds':>10}{'rows/s':>12}{'vs baseline':>14}{'Redis CPU s':>13}")
     for result in results:
         result["vs_baseline"] = round(result["rows_per_second"] / base, 2)
         print(f"{result['name']:<12}{result['seconds']:>10.2f}{result['rows_per_second']:>12,}"
-              f"{result['vs_baseline']:>13.2f}x")
+              f"{result['vs_baseline']:>13.2f}x{result['redis_cpu_seconds']:>13.2f}")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_bytes(orjson.dumps({"rows": count, "master": "local[2]", "results": results},
                                        option=orjson.OPT_INDENT_2))

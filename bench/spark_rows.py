@@ -52,7 +52,7 @@ class SparkRun:
             "rows/s", Figure('df.write.format("changefeed")', runs["changefeed"], "rows/s"),
             Figure("foreachPartition + redis-py pipeline (HSET, ZADD, XADD)",
                    runs["baseline"], "rows/s"),
-            ">= 0.7x", runs["changefeed"] >= 0.7 * runs["baseline"],
+            ">= 2.5x", runs["changefeed"] >= 2.5 * runs["baseline"],
         ))
         result.checks.append(Check(
             "rows/s", Figure('df.write.format("changefeed")', runs["changefeed"], "rows/s"),

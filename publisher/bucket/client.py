@@ -13,8 +13,11 @@ That is why commits take a connection from the pool themselves before sending an
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+import hashlib
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -41,6 +44,7 @@ from publisher.bucket.values import (
     MAX_ID_BYTES,
     Change,
     Committed,
+    Encoded,
     LogEntry,
     LogRead,
     Piece,
@@ -62,6 +66,19 @@ IDEMPOTENCY_KEYS = 100_000
 
 Batch = tuple[Sequence[Change], str | None]
 """Changes committed atomically by one script call, and the call's idempotency key (or None)."""
+KeyOf = Callable[[str], str | None]
+"""The idempotency key of an encoded batch, given the digest of its changes (or None: no key)."""
+EncodedBatch = tuple[Sequence[Encoded], KeyOf]
+"""Encoded changes committed atomically by one script call, and how to name the call's key."""
+
+
+@dataclass(slots=True)
+class StreamStats:
+    """What `ChangeBucket.commit_stream` did: batches sent, and seconds spent waiting for Redis
+    (sending and reading replies; encoding the next batch overlaps the wait)."""
+
+    batches: int = 0
+    redis_seconds: float = 0.0
 
 
 def _partitions_error(what: str, message: str) -> ChangefeedError:
@@ -184,6 +201,34 @@ async def _evalsha(
     return replies
 
 
+def _glob_escape(text: str) -> str:
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+
+
+def _bulk(value: bytes) -> bytes:
+    return b"$%d\r\n%s\r\n" % (len(value), value)
+
+
+def _packed_changes(changes: Sequence[Encoded], keys: Keys) -> tuple[bytes, bytes]:
+    """The KEYS (state, index per change) and the ARGV (5 per change) of `changes`, as RESP bulk
+    strings: the tail of a commit.lua call, built without redis-py's per-argument packing."""
+    key_parts: list[bytes] = []
+    arg_parts: list[bytes] = []
+    per_resource: dict[str, tuple[bytes, bytes]] = {}
+    for op, resource, id, subs, state in changes:
+        known = per_resource.get(resource)
+        if known is None:
+            pair = _bulk(keys.state(resource).encode()) + _bulk(keys.index(resource).encode())
+            known = per_resource[resource] = (pair, _bulk(resource.encode()))
+        key_parts.append(known[0])
+        raw = id.encode()
+        arg_parts.append(
+            b"$%d\r\n%s\r\n%s$%d\r\n%s\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n"
+            % (len(op), op.encode(), known[1], len(subs), subs, len(raw), raw, len(state), state)
+        )
+    return b"".join(key_parts), b"".join(arg_parts)
+
+
 class ChangeBucket:
     """Commits changes, reads the log and the store, and trims: one bucket in one Redis.
 
@@ -256,7 +301,7 @@ class ChangeBucket:
             key or "",
             digest_of(changes) if key else "",
             self.idempotency_keys,
-            "" if self._witness is None else f"{self._witness[0]} {self._witness[1]}",
+            self._witness_argument(),
         ]
         for change in changes:
             self.validate(change)
@@ -308,6 +353,11 @@ class ChangeBucket:
             self._witnessed(committed)
         return done
 
+    def _witness_argument(self) -> str:
+        """commit.lua's witness: '<epoch> <ms>-<seq>' of the newest position acknowledged to
+        this client, or '' before its first commit."""
+        return "" if self._witness is None else f"{self._witness[0]} {self._witness[1]}"
+
     def _witnessed(self, committed: Committed) -> None:
         """Remember the newest position this client was acknowledged: the next commit sends it,
         and a bucket whose head is behind it (Redis lost acknowledged commits) gets a new epoch."""
@@ -323,6 +373,89 @@ class ChangeBucket:
         last = StreamId(committed.ms, committed.first + committed.count - 1)
         if self._witness is None or self._witness[0] != committed.epoch or self._witness[1] < last:
             self._witness = (committed.epoch, last)
+
+    async def commit_stream(
+        self, batches: Iterator[EncodedBatch], window: int, stats: StreamStats | None = None
+    ) -> AsyncIterator[Committed]:
+        """Commit encoded batches as `commit_batches` does, yielding each one's `Committed` in
+        order, with up to `window` script calls in flight: the next batch is taken from
+        `batches` (and encoded by it) while Redis runs the ones sent before.
+
+        The key of a batch is `key_of(digest)`, the digest being that of its encoded changes.
+        The changes are not validated here: the caller built them checked. When `batches` raises,
+        the calls already sent are answered (and yielded) first, then the error is raised; a
+        reply with an error is raised once every call sent before it is yielded.
+        """
+        pool = self.redis.connection_pool
+        async with translate_redis_errors("commit"):
+            connection: AbstractConnection = await pool.get_connection()  # type: ignore[no-untyped-call]
+        stats = stats if stats is not None else StreamStats()
+        common = [*self.keys.common, *self.keys.idempotency_pair]
+        head = b"".join(_bulk(key.encode()) for key in common)
+        fixed = _bulk(str(self.partitions or "").encode())
+        most = _bulk(str(self.idempotency_keys).encode())
+        sha = _bulk(scripts.COMMIT.sha.encode())
+        pending = 0
+        try:
+            async with translate_redis_errors("commit", sent=True):
+                started = time.perf_counter()
+                await connection.send_packed_command(
+                    connection.pack_command("SCRIPT", "LOAD", scripts.COMMIT.text)
+                )
+                await connection.read_response()
+                stats.redis_seconds += time.perf_counter() - started
+                failure: BaseException | None = None
+                error: redis.exceptions.ResponseError | None = None
+                while True:
+                    batch = None
+                    if failure is None and error is None:
+                        try:
+                            batch = next(batches, None)
+                        except Exception as exc:  # the caller's: answer what was sent first
+                            failure = exc
+                    if batch is not None:
+                        changes, key_of = batch
+                        keys_part, args_part = _packed_changes(changes, self.keys)
+                        digest = hashlib.blake2b(args_part, digest_size=16).hexdigest()
+                        key = key_of(digest) or ""
+                        n = len(changes)
+                        command = b"".join([
+                            b"*%d\r\n" % (3 + 7 + 2 * n + 6 + 5 * n),
+                            b"$7\r\nEVALSHA\r\n", sha, _bulk(b"%d" % (7 + 2 * n)),
+                            head, keys_part,
+                            _bulk(new_epoch().encode()), fixed, _bulk(key.encode()),
+                            _bulk(digest.encode() if key else b""), most,
+                            _bulk(self._witness_argument().encode()), args_part,
+                        ])
+                        started = time.perf_counter()
+                        await connection.send_packed_command(command, check_health=False)
+                        stats.redis_seconds += time.perf_counter() - started
+                        pending += 1
+                        stats.batches += 1
+                    while pending and (pending > window or batch is None):
+                        started = time.perf_counter()
+                        try:
+                            reply = await connection.read_response()
+                        except redis.exceptions.ResponseError as exc:
+                            reply = exc
+                        stats.redis_seconds += time.perf_counter() - started
+                        pending -= 1
+                        if isinstance(reply, redis.exceptions.ResponseError):
+                            error = error or reply
+                        else:
+                            committed = self.committed(reply)
+                            self._witnessed(committed)
+                            yield committed
+                    if batch is None:
+                        break
+                if error is not None:
+                    raise error
+            if failure is not None:
+                raise failure
+        finally:
+            if pending:
+                await connection.disconnect()
+            await pool.release(connection)
 
     async def commit_many(self, changes: Iterable[Change], *, key: str | None = None) -> list[str]:
         """Commit changes atomically per batch of BATCH, in order; returns their cursors.
@@ -597,9 +730,12 @@ class ChangeBucket:
             summary: Any = await self.redis.hget(self.keys.ledger(writer), str(batch))
         return summary.decode() if summary is not None else None
 
-    async def record_batch(self, writer: str, batch: int, summary: str, retain: int) -> None:
+    async def record_batch(
+        self, writer: str, batch: int, summary: str, retain: int, ttl_ms: int | None = None
+    ) -> None:
         """Record micro-batch `batch` of `writer` as committed (the first record stays) and
-        forget the one `retain` batches older."""
+        forget the one `retain` batches older; with `ttl_ms`, the whole record expires that long
+        after its newest micro-batch."""
         ledger = self.keys.ledger(writer)
         async with (
             translate_redis_errors("spark ledger"),
@@ -608,7 +744,57 @@ class ChangeBucket:
             pipe.hsetnx(ledger, str(batch), summary)
             if batch >= retain:
                 pipe.hdel(ledger, str(batch - retain))
+            if ttl_ms is not None:
+                pipe.pexpire(ledger, ttl_ms)
             await pipe.execute()
+
+    async def txn_record(self, app_id: str) -> str | None:
+        """The record of the newest version a Spark job of `app_id` committed
+        ("<version> <summary>"), or None (never, or expired)."""
+        async with translate_redis_errors("spark txn"):
+            record: Any = await self.redis.get(self.keys.txn(app_id))
+        return record.decode() if record is not None else None
+
+    async def record_txn(self, app_id: str, version: int, summary: str, ttl_ms: int) -> str:
+        """Record `version` of `app_id` as committed ("<version> <summary>"), expiring after
+        `ttl_ms`, unless a version as high is recorded; returns the record that stands.
+
+        A check-and-set (WATCH, MULTI): a concurrent record makes it look again."""
+        key = self.keys.txn(app_id)
+        record = f"{version} {summary}"
+        async with translate_redis_errors("spark txn"), self.redis.pipeline() as pipe:
+            while True:
+                try:
+                    await pipe.watch(key)
+                    known: Any = await pipe.get(key)
+                    if known is not None:
+                        found = known.decode()
+                        number = found.partition(" ")[0]
+                        if number.isdigit() and int(number) >= version:
+                            return str(found)
+                    pipe.multi()  # type: ignore[no-untyped-call]
+                    pipe.set(key, record, px=ttl_ms)
+                    await pipe.execute()
+                    return record
+                except redis.exceptions.WatchError:
+                    continue
+
+    async def states(self, resource: str, ids: Sequence[str]) -> list[bytes | None]:
+        """The stored states of `ids` (JSON bytes, None where none is stored), in order."""
+        if not ids:
+            return []
+        async with translate_redis_errors("states"):
+            found: Any = await self.redis.hmget(self.keys.state(resource), list(ids))
+        return [None if state is None else bytes(state) for state in found]
+
+    async def stored_resources(self) -> list[str]:
+        """The resources with a stored state in the bucket (their index exists), sorted."""
+        prefix = self.keys.index("")
+        found: set[str] = set()
+        async with translate_redis_errors("store"):
+            async for key in self.redis.scan_iter(match=_glob_escape(prefix) + "*", count=1000):
+                found.add(bytes(key).decode().removeprefix(prefix))
+        return sorted(found)
 
     # --- reading the store ---------------------------------------------------------------
 
@@ -647,6 +833,9 @@ __all__ = [
     "TRIM_BATCH",
     "Batch",
     "ChangeBucket",
+    "EncodedBatch",
+    "KeyOf",
+    "StreamStats",
     "connect",
     "translate_redis_errors",
 ]

@@ -16,6 +16,8 @@ in one slot and the scripts may touch any of them::
     {name}:cursorsets:<c>   sorted set: a feed consumer's cursor set names, by last store (ms)
     {name}:cursorset:<c>:<s> hash: partition -> cursor of consumer c's set s (expires)
     {name}:spark:<query>    hash: the micro-batches a Spark streaming query committed
+    {name}:sparktxn:<app>   string: "<version> <count> <first cursor> <last cursor>", the
+                            newest version a Spark job of txnAppId <app> committed (expires)
 """
 
 from __future__ import annotations
@@ -71,6 +73,10 @@ class Keys:
     def ledger(self, writer: str) -> str:
         """The micro-batches a Spark streaming query (`writer`) committed."""
         return f"{self._tag}:spark:{writer}"
+
+    def txn(self, app_id: str) -> str:
+        """The newest version a Spark job of `app_id` (its txnAppId) committed."""
+        return f"{self._tag}:sparktxn:{app_id}"
 
 
 def partition_of(changed_resource_id: str, partitions: int) -> int:

@@ -173,6 +173,23 @@ def digest_of(changes: Sequence[Change]) -> str:
     return digest.hexdigest()
 
 
+Encoded = tuple[Op, str, str, bytes, bytes]
+"""A change encoded for the commit script, as a writer that makes many builds it without a
+`Change`: (op, resource, id, sub-resources as a JSON array, state as JSON or b"" unless put)."""
+
+
+def encode_change(change: Change) -> Encoded:
+    """`change` as the commit script takes it."""
+    state = orjson.dumps(change.state) if change.op == "put" else b""
+    return (
+        change.op,
+        change.resource,
+        change.changed_resource_id,
+        orjson.dumps(list(change.sub_resources)),
+        state,
+    )
+
+
 def parse_entry(entry_id: bytes, fields: dict[bytes, bytes]) -> LogEntry:
     return LogEntry(
         StreamId.parse(entry_id),
@@ -214,6 +231,7 @@ __all__ = [
     "MAX_ID_BYTES",
     "Change",
     "Committed",
+    "Encoded",
     "LogEntry",
     "LogRead",
     "Op",
@@ -221,6 +239,7 @@ __all__ = [
     "Retention",
     "StatePage",
     "digest_of",
+    "encode_change",
     "merge_partitions",
     "parse_entry",
 ]

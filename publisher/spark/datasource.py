@@ -1,8 +1,12 @@
 """The `changefeed` data source: Spark's Python Data Source API over the bucket.
 
 Thin: the Spark classes check their options on the driver (`options`), hand rows to the executors'
-writer (`sink`) and ranges of the log to the executors' reader (`log`), and log what a failed
-write did and did not commit.
+writer (`sink`) and ranges of the log to the executors' reader (`log`), record a job's txnVersion
+once it committed, and log what a write did (or, failed, did and did not commit).
+
+Needs PySpark 4.2 or later: `DataSourceStreamArrowWriter` (4.1), admission control
+(`latestOffset(start, limit)`, `getDefaultReadLimit`, `reportLatestOffset`) and
+`SupportsTriggerAvailableNow` (4.2).
 
     df.write.format("changefeed").mode("append").option("config", "config.js")
         .option("resource", "vm").option("subResources", "nic").save()
@@ -29,13 +33,18 @@ from pyspark.sql.datasource import (
     InputPartition,
     WriterCommitMessage,
 )
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
 from pyspark.sql.types import StructType
 
 from changefeed.errors import OptionError
 from publisher.spark import log as changelog
 from publisher.spark import sink
-from publisher.spark.options import SinkOptions, sink_options, source_options
+from publisher.spark.options import SinkOptions, SourceOptions, sink_options, source_options
 
 logger = structlog.get_logger(__name__)
 
@@ -48,7 +57,8 @@ class ChangefeedDataSource(DataSource):
         return "changefeed"
 
     def schema(self) -> str:
-        return changelog.SCHEMA
+        """The schema of a read (the options are checked by the reader)."""
+        return changelog.schema_of_options(self.options)
 
     def writer(self, schema: StructType, overwrite: bool) -> ChangefeedWriter:
         return ChangefeedWriter(_checked(self.options, schema, overwrite, streaming=False))
@@ -64,7 +74,11 @@ class ChangefeedDataSource(DataSource):
 
 
 def register(spark: SparkSession) -> None:
-    """Make `format("changefeed")` available in `spark`."""
+    """Make `format("changefeed")` available in `spark`.
+
+    Not needed where the `pyspark_changefeed` module is importable by the Python that Spark
+    starts (PYSPARK_PYTHON): Spark registers it in every session (docs/spark.md).
+    """
     spark.dataSource.register(ChangefeedDataSource)
 
 
@@ -95,21 +109,50 @@ def _messages(messages: Sequence[WriterCommitMessage | None]) -> list[sink.TaskW
 
 
 class ChangefeedWriter(DataSourceArrowWriter):
-    """A batch write: each task commits its rows; retried tasks publish nothing twice."""
+    """A batch write: each task commits its rows; retried tasks publish nothing twice.
+
+    With txnAppId and txnVersion, a version already committed for the app id is skipped (its
+    tasks send nothing), and a version committed is recorded when every task has succeeded.
+    """
 
     def __init__(self, options: SinkOptions) -> None:
         self.options = options
-        self.writer = f"job:{uuid.uuid4().hex}"
-        """Names the job in its chunks' idempotency keys."""
+        self.skip: tuple[int, str] | None = None
+        """The version recorded for txnAppId when it is >= txnVersion: this write is skipped."""
+        if options.txn_app_id is not None:
+            self.writer = f"txn:{options.txn_app_id}:{options.txn_version}"
+            """Names the job in its chunks' idempotency keys: the same for a job submitted
+            again with the same txnVersion, so its chunks already in are not written again."""
+            found = asyncio.run(sink.committed_version(options))
+            version = options.txn_version
+            if found is not None and version is not None and found[0] >= version:
+                self.skip = found
+        else:
+            self.writer = f"job:{uuid.uuid4().hex}"
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> sink.TaskWritten:
+        if self.skip is not None:
+            return sink.skip_task(iterator, _task_id())
         return _write(self.options, self.writer, 0, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         found = _messages(messages)
+        options = self.options
+        if self.skip is not None:
+            logger.info(
+                "spark write skipped", resource=options.resource, txn_app_id=options.txn_app_id,
+                txn_version=options.txn_version, committed_version=self.skip[0],
+                committed=self.skip[1], reason="txnVersion already committed for txnAppId",
+            )
+            return
+        span = sink.total(found)
+        extra: dict[str, object] = {}
+        if options.txn_app_id is not None:
+            extra = {"txn_app_id": options.txn_app_id, "txn_version": options.txn_version,
+                     "recorded_version": asyncio.run(sink.record_version(options, span))}
         logger.info(
-            "spark write committed", resource=self.options.resource,
-            written=str(sink.total(found)), retried=sink.skipped(found),
+            "spark write committed", resource=options.resource, written=str(span),
+            retried=sink.skipped(found), **sink.metrics(found), **extra,
         )
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
@@ -136,10 +179,11 @@ class ChangefeedStreamWriter(DataSourceStreamArrowWriter):
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         found = _messages(messages)
-        span = asyncio.run(sink.finish_batch(self.options.target, self.writer, batchId, found))
+        span = asyncio.run(sink.finish_batch(self.options, self.writer, batchId, found))
         logger.info(
             "spark micro-batch committed", resource=self.options.resource, batch=batchId,
             query=self.options.query, written=str(span), retried=sink.skipped(found),
+            **sink.metrics(found),
         )
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
@@ -150,25 +194,35 @@ class ChangefeedStreamWriter(DataSourceStreamArrowWriter):
 
 
 class ChangefeedReader(DataSourceReader):
-    """A batch read of the retained change log."""
+    """A batch read of the change log (bounded when planned), or of the store."""
 
     def __init__(self, options: Mapping[str, str]) -> None:
         self.options = source_options(options)
 
     def partitions(self) -> Sequence[InputPartition]:
+        if self.options.table == "store":
+            return changelog.plan_store_read(self.options)
         return changelog.plan_batch_read(self.options)
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        if isinstance(partition, changelog.StoreRange):
+            return changelog.read_store(self.options.target, partition)
         if not isinstance(partition, changelog.LogRange):
             return iter(())  # Spark reads one InputPartition(None) when none were planned
-        return changelog.read_range(self.options.target, partition)
+        return changelog.read_range(self.options.target, partition, self.options.include_state)
 
 
-class ChangefeedStreamReader(DataSourceStreamReader):
-    """The change log as a stream; offsets are cursors, checkpointed by Spark."""
+class ChangefeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """The change log as a stream; offsets are cursors, checkpointed by Spark.
+
+    Honours maxItemsPerTrigger under every trigger (Trigger.AvailableNow included: the items
+    there when the query starts, in micro-batches of at most that many), stops at endingCursor
+    or endingTimestamp, and reports the head as the latest offset (the query's lag).
+    """
 
     def __init__(self, options: Mapping[str, str]) -> None:
-        self.options = source_options(options)
+        self.options: SourceOptions = source_options(options, streaming=True)
+        self.bound = changelog.stream_bound(self.options)
 
     def initialOffset(self) -> dict[str, str]:
         return changelog.offset(changelog.starting_cursor(self.options))
@@ -177,10 +231,19 @@ class ChangefeedStreamReader(DataSourceStreamReader):
         limit = self.options.max_items_per_trigger
         return ReadAllAvailable() if limit is None else ReadMaxRows(limit)
 
+    def prepareForTriggerAvailableNow(self) -> None:
+        head = changelog.head(self.options)
+        if head is not None:
+            self.bound = head.position if self.bound is None else min(self.bound, head.position)
+
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, str]:
         max_items = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         cursor = changelog.cursor_of(start)
-        return changelog.offset(changelog.latest(self.options, cursor, max_items))
+        return changelog.offset(changelog.latest(self.options, cursor, max_items, self.bound))
+
+    def reportLatestOffset(self) -> dict[str, str] | None:
+        head = changelog.head(self.options)
+        return None if head is None else changelog.offset(head)
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         first, last = changelog.cursor_of(start), changelog.cursor_of(end)
@@ -188,4 +251,4 @@ class ChangefeedStreamReader(DataSourceStreamReader):
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
         assert isinstance(partition, changelog.LogRange)
-        return changelog.read_range(self.options.target, partition)
+        return changelog.read_range(self.options.target, partition, self.options.include_state)

@@ -10,7 +10,9 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Literal
+from urllib.parse import urlsplit
 
 from pyspark.sql.types import (
     ArrayType,
@@ -25,8 +27,9 @@ from pyspark.sql.types import (
     StructType,
 )
 
+from changefeed import configjs as cj
 from changefeed.cursor import Cursor
-from changefeed.errors import CursorError, OptionError
+from changefeed.errors import ConfigError, CursorError, OptionError
 from changefeed.protocol import Resource
 from publisher.bucket import BATCH, Op
 from publisher.config import load_config
@@ -38,8 +41,22 @@ PIPELINE = 4
 OPS: tuple[Op, ...] = ("put", "delete", "publish")
 ID_TYPES = (StringType, LongType, IntegerType, ShortType)
 StateSource = Literal["none", "row", "column"]
+Table = Literal["changes", "store"]
+RECORD_RETENTION = 7 * 24 * 3600
+"""Seconds a txn record (and a streaming query's ledger) is kept after its last write."""
 
-
+_COMMON = ("config", "redisUrl", "bucket")
+SINK_OPTIONS = (
+    *_COMMON, "resource", "idColumn", "subResources", "subResourcesColumn", "state",
+    "stateColumn", "opColumn", "batchSize", "pipeline", "sortRows", "txnAppId", "txnVersion",
+    "recordRetention", "queryName", "checkpointLocation",
+)
+SOURCE_OPTIONS = (
+    *_COMMON, "table", "resource", "startingCursor", "endingCursor", "startingTimestamp",
+    "endingTimestamp", "includeState", "numPartitions", "maxItemsPerTrigger", "failOnDataLoss",
+)
+_SPARK_OPTIONS = ("path", "checkpointLocation", "queryName")
+"""Options Spark itself may pass (with any starting "__", its internal ones)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,11 +94,19 @@ class SinkOptions:
     pipeline: int
     query: str | None
     """The streaming query's name: the key of its record of committed micro-batches."""
+    txn_app_id: str | None = None
+    """A batch job's txnAppId: with `txn_version`, a version already committed is skipped."""
+    txn_version: int | None = None
+    record_retention: int = RECORD_RETENTION
+    """Seconds the txn record (or the streaming ledger) is kept after the last write."""
+    sort_rows: bool = False
+    """Sort each task's changes (by id, then content) before cutting them into chunks, so a
+    retry that gets the same rows in another order (after a shuffle) makes the same chunks."""
 
 
 @dataclass(frozen=True, slots=True)
 class SourceOptions:
-    """Where a read of the change log starts and how it is split."""
+    """What a read takes (the change log, or the store) and, of the log, which range."""
 
     target: Target
     start: str
@@ -89,6 +114,17 @@ class SourceOptions:
     partitions: int
     max_items_per_trigger: int | None
     fail_on_data_loss: bool
+    end: str | None = None
+    """A cursor (inclusive), "latest", or None: the head when the read is planned."""
+    start_ms: int | None = None
+    """startingTimestamp: the first change published at or after it (instead of `start`)."""
+    end_ms: int | None = None
+    """endingTimestamp: the last change published at or before it (instead of `end`)."""
+    include_state: bool = False
+    """Add each change's current stored state (a `state` column of JSON text)."""
+    table: Table = "changes"
+    resources: tuple[str, ...] | None = None
+    """With table "store": the resources to read (None: every one with a stored state)."""
 
 
 class Options:
@@ -96,6 +132,21 @@ class Options:
 
     def __init__(self, options: Mapping[str, str]) -> None:
         self._values = {key.lower(): value for key, value in options.items()}
+
+    def check_known(self, known: tuple[str, ...]) -> None:
+        """OptionError for an option this data source does not know (a typo reads nothing)."""
+        names = {name.lower(): name for name in (*known, *_SPARK_OPTIONS)}
+        for key, value in self._values.items():
+            if key not in names and not key.startswith("__"):
+                raise OptionError(key, value, f"one of the options {', '.join(known)}")
+
+    def non_negative(self, key: str) -> int | None:
+        value = self.get(key)
+        if value is None:
+            return None
+        if not value.isdigit():
+            raise OptionError(key, value, "a non-negative integer")
+        return int(value)
 
     def get(self, key: str) -> str | None:
         return self._values.get(key.lower())
@@ -125,13 +176,20 @@ def target_of(options: Mapping[str, str]) -> Target:
     """The bucket named by `config` (a config.js) or by `redisUrl` and `bucket`."""
     opts = Options(options)
     path, url, name = opts.get("config"), opts.get("redisUrl"), opts.get("bucket")
+    if url is not None:
+        _check_redis_url(url)
+    if name is not None and not cj.NAME.match(name):
+        raise OptionError("bucket", name, "a bucket name of letters, digits, '_', '.' or '-'")
     if path is None:
         if url is None or name is None:
             raise OptionError(
                 "config", None, "the path of a config.js, or both options redisUrl and bucket"
             )
         return Target(url, name, None)
-    config = load_config(path)
+    try:
+        config = load_config(path)
+    except OSError as exc:
+        raise OptionError("config", path, f"the path of a readable config.js ({exc})") from None
     redis_url = url or config.bucket.redis_url or EmbeddedRedis(config.state_dir).url
     return Target(
         redis_url, name or config.bucket.name, config.resources, config.bucket.partitions
@@ -141,6 +199,7 @@ def target_of(options: Mapping[str, str]) -> Target:
 def sink_options(options: Mapping[str, str], schema: StructType, streaming: bool) -> SinkOptions:
     """Check the write options against the DataFrame's schema."""
     opts = Options(options)
+    opts.check_known(SINK_OPTIONS)
     target = target_of(options)
     columns = {field.name: field.dataType for field in schema.fields}
 
@@ -206,6 +265,19 @@ def sink_options(options: Mapping[str, str], schema: StructType, streaming: bool
                 "queryName", None, "a query name or checkpointLocation (the key of the record "
                 "of committed micro-batches that makes retries publish nothing twice)"
             )
+    app_id, version = opts.get("txnAppId"), opts.non_negative("txnVersion")
+    if (app_id is None) != (version is None):
+        raise OptionError(
+            "txnAppId" if app_id is None else "txnVersion", None,
+            "txnAppId and txnVersion together (a job's name and the version it writes)",
+        )
+    if app_id is not None and not cj.NAME.match(app_id):
+        raise OptionError("txnAppId", app_id, "a name of letters, digits, '_', '.' or '-'")
+    if app_id is not None and streaming:
+        raise OptionError(
+            "txnAppId", app_id, "no txnAppId on a streaming write (its micro-batches are "
+            "recorded under the query's name); use it in foreachBatch or batch writes",
+        )
     return SinkOptions(
         target=target,
         resource=resource,
@@ -220,25 +292,101 @@ def sink_options(options: Mapping[str, str], schema: StructType, streaming: bool
         batch_size=opts.integer("batchSize", BATCH),
         pipeline=opts.integer("pipeline", PIPELINE),
         query=query,
+        txn_app_id=app_id,
+        txn_version=version,
+        record_retention=opts.integer("recordRetention", RECORD_RETENTION),
+        sort_rows=opts.boolean("sortRows", False),
     )
 
 
-def source_options(options: Mapping[str, str]) -> SourceOptions:
+def source_options(options: Mapping[str, str], streaming: bool = False) -> SourceOptions:
+    """Check the read options (of a batch read, or of a stream when `streaming`)."""
     opts = Options(options)
-    start = opts.get("startingCursor") or "earliest"
+    opts.check_known(SOURCE_OPTIONS)
+    target = target_of(options)
+    table = opts.get("table") or "changes"
+    if table not in ("changes", "store") or (table == "store" and streaming):
+        raise OptionError(
+            "table", table, "changes (the log) or store (the stored states, batch reads only)"
+        )
+    if table == "store":
+        for key in ("startingCursor", "endingCursor", "startingTimestamp", "endingTimestamp",
+                    "includeState", "maxItemsPerTrigger"):
+            if opts.get(key) is not None:
+                raise OptionError(key, opts.get(key), "no range of the log with table=store")
+        listed = opts.get("resource")
+        resources = None
+        if listed is not None:
+            resources = tuple(name.strip() for name in listed.split(",") if name.strip())
+            unknown = [r for r in resources if target.resources and not target.resource(r)]
+            if not resources or unknown:
+                known = ", ".join(r.resource for r in target.resources or ())
+                raise OptionError("resource", listed, f"resources of the config ({known})")
+        return SourceOptions(target, "earliest", opts.integer("numPartitions", 1), None, True,
+                             table="store", resources=resources)
+    if opts.get("resource") is not None:
+        raise OptionError("resource", opts.get("resource"), "no resource when reading the "
+                          "log (filter on the resource column), or table=store")
+
+    start = _exclusive("startingCursor", "startingTimestamp", opts) or "earliest"
     if start not in ("earliest", "latest"):
-        try:
-            Cursor.decode(start)
-        except CursorError:
-            raise OptionError("startingCursor", start, "earliest, latest or a cursor") from None
+        _cursor("startingCursor", start, "earliest, latest or a cursor")
+    end = _exclusive("endingCursor", "endingTimestamp", opts, None)
+    if end not in (None, "latest"):
+        _cursor("endingCursor", end, "latest or a cursor (inclusive)")
     limit = opts.get("maxItemsPerTrigger")
     return SourceOptions(
-        target=target_of(options),
+        target=target,
         start=start,
         partitions=opts.integer("numPartitions", 1),
         max_items_per_trigger=None if limit is None else opts.integer("maxItemsPerTrigger", 1),
         fail_on_data_loss=opts.boolean("failOnDataLoss", True),
+        end=end,
+        start_ms=_timestamp("startingTimestamp", opts.get("startingTimestamp")),
+        end_ms=_timestamp("endingTimestamp", opts.get("endingTimestamp")),
+        include_state=opts.boolean("includeState", False),
     )
+
+
+def _exclusive(
+    cursor_key: str, time_key: str, opts: Options, default: str | None = "earliest"
+) -> str | None:
+    cursor = opts.get(cursor_key)
+    if cursor is not None and opts.get(time_key) is not None:
+        raise OptionError(time_key, opts.get(time_key), f"either {cursor_key} or {time_key}")
+    return cursor if cursor is not None else default
+
+
+def _cursor(key: str, value: str, expected: str) -> None:
+    try:
+        Cursor.decode(value)
+    except CursorError:
+        raise OptionError(key, value, expected) from None
+
+
+def _timestamp(key: str, value: str | None) -> int | None:
+    """Milliseconds since the epoch of an ISO 8601 date or time (UTC unless it says)."""
+    if value is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(value.strip())
+    except ValueError:
+        raise OptionError(
+            key, value, "an ISO 8601 date or time, e.g. 2026-11-20T08:00:00Z (UTC if no zone)"
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return int(moment.timestamp() * 1000)
+
+
+def _check_redis_url(url: str) -> None:
+    try:
+        cj.redis_url("redisUrl", url)
+    except ConfigError as exc:
+        raise OptionError("redisUrl", url, exc.expected) from None
+    parts = urlsplit(url)
+    if parts.scheme != "unix" and parts.path.strip("/") and not parts.path.strip("/").isdigit():
+        raise OptionError("redisUrl", url, "a redis:// URL whose path is a database number")
 
 
 def _check_json_type(name: str, kind: DataType) -> None:

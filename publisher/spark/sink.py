@@ -1,13 +1,17 @@
 """The executors' side of a write: changes committed straight to the bucket, in pipelined chunks.
 
-Each task cuts its changes into chunks of `batchSize` and commits each chunk atomically with the
-bucket's idempotent commit (`ChangeBucket.commit_batches`, `pipeline` chunks per round trip).
-A chunk's idempotency key names the write, the micro-batch, the task and the chunk's content::
+Each task encodes its rows (`rows.RowEncoder`), cuts the changes into chunks of `batchSize` and
+commits each chunk atomically with the bucket's idempotent commit (`ChangeBucket.commit_stream`,
+`pipeline` chunks in flight while the next one is encoded). A chunk's idempotency key names the
+write, the micro-batch, the task and the chunk's content::
 
     spark:<writer>:<batch id>:<task>:<digest of the chunk's changes>:<n>
 
-`<writer>` is the streaming query's name, or `job:<uuid>` for a batch job (whose batch id is 0);
+`<writer>` is the streaming query's name, `txn:<txnAppId>:<txnVersion>` for a batch job with
+those options (the same for the job submitted again), or `job:<uuid>` (the batch id is then 0);
 `<n>` counts the task's earlier chunks with the same digest, so identical chunks stay distinct.
+With `sortRows` the task's changes are put in a canonical order before they are cut, so a retry
+that gets its rows in another order (after a shuffle) cuts the same chunks.
 The rows of a chunk are sorted by id (stably: one id's changes keep their order) before the
 digest is taken. So whatever Spark runs again — a failed task, a speculative copy, a micro-batch
 after a driver failure — sends the same chunks under the same keys, even when they come in
@@ -24,16 +28,23 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, replace
 
 import pyarrow as pa
 import structlog
 from pyspark.sql.datasource import WriterCommitMessage
 
-from publisher.bucket import Batch, Change, ChangeBucket, Committed, connect, digest_of
+from publisher.bucket import (
+    ChangeBucket,
+    Committed,
+    Encoded,
+    EncodedBatch,
+    StreamStats,
+    connect,
+)
 from publisher.spark.options import SinkOptions, Target
-from publisher.spark.rows import changes_of, chunks
+from publisher.spark.rows import RowEncoder, by_id, canonical, chunks
 
 log = structlog.get_logger(__name__)
 
@@ -79,6 +90,10 @@ class TaskWritten(WriterCommitMessage):
     """The task's changes as they are in the log, whichever attempt committed them."""
     skipped: int
     """Changes that an earlier attempt had already committed (not written again)."""
+    chunks_skipped: int = 0
+    """Chunks found already committed (by their idempotency keys) and not written again."""
+    redis_seconds: float = 0.0
+    """Time the task waited for Redis (sending and answers)."""
 
 
 def chunk_key(writer: str, batch_id: int, task: int, digest: str, occurrence: int) -> str:
@@ -87,19 +102,19 @@ def chunk_key(writer: str, batch_id: int, task: int, digest: str, occurrence: in
 
 
 def keyed_chunks(
-    chunked: Iterator[list[Change]], writer: str, batch_id: int, task: int
-) -> Iterator[Batch]:
-    """Each chunk in a canonical order (by id, stably), with its idempotency key."""
+    chunked: Iterator[list[Encoded]], writer: str, batch_id: int, task: int
+) -> Iterator[EncodedBatch]:
+    """Each chunk in a canonical order (by id, stably), with how its idempotency key is named
+    from its digest."""
     seen: Counter[str] = Counter()
-    for chunk in chunked:
-        ordered = sorted(chunk, key=_id)
-        digest = digest_of(ordered)
-        yield ordered, chunk_key(writer, batch_id, task, digest, seen[digest])
+
+    def key_of(digest: str) -> str:
+        occurrence = seen[digest]
         seen[digest] += 1
+        return chunk_key(writer, batch_id, task, digest, occurrence)
 
-
-def _id(change: Change) -> str:
-    return change.changed_resource_id
+    for chunk in chunked:
+        yield by_id(chunk), key_of
 
 
 def _bucket(target: Target) -> ChangeBucket:
@@ -115,23 +130,29 @@ def write_task(
     return asyncio.run(_write_task(batches, options, writer, batch_id, task))
 
 
+def skip_task(batches: Iterator[pa.RecordBatch], task: int) -> TaskWritten:
+    """A task of a write already committed: its rows are read (Spark sends them) and dropped."""
+    return TaskWritten(task, 0, Span(), sum(batch.num_rows for batch in batches))
+
+
 async def _write_task(
     batches: Iterator[pa.RecordBatch], options: SinkOptions, writer: str, batch_id: int, task: int
 ) -> TaskWritten:
     bucket = _bucket(options.target)
     done = TaskWritten(task, 0, Span(), 0)
+    stats = StreamStats()
     try:
         if options.query is not None and await bucket.batch_recorded(writer, batch_id):
-            return TaskWritten(task, 0, Span(), sum(batch.num_rows for batch in batches))
-        changes = (changes_of(batch, options) for batch in batches)
-        sending: list[Batch] = []
-        for keyed in keyed_chunks(chunks(changes, options.batch_size), writer, batch_id, task):
-            sending.append(keyed)
-            if len(sending) >= options.pipeline:
-                done = _tally(done, await bucket.commit_batches(sending))
-                sending = []
-        if sending:
-            done = _tally(done, await bucket.commit_batches(sending))
+            return skip_task(batches, task)
+        encoder = RowEncoder(options, bucket.validate)
+        changes: Iterable[Encoded] = (
+            change for batch in batches for change in encoder.encode(batch)
+        )
+        if options.sort_rows:
+            changes = canonical(changes)  # a bad row fails here, before anything is sent
+        keyed = keyed_chunks(chunks(changes, options.batch_size), writer, batch_id, task)
+        async for committed in bucket.commit_stream(keyed, options.pipeline, stats):
+            done = _tally(done, committed)
     except BaseException as exc:
         log.error(
             "spark write task failed", task=task, batch=batch_id, written=str(done.written),
@@ -140,16 +161,17 @@ async def _write_task(
         raise
     finally:
         await bucket.aclose()
-    return done
+    return replace(done, redis_seconds=round(stats.redis_seconds, 3))
 
 
-def _tally(done: TaskWritten, replies: Sequence[Committed]) -> TaskWritten:
-    written, skipped = done.written, done.skipped
-    for committed in replies:
-        written = written + Span.of(committed)
-        if not committed.fresh:
-            skipped += committed.count
-    return TaskWritten(done.task, done.chunks + len(replies), written, skipped)
+def _tally(done: TaskWritten, committed: Committed) -> TaskWritten:
+    return TaskWritten(
+        done.task,
+        done.chunks + 1,
+        done.written + Span.of(committed),
+        done.skipped + (0 if committed.fresh else committed.count),
+        done.chunks_skipped + (0 if committed.fresh else 1),
+    )
 
 
 def total(messages: Sequence[TaskWritten | None]) -> Span:
@@ -160,6 +182,19 @@ def total(messages: Sequence[TaskWritten | None]) -> Span:
 def skipped(messages: Sequence[TaskWritten | None]) -> int:
     """Changes the tasks found already committed (by an earlier attempt) and did not send."""
     return sum(m.skipped for m in messages if m is not None)
+
+
+def metrics(messages: Sequence[TaskWritten | None]) -> dict[str, object]:
+    """The write's figures, for its log line: changes written now, chunks and changes skipped
+    as already committed, seconds the tasks waited for Redis."""
+    found = [m for m in messages if m is not None]
+    return {
+        "changes_written": sum(m.written.count - m.skipped for m in found),
+        "chunks_written": sum(m.chunks - m.chunks_skipped for m in found),
+        "chunks_skipped": sum(m.chunks_skipped for m in found),
+        "changes_skipped": sum(m.skipped for m in found),
+        "redis_seconds": round(sum(m.redis_seconds for m in found), 3),
+    }
 
 
 def abort_report(messages: Sequence[TaskWritten | None]) -> dict[str, object]:
@@ -175,19 +210,50 @@ def abort_report(messages: Sequence[TaskWritten | None]) -> dict[str, object]:
 
 
 async def finish_batch(
-    target: Target, writer: str, batch_id: int, messages: Sequence[TaskWritten | None]
+    options: SinkOptions, writer: str, batch_id: int, messages: Sequence[TaskWritten | None]
 ) -> Span:
     """Record micro-batch `batch_id` of streaming query `writer` as committed (once) and forget
-    the one RETAIN_BATCHES older. Returns what the micro-batch's tasks committed."""
+    the one RETAIN_BATCHES older; the ledger expires `record_retention` after its last batch.
+    Returns what the micro-batch's tasks committed."""
     span = total(messages)
-    bucket = _bucket(target)
+    bucket = _bucket(options.target)
     try:
         await bucket.record_batch(
-            writer, batch_id, f"{span.count} {span.first} {span.last}", RETAIN_BATCHES
+            writer, batch_id, f"{span.count} {span.first} {span.last}", RETAIN_BATCHES,
+            options.record_retention * 1000,
         )
     finally:
         await bucket.aclose()
     return span
+
+
+async def committed_version(options: SinkOptions) -> tuple[int, str] | None:
+    """The newest version recorded for the job's txnAppId, with its record; None if none."""
+    assert options.txn_app_id is not None
+    bucket = _bucket(options.target)
+    try:
+        record = await bucket.txn_record(options.txn_app_id)
+    finally:
+        await bucket.aclose()
+    if record is None:
+        return None
+    version, _, summary = record.partition(" ")
+    return int(version), summary
+
+
+async def record_version(options: SinkOptions, span: Span) -> int:
+    """Record the job's txnVersion as committed (for `record_retention`); returns the version
+    that stands (a higher one, if another job recorded it meanwhile)."""
+    assert options.txn_app_id is not None and options.txn_version is not None
+    bucket = _bucket(options.target)
+    try:
+        record = await bucket.record_txn(
+            options.txn_app_id, options.txn_version, f"{span.count} {span.first} {span.last}",
+            options.record_retention * 1000,
+        )
+    finally:
+        await bucket.aclose()
+    return int(record.partition(" ")[0])
 
 
 async def ping(target: Target) -> None:

@@ -1,4 +1,8 @@
-"""One local SparkSession for the whole test session (Spark takes seconds to start)."""
+"""One local SparkSession for the whole test session (Spark takes seconds to start).
+
+The session is not given the data source by `register(spark)`: Spark finds it by itself, through
+the top-level module `pyspark_changefeed` (docs/spark.md), so every test also checks that.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +15,6 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
-from publisher.spark import register
 from tests.servers import RedisServer, write_config
 
 
@@ -19,6 +22,10 @@ from tests.servers import RedisServer, write_config
 def spark() -> Iterator[SparkSession]:
     """local[2,2]: two cores, and a failed task is tried once more, as on a cluster."""
     os.environ["PYSPARK_PYTHON"] = sys.executable  # the workers import this venv's packages
+    # An editable install is found through an import hook, which Spark's search for pyspark_*
+    # modules (pkgutil.iter_modules over the path) does not see: put the checkout on the path.
+    root = str(Path(__file__).resolve().parents[2])
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
     session = (
         SparkSession.builder.master("local[2,2]")
         .appName("changefeed-tests")
@@ -31,7 +38,6 @@ def spark() -> Iterator[SparkSession]:
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")
-    register(session)
     yield session
     session.stop()
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Callable
+from datetime import UTC, datetime
 
 import pytest
 from pyspark.errors import PySparkException
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrameReader, SparkSession
 
 from changefeed.cursor import Cursor, StreamId
-from publisher.bucket import connect
+from publisher.bucket import Change, ChangeBucket, connect
 from publisher.spark.log import split
 from tests.servers import RedisServer
 from tests.spark.test_stream import commit
@@ -86,3 +87,72 @@ def test_a_partitioned_bucket_is_written_and_read_in_commit_order(
 
     lengths = asyncio.run(streams())
     assert sum(lengths) == 40 and all(lengths), "the sink created the bucket with 4 partitions"
+
+
+def test_a_batch_read_is_bounded_by_ending_cursor_and_timestamps(
+    spark: SparkSession, redis_server: RedisServer, options: dict[str, str]
+) -> None:
+    cursors = asyncio.run(commit(redis_server.url, range(10)))
+    def reader() -> DataFrameReader:  # a DataFrameReader is changed by each option()
+        return spark.read.format("changefeed").options(**options)
+
+    bounded = reader().option("startingCursor", cursors[2]).option("endingCursor", cursors[6])
+    first = sorted(r.cursor for r in bounded.load().collect())
+    asyncio.run(commit(redis_server.url, range(10, 15)))
+    assert first == sorted(r.cursor for r in bounded.load().collect()) == cursors[3:7]
+
+    def ms(cursor: str) -> int:
+        return Cursor.decode(cursor).position.ms
+
+    def iso(milliseconds: int) -> str:
+        return datetime.fromtimestamp(milliseconds / 1000, tz=UTC).isoformat()
+
+    timed = (
+        reader().option("startingTimestamp", iso(ms(cursors[3])))
+        .option("endingTimestamp", iso(ms(cursors[6])))
+        .load().collect()
+    )
+    got = {r.cursor for r in timed}
+    # Every change published within the interval, whatever its place among same-ms changes.
+    assert got >= set(cursors[3:7])
+    assert all(ms(cursors[3]) <= ms(c) <= ms(cursors[6]) for c in got)
+    with pytest.raises(PySparkException, match="option 'endingTimestamp': got 'tomorrow'"):
+        reader().option("endingTimestamp", "tomorrow").load().collect()
+    with pytest.raises(PySparkException, match="either startingCursor or startingTimestamp"):
+        reader().option("startingCursor", cursors[0]).option(
+            "startingTimestamp", "2026-01-01").load().collect()
+
+
+def test_a_read_with_state_and_a_read_of_the_store(
+    spark: SparkSession, redis_server: RedisServer, options: dict[str, str]
+) -> None:
+    async def changes() -> None:
+        bucket = ChangeBucket(connect(redis_server.url), "test")
+        try:
+            await bucket.commit_many([
+                Change.put("vm", "a", ["nic"], {"n": 1}),
+                Change.put("vm", "b", ["nic"], {"n": 2}),
+                Change.put("vm", "a", ["nic"], {"n": 3}),
+                Change.delete("vm", "b", ["nic"]),
+                Change.put("net", "x", ["name"], {"name": "x"}),
+            ])
+        finally:
+            await bucket.aclose()
+
+    asyncio.run(changes())
+    def reader() -> DataFrameReader:
+        return spark.read.format("changefeed").options(**options)
+
+    rows = reader().option("includeState", "true").load().orderBy("cursor").collect()
+    assert [(r.id, r.state) for r in rows] == [
+        ("a", '{"n":3}'), ("b", None), ("a", '{"n":3}'), ("b", None), ("x", '{"name":"x"}'),
+    ]
+    store = reader().option("table", "store").load()
+    assert store.columns == ["resource", "id", "state"]
+    assert sorted(tuple(r) for r in store.collect()) == [
+        ("net", "x", '{"name":"x"}'), ("vm", "a", '{"n":3}'),
+    ]
+    vms_only = reader().option("table", "store").option("resource", "vm").load()
+    assert [tuple(r) for r in vms_only.collect()] == [("vm", "a", '{"n":3}')]
+    with pytest.raises(PySparkException, match="option 'endingCursor': got 'x'"):
+        reader().option("table", "store").option("endingCursor", "x").load().collect()

@@ -235,3 +235,131 @@ def test_a_retried_task_that_sees_its_rows_in_another_order_publishes_nothing_tw
     # Another task with the same rows is other changes.
     assert write_task(batches(rows, 60), options, "job:t", 0, 4).skipped == 0
     assert len(log_of(redis_server.url)) == 120
+
+
+def test_a_txn_version_already_committed_publishes_nothing(
+    spark: SparkSession, redis_server: RedisServer, options: dict[str, str]
+) -> None:
+    frame = vms(spark, 30)
+    txn = {"resource": "vm", "idColumn": "uuid", "subResources": "nic", "txnAppId": "nightly"}
+    client = redis.Redis.from_url(redis_server.url)
+    write(frame, options, **txn, txnVersion="1")
+    assert len(log_of(redis_server.url)) == 30
+    calls = client.info("commandstats")["cmdstat_evalsha"]["calls"]
+    write(frame, options, **txn, txnVersion="1")  # the same job submitted again
+    write(frame, options, **txn, txnVersion="0")  # an older one
+    assert len(log_of(redis_server.url)) == 30
+    assert client.info("commandstats")["cmdstat_evalsha"]["calls"] == calls  # nothing sent
+
+    write(frame, options, **txn, txnVersion="2")
+    assert len(log_of(redis_server.url)) == 60
+    record = client.get("{test}:sparktxn:nightly")
+    assert isinstance(record, bytes) and record.split()[:2] == [b"2", b"30"]
+    ttl = client.pttl("{test}:sparktxn:nightly")
+    assert isinstance(ttl, int) and 0 < ttl <= 7 * 24 * 3600 * 1000  # it expires
+    write(frame, options, **txn, txnVersion="3", recordRetention="60")
+    ttl = client.pttl("{test}:sparktxn:nightly")
+    assert isinstance(ttl, int) and 0 < ttl <= 60_000
+
+
+def test_a_txn_job_run_again_after_its_driver_died_publishes_nothing_twice(
+    spark: SparkSession, redis_server: RedisServer, options: dict[str, str]
+) -> None:
+    """The driver died after the tasks committed, before it recorded the version: the job
+    submitted again finds every chunk by its key (named after the app id and the version)."""
+    frame = vms(spark, 40).repartition(3)
+    txn = {"resource": "vm", "idColumn": "uuid", "subResources": "nic", "batchSize": "7",
+           "txnAppId": "hourly", "txnVersion": "5"}
+    write(frame, options, **txn)
+    client = redis.Redis.from_url(redis_server.url)
+    client.delete("{test}:sparktxn:hourly")
+    write(frame, options, **txn)
+    assert len(log_of(redis_server.url)) == 40
+    assert client.info("commandstats")["cmdstat_xadd"]["calls"] == 40
+    assert client.get("{test}:sparktxn:hourly") is not None
+
+
+def test_a_bad_row_fails_at_its_chunk_inside_a_large_arrow_batch(
+    spark: SparkSession, redis_server: RedisServer, options: dict[str, str]
+) -> None:
+    rows = spark.range(1000).coalesce(1).select(
+        F.format_string("vm-%04d", "id").alias("uuid"),
+        F.when(F.col("id") == 750, "upsert").otherwise("publish").alias("op"),
+    )
+    with pytest.raises(PySparkException, match="'op' is 'upsert'"):
+        write(rows, options, resource="vm", idColumn="uuid", subResources="nic", opColumn="op",
+              batchSize="100")
+    ids = [id for _, _, id in log_of(redis_server.url)]
+    assert sorted(ids) == [f"vm-{n:04d}" for n in range(700)]  # the 7 chunks before it
+
+
+def test_maps_are_stored_as_json_objects(
+    spark: SparkSession, redis_server: RedisServer, options: dict[str, str]
+) -> None:
+    rows = spark.sql(
+        "select 'a' as id, map('x', 1, 'y', 2) as tags, "
+        "named_struct('m', map(1, array(map('k', 'v')))) as nested, array(map('z', 0)) as listed"
+    )
+    write(rows, options, resource="vm", subResources="nic", state="row")
+    state = redis.Redis.from_url(redis_server.url).hget("{test}:state:vm", "a")
+    assert isinstance(state, bytes)
+    expected = rows.select(F.to_json(F.struct("*")).alias("j")).first()
+    assert expected is not None
+    assert orjson.loads(state) == orjson.loads(expected["j"])
+    assert orjson.loads(state)["tags"] == {"x": 1, "y": 2}
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"redisUrl": "redis://localhost:notaport/0"},
+         "option 'redisUrl': got 'redis://localhost:notaport/0', expected a URL with a valid port"),
+        ({"redisUrl": "localhost:6379"},
+         "option 'redisUrl': got 'localhost:6379', expected a redis://, rediss:// or unix:// URL"),
+        ({"bucket": "bad name!"},
+         "option 'bucket': got 'bad name!', expected a bucket name of letters, digits"),
+        ({"idColum": "uuid"}, "option 'idcolum': got 'uuid', expected one of the options config"),
+        ({"txnAppId": "nightly"}, "option 'txnVersion': got None, expected txnAppId and "
+         "txnVersion together"),
+        ({"txnAppId": "nightly", "txnVersion": "-1"},
+         "option 'txnVersion': got '-1', expected a non-negative integer"),
+    ],
+)
+def test_bad_values_fail_before_writing_and_name_the_option(
+    spark: SparkSession,
+    redis_server: RedisServer,
+    options: dict[str, str],
+    extra: dict[str, str],
+    message: str,
+) -> None:
+    with pytest.raises(PySparkException, match="OptionError") as failure:
+        write(vms(spark, 10), {**options, **extra}, resource="vm", idColumn="uuid",
+              subResources="nic")
+    assert message in str(failure.value)
+    assert log_of(redis_server.url) == []
+    assert redis.Redis.from_url(redis_server.url).keys("{bad*") == []
+
+
+def test_with_sort_rows_a_retry_that_gets_its_rows_in_any_order_publishes_nothing_twice(
+    redis_server: RedisServer,
+) -> None:
+    """After a shuffle a retried task may get its rows in another order, across chunks: with
+    sortRows the task's changes are cut into chunks in a canonical order."""
+    schema = StructType([StructField("uuid", StringType()), StructField("op", StringType())])
+    options = sink_options(
+        {"redisUrl": redis_server.url, "bucket": "test", "resource": "vm", "idColumn": "uuid",
+         "subResources": "nic", "opColumn": "op", "batchSize": "10", "sortRows": "true"},
+        schema, streaming=False,
+    )
+    rows = [(f"vm-{n:02d}", "publish") for n in range(45)]
+
+    def batches(order: list[tuple[str, str]]) -> Iterator[pa.RecordBatch]:
+        yield pa.RecordBatch.from_pydict({"uuid": [u for u, _ in order],
+                                          "op": [o for _, o in order]})
+
+    first = write_task(batches(rows), options, "job:s", 0, 1)
+    shuffled = rows[7::3] + rows[::3] + rows[2::3][::-1] + rows[1:7:3]
+    assert sorted(shuffled) == rows
+    retry = write_task(batches(shuffled), options, "job:s", 0, 1)
+    assert (retry.written, retry.skipped, retry.chunks_skipped) == (first.written, 45, 5)
+    assert len(log_of(redis_server.url)) == 45

@@ -9,6 +9,7 @@ from pathlib import Path
 import orjson
 import redis
 from pyspark.sql import SparkSession
+from pyspark.sql.streaming.query import StreamingQuery
 
 from publisher.bucket import Change, ChangeBucket, connect
 from tests.servers import RedisServer
@@ -77,7 +78,7 @@ async def commit(url: str, ids: range) -> list[str]:
 
 def run_stream_read(
     spark: SparkSession, url: str, checkpoint: Path, output: Path, per_trigger: int
-) -> None:
+) -> StreamingQuery:
     query = (
         spark.readStream.format("changefeed")
         .option("redisUrl", url).option("bucket", "test")
@@ -90,6 +91,7 @@ def run_stream_read(
     )
     query.awaitTermination()
     assert query.exception() is None
+    return query
 
 
 def test_the_stream_reader_resumes_from_its_checkpoint(
@@ -97,8 +99,12 @@ def test_the_stream_reader_resumes_from_its_checkpoint(
 ) -> None:
     checkpoint, output = tmp_path / "checkpoint", tmp_path / "output"
     cursors = asyncio.run(commit(redis_server.url, range(30)))
-    run_stream_read(spark, redis_server.url, checkpoint, output, per_trigger=7)
+    query = run_stream_read(spark, redis_server.url, checkpoint, output, per_trigger=7)
     assert sorted(r.cursor for r in spark.read.json(str(output)).collect()) == cursors
+    # Trigger.AvailableNow honours maxItemsPerTrigger; the progress shows the head (the lag).
+    progress = [p for p in query.recentProgress if p["numInputRows"]]
+    assert [p["numInputRows"] for p in progress] == [7, 7, 7, 7, 2]
+    assert orjson.loads(progress[0]["sources"][0]["latestOffset"]) == {"cursor": cursors[-1]}
 
     cursors += asyncio.run(commit(redis_server.url, range(30, 55)))
     run_stream_read(spark, redis_server.url, checkpoint, output, per_trigger=100)
