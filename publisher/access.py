@@ -232,7 +232,7 @@ class Access:
     ) -> web.Response:
         remote = request.remote or "local"
         self.refused[code] += 1
-        suppressed = self._log.allow(f"{remote} {code}")
+        suppressed = self._log.allow(f"{remote} {code} {why or ''}")
         if suppressed is not None:
             log.warning(
                 "request refused", status=status, code=code, reason=why or message,
