@@ -161,7 +161,7 @@ def write_config(path: Path, redis_url: str | None, **extra: Any) -> Path:
 class PublisherProcess:
     """`changefeed serve` in a subprocess, for tests that kill a publisher."""
 
-    _LISTENING = re.compile(r'"url": ?"(http://[^"]+)"|url=(http://\S+)')
+    _LISTENING = re.compile(r'"url": ?"(https?://[^"]+)"|url=(https?://\S+)')
 
     def __init__(self, config: Path, *extra_args: str) -> None:
         self.config = config
@@ -192,7 +192,7 @@ class PublisherProcess:
 
     @property
     def ws_url(self) -> str:
-        return self.url.replace("http://", "ws://") + "/changefeeds"
+        return "ws" + self.url.removeprefix("http") + "/changefeeds"
 
     def output(self) -> str:
         return "".join(self.lines)

@@ -24,7 +24,7 @@ from publisher.service import Service
 from tests.conftest import PublisherFactory
 from tests.pki import Pki, new_token, sha256_hex
 from tests.servers import RedisServer, scaled
-from tests.wsclient import v1, v2
+from tests.wsclient import register, v1, v2
 
 ORIGIN = "https://ops.example.com"
 TOKENS: list[str] = []
@@ -423,3 +423,23 @@ async def test_reload_removing_auth_on_a_public_address_is_refused(
         assert error.value.key == "server.host"
         async with aiohttp.ClientSession() as http, http.get(service.url + "/vms") as response:
             assert response.status == 401
+
+
+async def test_mode_none_serves_listeners_without_tokens_on_any_address(
+    redis_server: RedisServer, make_config: Callable[..., Config],
+    start_publisher: PublisherFactory,
+) -> None:
+    """Triton's listeners send no token: with auth: {mode: "none"} they keep working."""
+    config = make_config(redis_server.url, server={"host": "0.0.0.0", "port": 0},
+                         auth={"mode": "none"})
+    async with start_publisher(config) as service:
+        url = service.ws_url.replace("0.0.0.0", "127.0.0.1")
+        feed = await register(url, v1("vm", ["nic"]))
+        assert "cursor" in feed.reply
+        await feed.close()
+        async with aiohttp.ClientSession() as http, http.get(
+            service.url.replace("0.0.0.0", "127.0.0.1") + "/changefeeds/stats",
+            headers={"Host": "publisher.example"},
+        ) as response:
+            assert response.status == 200
+            assert "registrations" in await response.json()
