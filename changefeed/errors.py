@@ -24,6 +24,9 @@
     └── ListenerError              raised by the listener library
         ├── RegistrationRejected   the publisher refused the registration (.url, .close_code,
         │                          .reason); raised, not retried
+        ├── AccessDenied           the publisher refused the credentials (HTTP 401) or their
+        │                          scope or origin (403), on any route (.url, .status, .code);
+        │                          raised, not retried
         ├── RetriesExhausted       the backoff's retry limit was reached (.attempts, .last)
         ├── FetchFailed            Listener.fetch could not get an object (.url, .status)
         ├── InvalidOption          a pull consumer option is out of range, or two exclusive ones
@@ -176,6 +179,23 @@ class RegistrationRejected(ListenerError):
         super().__init__(f"{url} rejected the registration with {close_code}: {reason}")
 
 
+class AccessDenied(ListenerError):
+    """The publisher answered 401 (no token, or one it does not know or that expired) or 403
+    (a scope or origin it refuses) at the websocket upgrade, a bootstrap page, a fetch or a pull.
+
+    The same credentials would be refused again, so it is raised to the application.
+    """
+
+    def __init__(self, url: str, status: int, code: str = "", message: str = "") -> None:
+        self.url = url
+        self.status = status
+        self.code = code
+        self.message = message
+        what = "credentials" if status == 401 else "request"
+        detail = f" {code}: {message}" if code else ""
+        super().__init__(f"{url} refused the {what} with HTTP {status}{detail}")
+
+
 class RetriesExhausted(ListenerError):
     """The backoff's `retries` limit was reached; `.last` is the last failure."""
 
@@ -306,6 +326,7 @@ class HeartbeatMissed(ConnectionFailed):
 
 
 __all__ = [
+    "AccessDenied",
     "BootstrapFailed",
     "BucketBusy",
     "BucketUnavailable",

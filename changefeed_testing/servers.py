@@ -182,7 +182,7 @@ class PublisherProcess:
     With a fixed `server.port` in its config it comes back on the same URL after `restart()`.
     """
 
-    _LISTENING = re.compile(r'"url": ?"(http://[^"]+)"|url=(http://\S+)')
+    _LISTENING = re.compile(r'"url": ?"(https?://[^"]+)"|url=(https?://\S+)')
 
     def __init__(self, config: Path, *extra_args: str) -> None:
         self.config = config
@@ -217,7 +217,7 @@ class PublisherProcess:
 
     @property
     def ws_url(self) -> str:
-        return self.url.replace("http://", "ws://") + "/changefeeds"
+        return "ws" + self.url.removeprefix("http") + "/changefeeds"
 
     def output(self) -> str:
         return "".join(self.lines)

@@ -13,8 +13,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import ssl
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 from urllib.parse import quote
@@ -27,7 +29,8 @@ from changefeed.errors import ChangefeedError, FetchFailed
 from changefeed.watch import Watch
 from listener.buffer import Buffer, make_buffer
 from listener.config import ListenerConfig
-from listener.connection import Connection, fetch_page, translate_errors
+from listener.connection import DENIED, Connection, access_denied, fetch_page, translate_errors
+from listener.credentials import load_credentials
 from listener.events import BootstrapRecords, BootstrapStart, Change, Event
 from listener.pager import Pager, PublisherPager
 from listener.state import ListenerCore, Phase
@@ -47,7 +50,9 @@ class Listener:
     `since` is a cursor the application stored: the listener resumes after it when the publisher
     still can, else it delivers a `Resync` and bootstraps. With `bootstrap=False` it never
     bootstraps: only changes (and Resync when some may have been missed) are delivered.
-    See docs/listener.md.
+    `token` (else the content of `token_file`, else the environment variable CHANGEFEED_TOKEN)
+    is sent as `Authorization: Bearer` to the publisher; `ssl` (or a context trusting `cafile`)
+    verifies an https/wss publisher. A 401 or 403 raises AccessDenied. See docs/listener.md.
     """
 
     def __init__(
@@ -63,8 +68,13 @@ class Listener:
         pager: Pager | None = None,
         buffer: Buffer | None = None,
         bootstrap: bool = True,
+        token: str | None = None,
+        token_file: str | Path | None = None,
+        ssl: ssl.SSLContext | None = None,
+        cafile: str | Path | None = None,
     ) -> None:
         self.config = config or ListenerConfig()
+        self._credentials = load_credentials(token, token_file, ssl, cafile)
         self._core = ListenerCore(
             url,
             instance=instance,
@@ -183,8 +193,12 @@ class Listener:
         if resource not in self._core.routes:
             raise FetchFailed(resource, "no registration reply has named its bootstrap route yet")
         url = self._core.route_url(resource) + "/" + quote(id, safe="")
-        async with translate_errors(url, "fetch"), self._http().get(url) as response:
+        headers = self._credentials.headers_for(url, self._core.url)
+        http = self._http()
+        async with translate_errors(url, "fetch"), http.get(url, headers=headers) as response:
             body = await response.read()
+        if response.status in DENIED:
+            raise access_denied(url, response.status, body)
         if response.status == 404:
             return None
         if response.status != 200:
@@ -194,7 +208,8 @@ class Listener:
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None:
             timeout = aiohttp.ClientTimeout(total=self.config.http_timeout)
-            self._session = aiohttp.ClientSession(timeout=timeout)
+            connector = aiohttp.TCPConnector(ssl=self._credentials.ssl or True)
+            self._session = aiohttp.ClientSession(timeout=timeout, connector=connector)
         return self._session
 
     async def _run(self) -> AsyncGenerator[Event, None]:
@@ -205,7 +220,9 @@ class Listener:
             attempt_log = self._log.bind(url=attempt.url, attempt=attempt.number)
             attempt_log.info("connecting", since=attempt.registration.since)
             try:
-                async with Connection.open(attempt, core, self._buffer, self.config) as connection:
+                async with Connection.open(
+                    attempt, core, self._buffer, self.config, self._credentials
+                ) as connection:
                     plan = core.reply(connection.reply, time.monotonic())
                     attempt_log.info("registered", resumed=plan.resumed, cursor=plan.cursor,
                                      bootstrap=[route.resource for route in plan.routes])
@@ -243,7 +260,8 @@ class Listener:
         url: str | None = self._pager.first(core.bootstrap_url(resource))
         pages = objects = 0
         while url is not None:
-            page = await fetch_page(self._http(), self._pager, url)
+            headers = self._credentials.headers_for(url, core.url)
+            page = await fetch_page(self._http(), self._pager, url, headers)
             connection.check()
             pages += 1
             objects += len(page.objects)

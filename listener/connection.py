@@ -15,11 +15,19 @@ from collections.abc import AsyncIterator
 from typing import Literal
 
 import aiohttp
+import orjson
 import structlog
 import websockets
 from websockets.asyncio.client import ClientConnection, connect
 
-from changefeed.errors import BootstrapFailed, ChangefeedError, ConnectionLost, FetchFailed
+from changefeed.credentials import Credentials
+from changefeed.errors import (
+    AccessDenied,
+    BootstrapFailed,
+    ChangefeedError,
+    ConnectionLost,
+    FetchFailed,
+)
 from changefeed.protocol import HEARTBEAT, ChangeItem
 from listener.buffer import Buffer
 from listener.config import ListenerConfig
@@ -29,6 +37,19 @@ from listener.state import Attempt, ListenerCore
 log = structlog.get_logger(__name__)
 
 Via = Literal["websocket", "bootstrap", "fetch"]
+
+DENIED = frozenset({401, 403})
+"""Statuses that refuse the credentials, scope or origin: raised (AccessDenied), not retried."""
+
+
+def access_denied(url: str, status: int, body: bytes) -> AccessDenied:
+    """The AccessDenied of a 401 or 403, with the publisher's `{code, message}` if it sent one."""
+    try:
+        error = orjson.loads(body)
+        code, message = str(error["code"]), str(error["message"])
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        code, message = "", body[:200].decode(errors="replace")
+    return AccessDenied(url, status, code, message)
 
 
 @contextlib.asynccontextmanager
@@ -42,6 +63,8 @@ async def translate_errors(url: str, via: Via) -> AsyncIterator[None]:
         raise ConnectionLost(url, f"websocket closed ({exc})", code, reason) from exc
     except websockets.exceptions.InvalidStatus as exc:
         status = exc.response.status_code
+        if status in DENIED:
+            raise access_denied(url, status, bytes(exc.response.body or b"")) from None
         raise ConnectionLost(url, f"upgrade refused with HTTP {status}", status=status) from exc
     except websockets.exceptions.WebSocketException as exc:
         raise ConnectionLost(url, f"websocket failed ({exc})") from exc
@@ -79,14 +102,18 @@ class Connection:
     @classmethod
     @contextlib.asynccontextmanager
     async def open(
-        cls, attempt: Attempt, core: ListenerCore, buffer: Buffer, config: ListenerConfig
+        cls, attempt: Attempt, core: ListenerCore, buffer: Buffer, config: ListenerConfig,
+        credentials: Credentials,
     ) -> AsyncIterator[Connection]:
         """Connect, register and read the reply; the reader runs until the block exits."""
+        headers = {**attempt.headers, **credentials.headers_for(attempt.ws_url, attempt.url)}
+        secure = attempt.ws_url.startswith("wss:")
         async with translate_errors(attempt.url, "websocket"):
             async with asyncio.timeout(config.open_timeout):
                 ws = await connect(
                     attempt.ws_url,
-                    additional_headers=dict(attempt.headers),
+                    additional_headers=headers,
+                    ssl=(credentials.ssl or True) if secure else None,
                     ping_interval=config.ping_interval,
                     ping_timeout=config.ping_timeout,
                     open_timeout=None,
@@ -169,10 +196,14 @@ async def close_dropping(ws: ClientConnection) -> None:
     await closing
 
 
-async def fetch_page(session: aiohttp.ClientSession, pager: Pager, url: str) -> Page:
+async def fetch_page(
+    session: aiohttp.ClientSession, pager: Pager, url: str, headers: dict[str, str]
+) -> Page:
     """GET one bootstrap page and let the pager read it."""
-    async with translate_errors(url, "bootstrap"), session.get(url) as response:
+    async with translate_errors(url, "bootstrap"), session.get(url, headers=headers) as response:
         body = await response.read()
+        if response.status in DENIED:
+            raise access_denied(url, response.status, body)
         if response.status != 200:
             raise BootstrapFailed(url, f"HTTP {response.status}: {body[:200]!r}", response.status)
         return pager.parse(url, dict(response.headers), body)

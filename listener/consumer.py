@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from types import TracebackType
 
 import aiohttp
@@ -24,6 +26,7 @@ import structlog
 
 from changefeed.backoff import Backoff
 from changefeed.errors import (
+    AccessDenied,
     ChangefeedError,
     HeartbeatMissed,
     InvalidOption,
@@ -40,6 +43,7 @@ from listener.consumer_options import (
     fetch_options,
 )
 from listener.consumer_state import ConsumeCore, ConsumeState, FetchCore
+from listener.credentials import load_credentials
 from listener.state import publisher_urls
 
 log = structlog.get_logger(__name__)
@@ -58,18 +62,20 @@ async def request_events(
     params: list[tuple[str, str]],
     deadline: float,
     heartbeat_window: float,
+    headers: dict[str, str] | None = None,
 ) -> EventsReply:
     """One `GET .../events`, answered by `deadline` (the loop's clock) or a missed heartbeat.
 
     The one place where aiohttp's errors and the HTTP statuses become the consumer's: 200 is
-    read, 4xx is PullRejected (raised), 5xx and no answer PullFailed, a garbled body
-    ProtocolError (both retried after a backoff delay), silence until `deadline` HeartbeatMissed
+    read, 401 and 403 are AccessDenied and other 4xx PullRejected (raised), 5xx and no answer
+    PullFailed, a garbled body ProtocolError (both retried after a backoff delay), silence until
+    `deadline` HeartbeatMissed
     (reported, pulled again at once: a warning, not a failure, in `changefeed.retry`).
     """
     try:
         async with asyncio.timeout_at(deadline):
             try:
-                async with session.get(url, params=params) as response:
+                async with session.get(url, params=params, headers=headers) as response:
                     body = await response.read()
             except (aiohttp.ClientError, OSError, TimeoutError) as exc:
                 why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
@@ -84,6 +90,8 @@ async def request_events(
             code, message = str(error["code"]), str(error["message"])
         except (orjson.JSONDecodeError, KeyError, TypeError):
             code, message = "", body[:200].decode(errors="replace")
+        if response.status in (401, 403):
+            raise AccessDenied(url, response.status, code, message)
         raise PullRejected(url, response.status, code, message)
     raise PullFailed(url, f"HTTP {response.status}: {body[:200]!r}", response.status)
 
@@ -95,7 +103,9 @@ class PullConsumer:
     It starts after the cursor `after` (the start of the retained log when None) and moves past
     each item it delivers: `cursor` is the last one, for the application to store. `on_error` is
     called with each failure the consumer retries after (PullFailed, HeartbeatMissed,
-    ProtocolError); it must not block. One operation runs at a time. See docs/listener.md.
+    ProtocolError); it must not block. One operation runs at a time. `token` (else the content
+    of `token_file`, else CHANGEFEED_TOKEN) is sent as `Authorization: Bearer`; `ssl` (or a
+    context trusting `cafile`) verifies an https publisher. See docs/listener.md.
     """
 
     def __init__(
@@ -110,7 +120,12 @@ class PullConsumer:
         backoff: Backoff | None = None,
         on_error: ErrorHandler | None = None,
         session: aiohttp.ClientSession | None = None,
+        token: str | None = None,
+        token_file: str | Path | None = None,
+        ssl: ssl.SSLContext | None = None,
+        cafile: str | Path | None = None,
     ) -> None:
+        self._credentials = load_credentials(token, token_file, ssl, cafile)
         self.filter = event_filter(resource, sub_resources, ids, prefixes)
         """What every pull asks for."""
         try:
@@ -234,7 +249,8 @@ class PullConsumer:
         try:
             reply = await request_events(self._http(), self.events_url,
                                          pull.to_query(), core.heartbeat_deadline,
-                                         core.heartbeat_window)
+                                         core.heartbeat_window,
+                                         self._credentials.headers_for(self.events_url, self.url))
         except ChangefeedError as error:
             delay = core.failed(error, time())
             if delay is not None:
@@ -252,7 +268,8 @@ class PullConsumer:
 
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None:
-            self._session = aiohttp.ClientSession()
+            connector = aiohttp.TCPConnector(ssl=self._credentials.ssl or True)
+            self._session = aiohttp.ClientSession(connector=connector)
         return self._session
 
 

@@ -2,7 +2,8 @@
 
 It registers without bootstrapping (for some ids and id prefixes only, with --id and --prefix),
 prints one line per change item on stdout (JSON lines with --json or when stdout is not a
-terminal), reports reconnects and resyncs on stderr, and stops cleanly on Ctrl-C.
+terminal), reports reconnects and resyncs on stderr, and stops cleanly on Ctrl-C. Its token
+comes from --token-file or CHANGEFEED_TOKEN (never the command line, which others can read).
 """
 
 from __future__ import annotations
@@ -12,12 +13,19 @@ import sys
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TextIO
 
 import click
 import orjson
 
-from changefeed.errors import ChangefeedError, RegistrationRejected, RetriesExhausted
+from changefeed.errors import (
+    AccessDenied,
+    ChangefeedError,
+    InvalidOption,
+    RegistrationRejected,
+    RetriesExhausted,
+)
 from changefeed.watch import Watch
 from listener.client import Listener
 from listener.config import ListenerConfig
@@ -45,6 +53,8 @@ async def run_snoop(
     out: TextIO = sys.stdout,
     err: TextIO = sys.stderr,
     config: ListenerConfig | None = None,
+    token_file: str | Path | None = None,
+    cafile: str | Path | None = None,
 ) -> None:
     """Print every change item of `resource` (and `subs`; only of `ids` and `prefixes` when
     given) until cancelled."""
@@ -68,7 +78,7 @@ async def run_snoop(
     listener = Listener(url, instance=instance, service="snoop",
                         resources={resource: list(subs)},
                         watches={resource: Watch.of(ids, prefixes)}, since=since, config=config,
-                        bootstrap=False)
+                        bootstrap=False, token_file=token_file, cafile=cafile)
     async with listener:
         await listener.run(on_bootstrap=on_resync, on_change=on_change, on_error=on_error)
 
@@ -100,6 +110,16 @@ async def run_snoop(
     multiple=True,
     help="Only ids under this '/'-separated prefix, and the prefix itself (repeatable).",
 )
+@click.option(
+    "--token-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="A file holding the bearer token (default: the CHANGEFEED_TOKEN environment variable).",
+)
+@click.option(
+    "--cafile",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="PEM CA bundle that verifies an https:// publisher (default: the system's CAs).",
+)
 def snoop(
     url: str,
     resource: str,
@@ -108,6 +128,8 @@ def snoop(
     as_json: bool | None,
     ids: tuple[str, ...],
     prefixes: tuple[str, ...],
+    token_file: Path | None,
+    cafile: Path | None,
 ) -> None:
     """Print RESOURCE's change items from the publisher at URL as they arrive; Ctrl-C stops.
 
@@ -118,10 +140,12 @@ def snoop(
     try:
         asyncio.run(
             run_snoop(
-                urls, resource, sub_resources, since, as_json or None, ids=ids, prefixes=prefixes
+                urls, resource, sub_resources, since, as_json or None, ids=ids, prefixes=prefixes,
+                token_file=token_file, cafile=cafile,
             )
         )
     except KeyboardInterrupt:
         pass
-    except (RegistrationRejected, RetriesExhausted, ValueError) as exc:
+    except (AccessDenied, InvalidOption, RegistrationRejected, RetriesExhausted,
+            ValueError) as exc:
         raise click.ClickException(str(exc)) from None

@@ -73,6 +73,8 @@ class Admission:
         self.per_client = per_client
         self.open = 0
         self.lingering = 0
+        self.refusals = 0
+        """Connections refused since start, for /changefeeds/stats."""
         self._by_client: dict[str, int] = {}
         self._log = Throttle(log_interval)
 
@@ -99,6 +101,7 @@ class Admission:
             del self._by_client[client]
 
     def refused(self, client: str, why: str) -> None:
+        self.refusals += 1
         suppressed = self._log.allow(client)
         if suppressed is not None:
             log.warning(

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
+from publisher.access import Access
 from publisher.bucket import ChangeBucket
 from publisher.config import Config
 from publisher.hub import Hub
@@ -34,5 +35,6 @@ BUCKET = web.AppKey("bucket", ChangeBucket)
 HUB = web.AppKey("hub", Hub)
 TAIL = web.AppKey("tail", Tail)
 LIFECYCLE = web.AppKey("lifecycle", Lifecycle)
+ACCESS = web.AppKey("access", Access)
 
-__all__ = ["BUCKET", "CONFIG", "HUB", "LIFECYCLE", "TAIL", "Lifecycle"]
+__all__ = ["ACCESS", "BUCKET", "CONFIG", "HUB", "LIFECYCLE", "TAIL", "Lifecycle"]

@@ -8,7 +8,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import os
 import signal
+import ssl
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ import click
 import orjson
 import structlog
 
+from changefeed.credentials import Credentials, pick_token
 from changefeed.errors import ChangefeedError
 from publisher.bucket import ChangeBucket, connect
 from publisher.config import Config, load_config
@@ -214,16 +217,34 @@ async def _publish(
 @click.command()
 @click.argument("url")
 @click.option("--json", "as_json", is_flag=True, help="Print the raw JSON.")
-def stats(url: str, as_json: bool) -> None:
-    """Print a publisher's /changefeeds/stats readably (URL: the publisher's base URL)."""
+@click.option(
+    "--token-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="A file holding the bearer token (default: the CHANGEFEED_TOKEN environment variable).",
+)
+@click.option(
+    "--cafile",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="PEM CA bundle that verifies an https:// publisher (default: the system's CAs).",
+)
+def stats(url: str, as_json: bool, token_file: Path | None, cafile: Path | None) -> None:
+    """Print a publisher's /changefeeds/stats readably (URL: the publisher's base URL).
+
+    Registrations and addresses are shown to a token with the `stats` scope; counts to others.
+    """
+    credentials = _credentials(token_file, cafile)
+    stats_url = url.rstrip("/") + "/changefeeds/stats"
     try:
-        body = asyncio.run(_get_json(url.rstrip("/") + "/changefeeds/stats"))
+        body = asyncio.run(_get_json(stats_url, credentials, url))
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
         raise click.ClickException(f"cannot read stats from {url}: {exc}") from None
     if as_json:
         click.echo(orjson.dumps(body, option=orjson.OPT_INDENT_2).decode())
         return
     click.echo(f"publisher {body.get('publisher', '?')}: {body['listeners']} listener(s)")
+    if "registrations" not in body:
+        click.echo("(registrations not shown: the token lacks the stats scope)")
+        return
     rows = [("INSTANCE", "SERVICE", "RESOURCE", "SUB-RESOURCES", "SINCE", "BEHIND", "LAST CURSOR")]
     for reg in body["registrations"]:
         kind = reg["changeKind"]
@@ -243,9 +264,25 @@ def stats(url: str, as_json: bool) -> None:
         click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
 
 
-async def _get_json(url: str) -> Any:
+def _credentials(token_file: Path | None, cafile: Path | None) -> Credentials:
+    """The token of --token-file, else CHANGEFEED_TOKEN; a context trusting --cafile."""
+    try:
+        text = None if token_file is None else token_file.read_text()
+        token = pick_token(None, text, os.environ)
+        context = None if cafile is None else ssl.create_default_context(cafile=str(cafile))
+    except (OSError, UnicodeDecodeError, ValueError, ssl.SSLError) as exc:
+        raise click.ClickException(f"credentials: {exc}") from None
+    return Credentials(token, context)
+
+
+async def _get_json(url: str, credentials: Credentials, base: str) -> Any:
     timeout = aiohttp.ClientTimeout(total=10)
-    async with aiohttp.ClientSession(timeout=timeout) as session, session.get(url) as response:
+    connector = aiohttp.TCPConnector(ssl=credentials.ssl or True)
+    headers = credentials.headers_for(url, base)
+    async with (
+        aiohttp.ClientSession(timeout=timeout, connector=connector) as session,
+        session.get(url, headers=headers) as response,
+    ):
         if response.status != 200:
             raise ValueError(f"HTTP {response.status}: {await response.text()}")
         return await response.json()

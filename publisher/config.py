@@ -20,6 +20,7 @@ from changefeed import configjs as cj
 from changefeed import feed, longpoll
 from changefeed.errors import ConfigError
 from changefeed.protocol import CHANGEFEEDS, WILDCARD, Resource
+from publisher.security_config import SECURITY_KEYS, Security, parse_security
 
 T = TypeVar("T")
 
@@ -110,6 +111,8 @@ class Config:
     state_dir: Path = Path(".changefeed")
     gc_interval: float | None = None
     """Seconds between trims; None derives it from maxAge (a tenth, between 1 s and 60 s)."""
+    security: Security = field(default_factory=Security)
+    """auth, tls, allowedOrigins, clientLimits (publisher.security_config)."""
 
     @property
     def resource_map(self) -> dict[str, Resource]:
@@ -157,7 +160,7 @@ def parse_config(text: str, base: Path | None = None) -> Config:
         obj,
         "",
         {"resources", "maxAge", "maxItems", "bucket", "server", "limits", "feed", "stateDir",
-         "gcInterval"},
+         "gcInterval", *SECURITY_KEYS},
     )
 
     if "resources" not in obj:
@@ -201,6 +204,9 @@ def parse_config(text: str, base: Path | None = None) -> Config:
         gc_interval=None
         if obj.get("gcInterval") is None
         else cj.positive("gcInterval", obj["gcInterval"]),
+        security=parse_security(
+            obj, [r.resource for r in resources], feed.consumers, base or Path.cwd()
+        ),
     )
 
 

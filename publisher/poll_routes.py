@@ -24,6 +24,7 @@ from changefeed.errors import (
     ParamError,
 )
 from publisher import polls
+from publisher.access import identity_of
 from publisher.app_keys import BUCKET, CONFIG, HUB
 from publisher.http import (
     OVERLOADED,
@@ -126,6 +127,10 @@ def add_poll_routes(app: web.Application) -> None:
             return json_error(400, "InvalidParameter", str(exc))
         if query.cursorset is not None and query.consumer not in config.feed.consumers:
             return _unknown_consumer(request, query.consumer)
+        if query.cursorset is not None and not identity_of(request).allows(
+            f"feed:{query.consumer}"
+        ):
+            return _forbidden_consumer(request, query.consumer)
         try:
             bucket = request.app[BUCKET]
             partitions = await bucket.partition_count()
@@ -155,6 +160,17 @@ def _unknown_consumer(request: web.Request, consumer: str | None) -> web.Respons
         "UnknownConsumer",
         f"consumer {consumer!r} may not store or resume cursors on this publisher: it is not "
         "one of feed.consumers in its config.js",
+    )
+
+
+def _forbidden_consumer(request: web.Request, consumer: str | None) -> web.Response:
+    """403: the identity may not store or resume this consumer's cursors (scope feed:<name>)."""
+    identity = identity_of(request)
+    _refusals_log(request, "consumer not allowed", consumer=consumer, identity=identity.name)
+    return json_error(
+        403, "Forbidden",
+        f"identity {identity.name!r} lacks the scope feed:{consumer} to store or resume its "
+        "cursors",
     )
 
 

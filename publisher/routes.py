@@ -16,7 +16,8 @@ from aiohttp import web
 
 from changefeed.protocol import CHANGEFEEDS, Resource
 from changefeed.watch import Watch, parse_watch
-from publisher.app_keys import BUCKET, CONFIG, HUB, LIFECYCLE, TAIL
+from publisher.access import identity_of
+from publisher.app_keys import ACCESS, BUCKET, CONFIG, HUB, LIFECYCLE, TAIL
 from publisher.bucket import decode_marker, encode_marker
 from publisher.http import bad_request, json_error, json_response
 from publisher.watch_pages import page_watched
@@ -67,15 +68,17 @@ def add_routes(app: web.Application) -> None:
 
     async def stats(request: web.Request) -> web.Response:
         hub, publisher_id = request.app[HUB], request.app[LIFECYCLE].publisher_id
-        return json_response(
-            {
-                "listeners": len(hub.connections),
-                "registrations": hub.stats(publisher_id),
-                "publisher": publisher_id,
-                "tail": request.app[TAIL].stats(),
-                "closed": dict(hub.closed),
-            }
-        )
+        body = {
+            "listeners": len(hub.connections),
+            "registrations": hub.stats(publisher_id),
+            "publisher": publisher_id,
+            "tail": request.app[TAIL].stats(),
+            "closed": dict(hub.closed),
+            "refused": request.app[ACCESS].counts(),
+        }
+        if not identity_of(request).allows("stats"):  # counts only (docs/security.md)
+            del body["registrations"]
+        return json_response(body)
 
     def bootstrap(resource: Resource) -> Any:
         async def page(request: web.Request) -> web.Response:

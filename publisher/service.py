@@ -12,6 +12,7 @@ import contextlib
 import os
 import secrets
 import socket
+import ssl
 from collections.abc import AsyncIterator
 
 import structlog
@@ -20,6 +21,8 @@ from aiohttp import web
 from changefeed.cursor import ZERO, Cursor, StreamId
 from changefeed.errors import BucketUnavailable, ChangefeedError
 from changefeed.protocol import CHANGEFEEDS, CloseCode
+from publisher import tls
+from publisher.access import Access, check_reload
 from publisher.admission import (
     MAX_LINGERING,
     RESERVED_FILES,
@@ -28,13 +31,14 @@ from publisher.admission import (
     file_limit,
     fitting_cap,
 )
-from publisher.app_keys import BUCKET, CONFIG, HUB, LIFECYCLE, TAIL, Lifecycle
+from publisher.app_keys import ACCESS, BUCKET, CONFIG, HUB, LIFECYCLE, TAIL, Lifecycle
 from publisher.bucket import ChangeBucket, connect
 from publisher.config import Config
 from publisher.http import errors_as_json
 from publisher.hub import Hub
 from publisher.poll_routes import add_poll_routes
 from publisher.routes import add_routes
+from publisher.security_config import check_exposure
 from publisher.tail import Tail
 from publisher.websocket import resume_position
 from publisher.window import Window
@@ -53,6 +57,15 @@ class Service:
     def __init__(self, config: Config, publisher_id: str | None = None) -> None:
         if config.bucket.redis_url is None:
             raise ChangefeedError("Service needs a Redis URL (the CLI starts an embedded Redis)")
+        # Security first: a config that may not serve fails before anything is opened.
+        security = config.security
+        check_exposure(config.server.host, security)
+        self.access = Access(
+            security, {r.bootstrap_route: r.resource for r in config.resources}
+        )
+        self.ssl: ssl.SSLContext | None = (
+            None if security.tls is None else tls.server_context(security.tls)
+        )
         self.config = config
         self.resources = config.resource_map
         self.id = publisher_id or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
@@ -73,8 +86,10 @@ class Service:
         self.tail = Tail(self._tail_bucket, self.hub)
         self.lifecycle = Lifecycle(self.id)
         self.app = web.Application(
-            middlewares=[errors_as_json], client_max_size=config.server.max_body_bytes
+            middlewares=[self.access.middleware, errors_as_json],
+            client_max_size=config.server.max_body_bytes,
         )
+        self.app[ACCESS] = self.access
         self.app[CONFIG] = config
         self.app[BUCKET] = self.bucket
         self.app[HUB] = self.hub
@@ -89,6 +104,7 @@ class Service:
         self.admission = Admission(
             config.server.max_connections, config.server.max_connections_per_client
         )
+        self.access.connections_refused = lambda: self.admission.refusals
         self.url = ""
 
     @property
@@ -98,7 +114,26 @@ class Service:
 
     @property
     def ws_url(self) -> str:
-        return self.url.replace("http://", "ws://", 1) + CHANGEFEEDS
+        return "ws" + self.url.removeprefix("http") + CHANGEFEEDS
+
+    def reload_security(self, config: Config) -> None:
+        """Serve with `config`'s security from now on (for SIGHUP): its tokens (token files and
+        environment variables read again), allowedOrigins and clientLimits, and its TLS
+        certificate and client CA for new connections. Established connections and listeners
+        are untouched. Raises ConfigError, changing nothing, if `config` may not be served
+        (a public address without auth, unreadable token or certificate files, TLS turned on
+        or off)."""
+        security = config.security
+        check_exposure(self.config.server.host, security)
+        check_reload(self.access.security, security)
+        if security.tls is not None:
+            probe = tls.server_context(security.tls)  # every file checked before any swap
+            del probe
+        self.access.replace(security)
+        if security.tls is not None and self.ssl is not None:
+            tls.load(self.ssl, security.tls)
+        log.info("security reloaded", authentication=security.authenticating,
+                 tls=security.tls is not None, origins=len(security.allowed_origins))
 
     async def start(self) -> None:
         """Serve. Raises PartitionMismatch when the bucket has another partition count than
@@ -129,9 +164,11 @@ class Service:
             server.port,
             reuse_address=True,
             backlog=BACKLOG,
+            ssl=self.ssl,
         )
         host, port = self._server.sockets[0].getsockname()[:2]
-        self.url = f"http://{host}:{port}"
+        scheme = "http" if self.ssl is None else "https"
+        self.url = f"{scheme}://{host}:{port}"
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.tail.started.wait(), READY_TIMEOUT)
         if not self.tail.started.is_set():

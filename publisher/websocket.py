@@ -26,8 +26,10 @@ from changefeed.protocol import (
     registration_reply,
     text_frame,
 )
+from publisher.access import identity_of
 from publisher.admission import PROTOCOL_ERROR, Guard
-from publisher.app_keys import BUCKET, CONFIG, HUB, LIFECYCLE, TAIL, Lifecycle
+from publisher.app_keys import ACCESS, BUCKET, CONFIG, HUB, LIFECYCLE, TAIL, Lifecycle
+from publisher.auth import Identity
 from publisher.bucket import ChangeBucket
 from publisher.http import OVERLOADED, UNAVAILABLE, bad_request
 from publisher.hub import Hub, Subscriber
@@ -93,7 +95,7 @@ async def handle_websocket(request: web.Request) -> web.WebSocketResponse:
     remote = f"{request.remote}"
     lifecycle.unregistered.add(ws)
     try:
-        registered = await _register(ws, version, app, remote)
+        registered = await _register(ws, version, app, remote, identity_of(request))
     except asyncio.CancelledError:
         if guard is not None and guard.violation is not None:
             log.info("registration refused", code=PROTOCOL_ERROR, reason=guard.violation,
@@ -166,13 +168,17 @@ def _why_cancelled(
     return "connection lost (no close frame)"
 
 
-async def _refuse(ws: web.WebSocketResponse, code: int, reason: str, remote: str) -> None:
-    log.info("registration refused", code=code, reason=reason, remote=remote)
+async def _refuse(
+    ws: web.WebSocketResponse, code: int, reason: str, remote: str, logged: bool = False
+) -> None:
+    if not logged:
+        log.info("registration refused", code=code, reason=reason, remote=remote)
     await ws.close(code=code, message=close_reason(reason).encode())
 
 
 async def _register(
-    ws: web.WebSocketResponse, version: int, app: web.Application, remote: str
+    ws: web.WebSocketResponse, version: int, app: web.Application, remote: str,
+    identity: Identity,
 ) -> tuple[Registration, StreamId, bool] | None:
     """Read and check the registration: with where its stream starts and whether that resumes
     its `since`; None when the socket was refused (and closed)."""
@@ -199,6 +205,12 @@ async def _register(
         registration = parse_registration(message.data, version, app[CONFIG].resource_map)
     except RegistrationError as exc:
         await _refuse(ws, exc.close_code, exc.reason, remote)
+        return None
+    refusal = app[ACCESS].registration_refusal(
+        identity, registration, remote, len(app[HUB].connections)
+    )
+    if refusal is not None:  # scopes and client limits (publisher.access), logged there
+        await _refuse(ws, *refusal, remote, logged=True)
         return None
     if not app[TAIL].healthy:
         await _refuse(ws, CloseCode.TRY_AGAIN_LATER, UNAVAILABLE, remote)

@@ -76,8 +76,8 @@ async def test_idle_and_half_sent_connections_are_closed(
     config = make_config(redis_server.url, server={"host": "127.0.0.1", "port": 0,
                                                    "idleTimeout": 0.3, "bodyTimeout": 0.3})
     async with start_publisher(config) as service:
-        half_head = b"GET /vms HTTP/1.1\r\nHost: x\r\nX-Slow: "
-        half_body = (b"POST /changefeeds/rpc HTTP/1.1\r\nHost: x\r\nContent-Type: "
+        half_head = b"GET /vms HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "
+        half_body = (b"POST /changefeeds/rpc HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
                      b"application/json\r\nContent-Length: 100\r\n\r\n{\"jsonrpc\"")
         async with (
             sockets(service.url, 20) as idle,
@@ -107,7 +107,7 @@ async def test_connections_are_capped_per_client_and_in_total(
                         error = refused_503(await closed_by_server(stream))
                         assert "server.maxConnectionsPerClient" in error["message"]
                 async with sockets(service.url, 2, source="127.0.0.2") as other:
-                    other[0][1].write(b"GET /changefeeds HTTP/1.1\r\nHost: x\r\n\r\n")
+                    other[0][1].write(b"GET /changefeeds HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
                     line = await asyncio.wait_for(other[0][0].readline(), scaled(10))
                     assert line.startswith(b"HTTP/1.1 200"), "another client is served"
                     async with sockets(service.url, 1, source="127.0.0.3") as third:
