@@ -16,16 +16,10 @@ from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 
 from aiohttp import web
-from prometheus_client import (
-    CONTENT_TYPE_LATEST,
-    CollectorRegistry,
-    Histogram,
-    PlatformCollector,
-    ProcessCollector,
-    generate_latest,
-)
+from prometheus_client import CollectorRegistry, Histogram, PlatformCollector, ProcessCollector
 from prometheus_client import Counter as PromCounter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
 from changefeed.protocol import CloseCode
@@ -227,10 +221,12 @@ class Metrics:
             self.requests.labels(route, request.method, str(status)).inc()
 
     async def handle(self, request: web.Request) -> web.Response:
+        """The text format, or OpenMetrics when the scraper asks for it (`Accept`)."""
         started = time.perf_counter()
-        body = generate_latest(self.registry)
+        encode, content_type = choose_encoder(request.headers.get("Accept", ""))
+        body = encode(self.registry)
         response = web.Response(body=body)
-        response.headers["Content-Type"] = CONTENT_TYPE_LATEST
+        response.headers["Content-Type"] = content_type
         response.headers["X-Scrape-Seconds"] = f"{time.perf_counter() - started:.4f}"
         return response
 
