@@ -31,11 +31,38 @@ def object_literal(text: str) -> str:
     return _MODULE_EXPORTS.sub(r"\1", text, count=1).rstrip().rstrip(";")
 
 
-def syntax_error(text: str, error: ValueError) -> ConfigError:
-    """The ConfigError of a config.js that is not an object literal."""
-    return ConfigError("<file>", text[:40] + "...", f"a JavaScript object literal ({error})")
+_DUPLICATE = re.compile(r'^Duplicate key "([^"]+)" found in object')
+_JSON5_POSITION = re.compile(r"^<string>:(\d+) (.*?)(?: at column (\d+))?$", re.S)
 
 
+def syntax_error(text: str, error: ValueError, source: str | None = None) -> ConfigError:
+    """The ConfigError of a config.js that is not an object literal: with the file's name and
+    the line (and column) of the fault, else the file's first characters. `object_literal`
+    keeps the lines of the text, so json5's line is the file's."""
+    position = _fault_position(text, str(error))
+    if position is None:
+        return ConfigError("<file>", text[:40] + "...", f"a JavaScript object literal ({error})")
+    line, column, what = position
+    where = f"{source or '<file>'}:{line}" + (f":{column}" if column else "")
+    lines = text.splitlines()
+    found = lines[line - 1].strip()[:60] if line <= len(lines) else ""
+    return ConfigError(where, found, f"a JavaScript object literal ({what})")
+
+
+def _fault_position(text: str, message: str) -> tuple[int, str | None, str] | None:
+    """(line, column or None, what) of json5's error `message`, when it can be told."""
+    match = _JSON5_POSITION.match(message)
+    if match is not None:
+        return int(match.group(1)), match.group(3), match.group(2)
+    duplicate = _DUPLICATE.match(message)
+    if duplicate is None:
+        return None
+    # json5 does not say where: the key's second occurrence is the line to mend.
+    key = re.escape(duplicate.group(1))
+    keys = list(re.finditer(rf"(?m)(?:^|[{{,\s])[\"']?{key}[\"']?\s*:", text))
+    if len(keys) < 2:
+        return None
+    return text.count("\n", 0, keys[1].end()) + 1, None, message
 
 
 def section(value: Any, key: str) -> dict[str, Any]:

@@ -13,6 +13,8 @@
     │   └── BucketBusy             no connection of the publisher's Redis pool came free in time:
     │                              the publisher is overloaded, Redis may be fine (HTTP 503)
     ├── PartitionMismatch          the bucket was created with another partition count
+    ├── ListenFailed               the publisher could not open its listening socket (.host,
+    │                              .port, .cause)
     ├── RegistrationError          a websocket registration was refused (.close_code, .reason)
     ├── ProtocolError              a peer sent a frame that is not of the protocol; the listener
     │                              retries
@@ -53,6 +55,7 @@ listener failure is retried is decided by `changefeed.retry.is_retryable`.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 
@@ -71,6 +74,18 @@ class ConfigError(ChangefeedError):
         self.value = value
         self.expected = expected
         super().__init__(f"config key {key!r}: got {value!r}, expected {expected}")
+
+
+class ListenFailed(ChangefeedError):
+    """The publisher could not listen on `host`:`port` (in use, not an address of the host,
+    a privileged port)."""
+
+    def __init__(self, host: str, port: int, cause: OSError) -> None:
+        self.host = host
+        self.port = port
+        self.cause = cause
+        why = os.strerror(cause.errno).lower() if cause.errno else str(cause)
+        super().__init__(f"cannot listen on {host}:{port}: {why} (server.host, server.port)")
 
 
 class CursorError(ChangefeedError):
@@ -345,6 +360,7 @@ __all__ = [
     "HeartbeatMissed",
     "InvalidOption",
     "ItemsMissed",
+    "ListenFailed",
     "ListenerError",
     "OptionError",
     "ParamError",

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import structlog
@@ -33,6 +33,8 @@ from aiohttp import web
 from changefeed.errors import ConfigError
 from changefeed.protocol import CloseCode, Registration
 from publisher.auth import Authenticator, Denied, Identity, now
+from publisher.clientaddr import client_address
+from publisher.config import IPNetwork
 from publisher.http import json_error
 from publisher.logs import Throttle
 from publisher.origin import cors_headers, host_refused, origin_refused, preflight_headers
@@ -95,6 +97,8 @@ class Access:
         authenticator: Authenticator | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self.trusted: Sequence[IPNetwork] = ()
+        """server.trustedProxies: whose X-Forwarded-For names the client (publisher.clientaddr)."""
         self._routes = dict(bootstrap_routes)
         """bootstrap route -> resource."""
         self._clock = clock
@@ -139,7 +143,7 @@ class Access:
 
     @web.middleware
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        remote = request.remote or "local"
+        remote = client_address(request, self.trusted)
         if self._requests is not None:
             wait = self._requests.take(remote)
             if wait:
@@ -230,7 +234,7 @@ class Access:
         why: str | None = None,
         **fields: Any,
     ) -> web.Response:
-        remote = request.remote or "local"
+        remote = client_address(request, self.trusted)
         self.refused[code] += 1
         suppressed = self._log.allow(f"{remote} {code} {why or ''}")
         if suppressed is not None:

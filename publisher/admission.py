@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import resource
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Container
 from typing import Any
 
 import orjson
@@ -68,22 +69,33 @@ def refusal(status: int, code: str, message: str, retry_after: int = RETRY_AFTER
 class Admission:
     """The counts of open connections, in total and per client address."""
 
-    def __init__(self, most: int, per_client: int, log_interval: float = 10.0) -> None:
+    def __init__(
+        self,
+        most: int,
+        per_client: int,
+        log_interval: float = 10.0,
+        exempt: Container[str] = (),
+    ) -> None:
         self.most = most
         self.per_client = per_client
+        self.exempt = exempt
+        """Peer addresses without a per-client cap: trusted proxies, which carry many clients
+        (`publisher.clientaddr.Trusted`)."""
+        self.refusals: Counter[str] = Counter()
+        """Connections refused since start, by the limit that refused them (for metrics)."""
         self.open = 0
         self.lingering = 0
-        self.refusals = 0
-        """Connections refused since start, for /changefeeds/stats."""
         self._by_client: dict[str, int] = {}
         self._log = Throttle(log_interval)
 
     def admit(self, client: str) -> str | None:
         """Count a new connection from `client`, or say why it is refused (nothing counted)."""
         if self.open >= self.most:
+            self.refusals["max_connections"] += 1
             return f"too many connections ({self.most}, server.maxConnections)"
         mine = self._by_client.get(client, 0)
-        if mine >= self.per_client:
+        if mine >= self.per_client and client not in self.exempt:
+            self.refusals["max_connections_per_client"] += 1
             return (
                 f"too many connections from {client} "
                 f"({self.per_client}, server.maxConnectionsPerClient)"
@@ -101,7 +113,6 @@ class Admission:
             del self._by_client[client]
 
     def refused(self, client: str, why: str) -> None:
-        self.refusals += 1
         suppressed = self._log.allow(client)
         if suppressed is not None:
             log.warning(

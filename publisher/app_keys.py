@@ -8,6 +8,7 @@ service, and the service imports the handlers only to add them: no import circle
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -28,6 +29,18 @@ class Lifecycle:
     unregistered: set[web.WebSocketResponse] = field(default_factory=set)
     """Sockets still expected to send their registration."""
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    draining: bool = False
+    """SIGTERM was received: `/readyz` answers 503 while listeners are still served."""
+    refused: Counter[int] = field(default_factory=Counter)
+    """Websocket registrations refused since start, by the close code they were sent."""
+
+
+@dataclass(slots=True)
+class Live:
+    """The config as last (re)loaded, for what may change while the process runs (SIGHUP):
+    handlers read the limits here, not from `CONFIG` (the config the process started with)."""
+
+    config: Config
 
 
 CONFIG = web.AppKey("config", Config)
@@ -36,5 +49,6 @@ HUB = web.AppKey("hub", Hub)
 TAIL = web.AppKey("tail", Tail)
 LIFECYCLE = web.AppKey("lifecycle", Lifecycle)
 ACCESS = web.AppKey("access", Access)
+LIVE = web.AppKey("live", Live)
 
-__all__ = ["ACCESS", "BUCKET", "CONFIG", "HUB", "LIFECYCLE", "TAIL", "Lifecycle"]
+__all__ = ["ACCESS", "BUCKET", "CONFIG", "HUB", "LIFECYCLE", "LIVE", "TAIL", "Lifecycle", "Live"]

@@ -9,9 +9,8 @@ import asyncio
 import contextlib
 import gc
 import os
-import signal
 import ssl
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,8 @@ from changefeed.errors import ChangefeedError
 from publisher.bucket import ChangeBucket, connect
 from publisher.config import Config, load_config
 from publisher.embedded import EmbeddedRedis
+from publisher.lifecycle import Supervisor
+from publisher.logs import set_level
 from publisher.service import Service
 
 log = structlog.get_logger("changefeed")
@@ -35,9 +36,16 @@ config_option = click.option(
     type=click.Path(dir_okay=False, path_type=Path),
     default="config.js",
     show_default=True,
+    envvar="CHANGEFEED_CONFIG",
+    show_envvar=True,
     help="The config.js to read.",
 )
-redis_option = click.option("--redis-url", help="Overrides the config's bucket.redisUrl.")
+redis_option = click.option(
+    "--redis-url",
+    envvar="CHANGEFEED_REDIS_URL",
+    show_envvar=True,
+    help="Overrides the config's bucket.redisUrl.",
+)
 
 
 def _load(path: Path, **overrides: Any) -> Config:
@@ -48,12 +56,13 @@ def _load(path: Path, **overrides: Any) -> Config:
 
 
 @contextlib.contextmanager
-def bucket_redis(config: Config) -> Iterator[tuple[Config, str]]:
-    """The config with a Redis URL: the configured one, else an embedded server's."""
+def bucket_redis(config: Config, *, quiet: bool = False) -> Iterator[tuple[Config, str]]:
+    """The config with a Redis URL: the configured one, else an embedded server's (started and
+    logged at debug level only when `quiet`)."""
     if config.bucket.redis_url is not None:
         yield config, "configured"
         return
-    embedded = EmbeddedRedis(config.state_dir).start()
+    embedded = EmbeddedRedis(config.state_dir, quiet=quiet).start()
     try:
         yield config.with_overrides(redis_url=embedded.url), f"embedded ({embedded.source})"
     finally:
@@ -76,29 +85,61 @@ def _event_loop_policy(loop: str) -> asyncio.AbstractEventLoopPolicy | None:
 
 @click.command()
 @config_option
-@click.option("--host", help="Overrides server.host.")
-@click.option("--port", type=int, help="Overrides server.port (0: any free port).")
+@click.option("--host", envvar="CHANGEFEED_HOST", show_envvar=True, help="Overrides server.host.")
+@click.option(
+    "--port",
+    type=int,
+    envvar="CHANGEFEED_PORT",
+    show_envvar=True,
+    help="Overrides server.port (0: any free port).",
+)
 @click.option(
     "--loop",
     type=click.Choice(["auto", "uvloop", "asyncio"]),
     default="auto",
     show_default=True,
+    envvar="CHANGEFEED_LOOP",
+    show_envvar=True,
     help="Event loop: uvloop when installed (auto), or asyncio's own.",
 )
 @redis_option
+@click.pass_context
 def serve(
-    config_path: Path, host: str | None, port: int | None, loop: str, redis_url: str | None
+    ctx: click.Context,
+    config_path: Path,
+    host: str | None,
+    port: int | None,
+    loop: str,
+    redis_url: str | None,
 ) -> None:
-    """Run a publisher: HTTP routes and websocket fan-out for the config's resources."""
+    """Run a publisher: HTTP routes and websocket fan-out for the config's resources.
+
+    SIGHUP reads config.js again and applies what can change while serving; SIGTERM and SIGINT
+    drain and stop (docs/operations.md#signals).
+    """
     config = _load(config_path, host=host, port=port, redis_url=redis_url)
+    log_level: str | None = (ctx.find_root().obj or {}).get("log_level")
+    if log_level is None and config.log_level is not None:
+        set_level(config.log_level)
     policy = _event_loop_policy(loop)
     if policy is not None:
         asyncio.set_event_loop_policy(policy)
-    with bucket_redis(config) as (config, which):
-        try:
-            asyncio.run(_serve(config, which))
-        except ChangefeedError as exc:
-            raise click.ClickException(str(exc)) from None
+
+    try:
+        with bucket_redis(config) as (running, which):
+
+            def reread() -> Config:
+                """config.js again, with this command's overrides and the same Redis."""
+                again = load_config(config_path).with_overrides(host, port, redis_url)
+                if again.bucket.redis_url is None:
+                    again = again.with_overrides(redis_url=running.bucket.redis_url)
+                return again
+
+            asyncio.run(_serve(running, which, Supervisor(reread, log_level)))
+    except ChangefeedError as exc:
+        raise click.ClickException(str(exc)) from None
+    except OSError as exc:
+        raise click.ClickException(f"cannot start: {exc}") from None
 
 
 GC_THRESHOLDS = (700, 10, 100)
@@ -107,8 +148,9 @@ listeners a full collection stops the event loop for 45-75 ms on the benchmark m
 default ran 15 of them in a 35 s run at 200 changes/s (docs/benchmarks.md, P2)."""
 
 
-async def _serve(config: Config, which: str) -> None:
+async def _serve(config: Config, which: str, supervisor: Supervisor) -> None:
     gc.set_threshold(*GC_THRESHOLDS)
+    signals = supervisor.install(asyncio.get_running_loop())
     service = Service(config)
     await service.start()
     # What start-up built lives as long as the process: out of every later collection.
@@ -124,13 +166,7 @@ async def _serve(config: Config, which: str) -> None:
         resources=[r.resource for r in config.resources],
         publisher=service.id,
     )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    log.info("shutting down", listeners=len(service.hub.connections))
-    await service.stop()
+    await supervisor.run(service, signals)
 
 
 @click.command()
@@ -173,17 +209,17 @@ def publish(
             raise click.BadParameter(f"not JSON: {exc}", param_hint="--data") from None
     config = _load(config_path, redis_url=redis_url)
     sub_resources = [s.strip() for s in subs.split(",") if s.strip()]
-    with bucket_redis(config) as (config, _):
-        assert config.bucket.redis_url is not None
-        try:
+    try:
+        with bucket_redis(config, quiet=True) as (config, _):
+            assert config.bucket.redis_url is not None
             cursor = asyncio.run(
                 _publish(
                     config, resource, changed_id, sub_resources, state, data is not None, delete,
                     key,
                 )
             )
-        except ChangefeedError as exc:
-            raise click.ClickException(str(exc)) from None
+    except ChangefeedError as exc:
+        raise click.ClickException(str(exc)) from None
     click.echo(cursor)
 
 
@@ -215,8 +251,13 @@ async def _publish(
 
 
 @click.command()
-@click.argument("url")
+@click.argument("url", envvar="CHANGEFEED_URL")
 @click.option("--json", "as_json", is_flag=True, help="Print the raw JSON.")
+@click.option(
+    "--cluster",
+    is_flag=True,
+    help="Every live publisher of the fleet (?scope=cluster), not only the one at URL.",
+)
 @click.option(
     "--token-file",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -227,13 +268,15 @@ async def _publish(
     type=click.Path(dir_okay=False, path_type=Path),
     help="PEM CA bundle that verifies an https:// publisher (default: the system's CAs).",
 )
-def stats(url: str, as_json: bool, token_file: Path | None, cafile: Path | None) -> None:
+def stats(
+    url: str, as_json: bool, cluster: bool, token_file: Path | None, cafile: Path | None
+) -> None:
     """Print a publisher's /changefeeds/stats readably (URL: the publisher's base URL).
 
     Registrations and addresses are shown to a token with the `stats` scope; counts to others.
     """
     credentials = _credentials(token_file, cafile)
-    stats_url = url.rstrip("/") + "/changefeeds/stats"
+    stats_url = url.rstrip("/") + "/changefeeds/stats" + ("?scope=cluster" if cluster else "")
     try:
         body = asyncio.run(_get_json(stats_url, credentials, url))
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
@@ -241,24 +284,51 @@ def stats(url: str, as_json: bool, token_file: Path | None, cafile: Path | None)
     if as_json:
         click.echo(orjson.dumps(body, option=orjson.OPT_INDENT_2).decode())
         return
-    click.echo(f"publisher {body.get('publisher', '?')}: {body['listeners']} listener(s)")
+    if cluster:
+        publishers = body["publishers"]
+        click.echo(f"{len(publishers)} publisher(s), {body['listeners']} listener(s)")
+        _table(
+            [("PUBLISHER", "HOST", "URL", "LISTENERS", "READY", "BEHIND", "LAST SEEN")]
+            + [
+                (
+                    p["publisher"],
+                    str(p.get("host", "")),
+                    str(p.get("url", "")),
+                    str(p.get("listeners", 0)),
+                    "draining" if p.get("draining") else ("yes" if p.get("ready") else "no"),
+                    str(p.get("tail", {}).get("itemsBehind", "")),
+                    f"{p.get('lastSeen', 0):.1f}s ago",
+                )
+                for p in publishers
+            ]
+        )
+        click.echo("")
+    else:
+        click.echo(f"publisher {body.get('publisher', '?')}: {body['listeners']} listener(s)")
     if "registrations" not in body:
         click.echo("(registrations not shown: the token lacks the stats scope)")
         return
-    rows = [("INSTANCE", "SERVICE", "RESOURCE", "SUB-RESOURCES", "SINCE", "BEHIND", "LAST CURSOR")]
+    rows: list[tuple[str, ...]] = [
+        ("INSTANCE", "SERVICE", "RESOURCE", "SUB-RESOURCES", "SINCE", "BEHIND", "LAST CURSOR")
+    ]
+    if cluster:
+        rows[0] = ("PUBLISHER", *rows[0])
     for reg in body["registrations"]:
         kind = reg["changeKind"]
-        rows.append(
-            (
-                reg["instance"],
-                reg["service"],
-                kind["resource"],
-                ",".join(kind["subResources"]),
-                reg.get("connectedSince", ""),
-                str(reg.get("itemsBehindHead", "")),
-                reg.get("lastCursorSent") or "-",
-            )
+        row: tuple[str, ...] = (
+            reg["instance"],
+            reg["service"],
+            kind["resource"],
+            ",".join(kind["subResources"]),
+            reg.get("connectedSince", ""),
+            str(reg.get("itemsBehindHead", "")),
+            reg.get("lastCursorSent") or "-",
         )
+        rows.append((reg.get("publisher", ""), *row) if cluster else row)
+    _table(rows)
+
+
+def _table(rows: Sequence[tuple[str, ...]]) -> None:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))

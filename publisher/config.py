@@ -8,6 +8,7 @@ value and what was expected. docs/config.md describes every key.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -44,6 +45,8 @@ class Server:
     """Seconds a request body may take to arrive (then 408)."""
     max_body_bytes: int = 65536
     """Largest request body accepted (a larger one is a 413)."""
+    trusted_proxies: tuple[IPNetwork, ...] = ()
+    """Peers whose X-Forwarded-For is believed (`publisher.clientaddr`); empty: nobody's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +102,29 @@ class Limits:
 
 
 @dataclass(frozen=True, slots=True)
+class Health:
+    """When `/readyz` says ready (docs/operations.md#health)."""
+
+    max_lag_items: int = 1000
+    """Log items the tail may be behind the bucket's head and still be ready."""
+    max_lag_seconds: float = 30.0
+    """Seconds (of commit time) the tail may be behind the bucket's head and still be ready."""
+    drain_delay: float = 0.0
+    """Seconds between SIGTERM (`/readyz` answers 503 from then on) and closing listeners, for
+    load balancers to stop sending new ones here."""
+
+
+@dataclass(frozen=True, slots=True)
+class Fleet:
+    """How the publisher advertises itself in Redis for `/changefeeds/stats?scope=cluster`."""
+
+    interval: float = 5.0
+    """Seconds between two advertisements."""
+    ttl: float = 15.0
+    """Seconds an advertisement lives: a publisher that died disappears within it."""
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     resources: tuple[Resource, ...]
     max_age: float = 3600.0
@@ -113,6 +139,10 @@ class Config:
     """Seconds between trims; None derives it from maxAge (a tenth, between 1 s and 60 s)."""
     security: Security = field(default_factory=Security)
     """auth, tls, allowedOrigins, clientLimits (publisher.security_config)."""
+    health: Health = field(default_factory=Health)
+    fleet: Fleet = field(default_factory=Fleet)
+    log_level: str | None = None
+    """`logLevel`; None: the command line's (`--log-level`, default info)."""
 
     @property
     def resource_map(self) -> dict[str, Resource]:
@@ -146,21 +176,22 @@ def load_config(path: str | Path) -> Config:
         text = path.read_text()
     except OSError as exc:
         raise ConfigError("<file>", str(path), f"a readable config.js ({exc.strerror})") from None
-    return parse_config(text, base=path.resolve().parent)
+    return parse_config(text, base=path.resolve().parent, source=str(path))
 
 
-def parse_config(text: str, base: Path | None = None) -> Config:
-    """Build a Config from the text of a config.js; relative paths resolve against `base`."""
+def parse_config(text: str, base: Path | None = None, source: str | None = None) -> Config:
+    """Build a Config from the text of a config.js; relative paths resolve against `base`.
+    `source` (the file's name) is named in a syntax error, with the line."""
     try:
         raw = json5.loads(cj.object_literal(text), allow_duplicate_keys=False)
     except ValueError as exc:
-        raise cj.syntax_error(text, exc) from None
+        raise cj.syntax_error(text, exc, source) from None
     obj = cj.section(raw, "<top level>")
     cj.only(
         obj,
         "",
         {"resources", "maxAge", "maxItems", "bucket", "server", "limits", "feed", "stateDir",
-         "gcInterval", *SECURITY_KEYS},
+         "gcInterval", *SECURITY_KEYS, *_OPERATIONS_KEYS},
     )
 
     if "resources" not in obj:
@@ -207,7 +238,63 @@ def parse_config(text: str, base: Path | None = None) -> Config:
         security=parse_security(
             obj, [r.resource for r in resources], feed.consumers, base or Path.cwd()
         ),
+        **_operations(obj),
     )
+
+
+# --- what operators run the publisher with: health, fleet advertising, log level ---
+
+_OPERATIONS_KEYS = ("health", "fleet", "logLevel")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+def _operations(obj: dict[str, Any]) -> dict[str, Any]:
+    """The Config fields of the top-level keys `health`, `fleet` and `logLevel`."""
+    fleet = _keys(obj, "fleet", Fleet, _FLEET_KEYS)
+    if fleet.ttl <= fleet.interval:
+        raise ConfigError("fleet.ttl", fleet.ttl, f"more than fleet.interval ({fleet.interval:g})")
+    return {
+        "health": _keys(obj, "health", Health, _HEALTH_KEYS),
+        "fleet": fleet,
+        "log_level": cj.get(obj, "", "logLevel", None, _log_level),
+    }
+
+
+def _log_level(key: str, value: Any) -> str:
+    if not isinstance(value, str) or value.lower() not in LOG_LEVELS:
+        raise ConfigError(key, value, f"one of {', '.join(LOG_LEVELS)}")
+    return value.lower()
+
+
+def _non_negative(key: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise ConfigError(key, value, "a number of seconds, 0 or more")
+    return float(value)
+
+
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def _networks(key: str, value: Any) -> tuple[IPNetwork, ...]:
+    expected = "a list of IP addresses or networks, e.g. [\"127.0.0.1\", \"10.0.0.0/8\"]"
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(key, value, expected)
+    try:
+        return tuple(ipaddress.ip_network(v, strict=False) for v in value)
+    except ValueError:
+        raise ConfigError(key, value, expected) from None
+
+
+_HEALTH_KEYS: Checks = {
+    "maxLagItems": ("max_lag_items", cj.positive_int),
+    "maxLagSeconds": ("max_lag_seconds", cj.positive),
+    "drainDelay": ("drain_delay", _non_negative),
+}
+
+_FLEET_KEYS: Checks = {
+    "interval": ("interval", cj.positive),
+    "ttl": ("ttl", cj.positive),
+}
 
 
 # --- validators of the publisher's own keys (the shared ones are in changefeed.configjs) ---
@@ -278,6 +365,7 @@ _SERVER_KEYS: Checks = {
     "idleTimeout": ("idle_timeout", cj.positive),
     "bodyTimeout": ("body_timeout", cj.positive),
     "maxBodyBytes": ("max_body_bytes", cj.positive_int),
+    "trustedProxies": ("trusted_proxies", _networks),
 }
 
 _FEED_KEYS: Checks = {

@@ -49,8 +49,11 @@ def _answers(path: Path) -> bool:
 
 
 class EmbeddedRedis:
-    def __init__(self, state_dir: Path) -> None:
+    def __init__(self, state_dir: Path, *, quiet: bool = False) -> None:
         self.state_dir = state_dir
+        self._log = log.debug if quiet else log.info
+        """Where starting and stopping are told: at info, or at debug for a one-shot command
+        (`changefeed publish` prints nothing on success but its cursor)."""
         self.socket = state_dir / "redis.sock"
         if len(str(self.socket)) > MAX_SOCKET_PATH:
             raise ConfigError(
@@ -67,12 +70,18 @@ class EmbeddedRedis:
         return f"unix://{self.socket}"
 
     def start(self) -> EmbeddedRedis:
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.state_dir / "redis.lock", "w") as lock:
+        try:
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+            lock = open(self.state_dir / "redis.lock", "w")  # noqa: SIM115
+        except OSError as exc:
+            raise ConfigError(
+                "stateDir", str(self.state_dir), f"a directory this user can write ({exc.strerror})"
+            ) from None
+        with lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             if _answers(self.socket):
                 self.source = "already running"
-                log.info("embedded redis: using the running server", socket=str(self.socket))
+                self._log("embedded redis: using the running server", socket=str(self.socket))
                 return self
             binary, self.source = redis_server_binary()
             self.socket.unlink(missing_ok=True)
@@ -110,7 +119,7 @@ class EmbeddedRedis:
                         f"embedded redis-server ({binary}) did not start:\n{tail}"
                     )
                 time.sleep(0.02)
-            log.info(
+            self._log(
                 "embedded redis started",
                 binary=binary,
                 source=self.source,
@@ -128,4 +137,4 @@ class EmbeddedRedis:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
-        log.info("embedded redis stopped", socket=str(self.socket))
+        self._log("embedded redis stopped", socket=str(self.socket))

@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any, Protocol
@@ -207,6 +207,13 @@ class Hub:
         """Log entries after the window head at the tail's last read (items it is behind)."""
         self.closed: Counter[str] = Counter()
         """Connections closed because their history broke, by cause (for stats)."""
+        self.delivered = 0
+        """Items written to listeners since start (one per listener it went to)."""
+        self.bytes_written = 0
+        """Bytes of items written to listeners since start."""
+        self.observe_latency: Callable[[float], None] | None = None
+        """Called once per new item written to at least one live listener, with the seconds
+        from its commit (its Redis time) to the write: the metrics' histogram."""
 
     # --- membership ----------------------------------------------------------------------
 
@@ -251,6 +258,7 @@ class Hub:
         window = self.window
         send_buffer = self.send_buffer
         pending: dict[Subscriber, _Pending] = {}
+        written: list[WindowEntry] = []
         for raw in entries:
             if raw.position <= window.head:
                 continue  # already seen (a re-read after a Redis reconnect)
@@ -260,6 +268,7 @@ class Hub:
             matching = self.routes.matching(
                 entry.resource, entry.sub_resources, entry.changed_resource_id
             )
+            taken = False
             for conn in matching:
                 if not conn.live:
                     continue
@@ -275,10 +284,23 @@ class Hub:
                 queued.frames.append(entry.frame)
                 queued.size += len(entry.frame)
                 conn.last_sent = entry.position
+                taken = True
+            if taken:
+                written.append(entry)
+        delivered = sent = 0
         for conn, queued in pending.items():
             frames = queued.frames
             if frames:
-                conn.transport.write(frames[0] if len(frames) == 1 else b"".join(frames))
+                data = frames[0] if len(frames) == 1 else b"".join(frames)
+                conn.transport.write(data)
+                delivered += len(frames)
+                sent += len(data)
+        self.delivered += delivered
+        self.bytes_written += sent
+        if written and self.observe_latency is not None:
+            now_ms = time.time() * 1000
+            for entry in written:
+                self.observe_latency(max(now_ms - entry.position.ms, 0.0) / 1000)
         if self._lagging:
             fallen = [c for c in self._lagging if not c.replaying and not window.covers(c.position)]
             for conn in fallen:
@@ -418,6 +440,8 @@ class Hub:
                             return
                         conn.transport.write(entry.frame)
                         conn.last_sent = entry.position
+                        self.delivered += 1
+                        self.bytes_written += len(entry.frame)
                     conn.position = entry.position
         except (ConnectionError, RuntimeError) as exc:
             log.info("catch-up ended: connection gone", remote=conn.remote, error=str(exc))
@@ -452,8 +476,11 @@ class Hub:
                 if conn.wants(row):
                     if not await self._writable(conn):
                         return
-                    conn.transport.write(text_frame(row.item(self.epoch).encode()))
+                    frame = text_frame(row.item(self.epoch).encode())
+                    conn.transport.write(frame)
                     conn.last_sent = row.position
+                    self.delivered += 1
+                    self.bytes_written += len(frame)
                 conn.position = row.position
 
     async def _writable(self, conn: Subscriber) -> bool:

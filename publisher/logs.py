@@ -12,8 +12,37 @@ from collections.abc import Callable
 
 import structlog
 
+LEVELS = ("debug", "info", "warning", "error", "critical")
+_level = [logging.INFO]
+"""The level below which events are dropped; `set_level` changes it while the process runs
+(SIGHUP), for structlog's loggers and the standard library's alike."""
+
+
+_METHOD_LEVELS = {
+    "debug": logging.DEBUG, "info": logging.INFO, "msg": logging.INFO, "warning": logging.WARNING,
+    "warn": logging.WARNING, "error": logging.ERROR, "exception": logging.ERROR,
+    "critical": logging.CRITICAL, "fatal": logging.CRITICAL,
+}
+
+
+def _below_level(
+    logger: object, method: str, event: structlog.typing.EventDict
+) -> structlog.typing.EventDict:
+    if _METHOD_LEVELS.get(method, logging.INFO) < _level[0]:
+        raise structlog.DropEvent
+    return event
+
+
+def set_level(level: str) -> None:
+    """Log events of `level` and above from now on (one of `LEVELS`)."""
+    number = logging.getLevelName(level.upper())
+    _level[0] = number
+    logging.getLogger().setLevel(number)
+
 
 def configure(json: bool | None = None, level: str = "info") -> None:
+    """structlog for every event of the process: ours, and the records of libraries that use the
+    standard `logging` module (aiohttp's, asyncio's), rendered alike with a `logger` field."""
     if json is None:
         json = not sys.stderr.isatty()
     renderer: structlog.typing.Processor = (
@@ -21,19 +50,29 @@ def configure(json: bool | None = None, level: str = "info") -> None:
         if json
         else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
     )
+    shared: list[structlog.typing.Processor] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        structlog.processors.StackInfoRenderer(),
+        structlog.processors.format_exc_info,
+    ]
     structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.StackInfoRenderer(),
-            structlog.processors.format_exc_info,
-            renderer,
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
+        processors=[_below_level, *shared, renderer],
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
         cache_logger_on_first_use=True,
     )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=[structlog.stdlib.add_logger_name, *shared],
+            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
+        )
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    logging.captureWarnings(True)
+    set_level(level)
 
 
 class Throttle:

@@ -25,7 +25,8 @@ from changefeed.errors import (
 )
 from publisher import polls
 from publisher.access import identity_of
-from publisher.app_keys import BUCKET, CONFIG, HUB
+from publisher.app_keys import BUCKET, CONFIG, HUB, LIVE
+from publisher.clientaddr import client_address
 from publisher.http import (
     OVERLOADED,
     RETRY_OVERLOADED,
@@ -63,7 +64,8 @@ def add_poll_routes(app: web.Application) -> None:
     async def events_get(request: web.Request) -> web.Response:
         try:
             query = longpoll.from_query(
-                request.query, lambda name: request.query.getall(name, []), resources, config.limits
+                request.query, lambda name: request.query.getall(name, []), resources,
+                request.app[LIVE].config.limits,
             )
         except ParamError as exc:
             return json_error(400, "InvalidParameter", str(exc))
@@ -105,7 +107,8 @@ def add_poll_routes(app: web.Application) -> None:
         if method != "events":
             return rpc_error(id, METHOD_NOT_FOUND, f"method {method!r} not found (events)", 404)
         try:
-            query = longpoll.from_params(call.get("params"), resources, config.limits)
+            limits = request.app[LIVE].config.limits
+            query = longpoll.from_params(call.get("params"), resources, limits)
         except ParamError as exc:
             return rpc_error(id, INVALID_PARAMS, f"invalid params: {exc}", 400)
         try:
@@ -121,7 +124,8 @@ def add_poll_routes(app: web.Application) -> None:
     async def feed_get(request: web.Request) -> web.Response:
         try:
             query = feed.parse_request(
-                request.query, lambda name: request.query.getall(name, []), config.limits
+                request.query, lambda name: request.query.getall(name, []),
+                request.app[LIVE].config.limits,
             )
         except ParamError as exc:
             return json_error(400, "InvalidParameter", str(exc))
@@ -176,7 +180,7 @@ def _forbidden_consumer(request: web.Request, consumer: str | None) -> web.Respo
 
 def _refusals_log(request: web.Request, why: str, **fields: object) -> None:
     """Log a refused feed request, at most once a minute per client address and reason."""
-    remote = f"{request.remote}"
+    remote = client_address(request, request.app[CONFIG].server.trusted_proxies)
     suppressed = _refusals.allow(f"{remote} {why}")
     if suppressed is not None:
         log.warning("feed request refused: " + why, remote=remote, suppressed=suppressed,

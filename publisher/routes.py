@@ -16,9 +16,9 @@ from aiohttp import web
 
 from changefeed.protocol import CHANGEFEEDS, Resource
 from changefeed.watch import Watch, parse_watch
-from publisher.access import identity_of
-from publisher.app_keys import ACCESS, BUCKET, CONFIG, HUB, LIFECYCLE, TAIL
+from publisher.app_keys import BUCKET, CONFIG, LIVE
 from publisher.bucket import decode_marker, encode_marker
+from publisher.fleet import stats_of_scope
 from publisher.http import bad_request, json_error, json_response
 from publisher.watch_pages import page_watched
 from publisher.websocket import handle_websocket
@@ -67,22 +67,12 @@ def add_routes(app: web.Application) -> None:
         )
 
     async def stats(request: web.Request) -> web.Response:
-        hub, publisher_id = request.app[HUB], request.app[LIFECYCLE].publisher_id
-        body = {
-            "listeners": len(hub.connections),
-            "registrations": hub.stats(publisher_id),
-            "publisher": publisher_id,
-            "tail": request.app[TAIL].stats(),
-            "closed": dict(hub.closed),
-            "refused": request.app[ACCESS].counts(),
-        }
-        if not identity_of(request).allows("stats"):  # counts only (docs/security.md)
-            del body["registrations"]
-        return json_response(body)
+        return await stats_of_scope(request)  # this process, or ?scope=cluster: publisher.fleet
 
     def bootstrap(resource: Resource) -> Any:
         async def page(request: web.Request) -> web.Response:
-            limit = _limit(request, config.limits.page_size, config.limits.max_page_size)
+            limits = request.app[LIVE].config.limits
+            limit = _limit(request, limits.page_size, limits.max_page_size)
             marker = request.query.get("marker")
             try:
                 after = None if marker is None else decode_marker(marker)

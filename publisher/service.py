@@ -13,13 +13,13 @@ import os
 import secrets
 import socket
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import structlog
 from aiohttp import web
 
 from changefeed.cursor import ZERO, Cursor, StreamId
-from changefeed.errors import BucketUnavailable, ChangefeedError
+from changefeed.errors import BucketUnavailable, ChangefeedError, ConfigError, ListenFailed
 from changefeed.protocol import CHANGEFEEDS, CloseCode
 from publisher import tls
 from publisher.access import Access, check_reload
@@ -31,12 +31,18 @@ from publisher.admission import (
     file_limit,
     fitting_cap,
 )
-from publisher.app_keys import ACCESS, BUCKET, CONFIG, HUB, LIFECYCLE, TAIL, Lifecycle
+from publisher.app_keys import ACCESS, BUCKET, CONFIG, HUB, LIFECYCLE, LIVE, TAIL, Lifecycle, Live
 from publisher.bucket import ChangeBucket, connect
+from publisher.clientaddr import Trusted
 from publisher.config import Config
+from publisher.dashboard import add_dashboard_route
+from publisher.fleet import Advertiser
+from publisher.health import add_health_routes
 from publisher.http import errors_as_json
 from publisher.hub import Hub
+from publisher.metrics import Metrics
 from publisher.poll_routes import add_poll_routes
+from publisher.reload import fixed_changes, keep_fixed
 from publisher.routes import add_routes
 from publisher.security_config import check_exposure
 from publisher.tail import Tail
@@ -85,26 +91,43 @@ class Service:
         self.hub = Hub(Window(config.limits.window, ZERO), self.bucket, config.limits.send_buffer)
         self.tail = Tail(self._tail_bucket, self.hub)
         self.lifecycle = Lifecycle(self.id)
-        self.app = web.Application(
-            middlewares=[self.access.middleware, errors_as_json],
-            client_max_size=config.server.max_body_bytes,
+        self.live = Live(config)
+        self.admission = Admission(
+            config.server.max_connections,
+            config.server.max_connections_per_client,
+            exempt=Trusted(config.server.trusted_proxies),
         )
+        self.app = web.Application(client_max_size=config.server.max_body_bytes)
+        self.metrics = Metrics(self.app, self.admission)
+        # Outermost first: every request counted (refusals too), then who may do what, then
+        # every error as JSON.
+        self.app.middlewares.extend(
+            [self.metrics.count_requests, self.access.middleware, errors_as_json]
+        )
+        self.access.connections_refused = lambda: sum(self.admission.refusals.values())
+        self.access.trusted = config.server.trusted_proxies
+        self.hub.observe_latency = self.metrics.latency.observe
         self.app[ACCESS] = self.access
         self.app[CONFIG] = config
+        self.app[LIVE] = self.live
         self.app[BUCKET] = self.bucket
         self.app[HUB] = self.hub
         self.app[TAIL] = self.tail
         self.app[LIFECYCLE] = self.lifecycle
         add_routes(self.app)
         add_poll_routes(self.app)
+        add_health_routes(self.app)
+        self.metrics.add_route(self.app)
+        add_dashboard_route(self.app)
+        self.advertiser = Advertiser(self.app, self.metrics.activity)
         self.app.cleanup_ctx.append(self._background)
         self.app.on_shutdown.append(self._close_listeners)
         self._runner: web.AppRunner | None = None
         self._server: asyncio.Server | None = None
-        self.admission = Admission(
-            config.server.max_connections, config.server.max_connections_per_client
-        )
-        self.access.connections_refused = lambda: self.admission.refusals
+        self.on_reload: list[Callable[[Config, Config], list[str]]] = []
+        """Reloadable parts beyond this module's (the security settings: tokens, TLS): each is
+        called with (old, new) config on `reload` and returns the keys it could not apply."""
+        self.on_reload.append(self._reload_security)
         self.url = ""
 
     @property
@@ -135,12 +158,44 @@ class Service:
         log.info("security reloaded", authentication=security.authenticating,
                  tls=security.tls is not None, origins=len(security.allowed_origins))
 
+    def _reload_security(self, old: Config, new: Config) -> list[str]:
+        """The `on_reload` part of the security settings: applied whole, or kept whole."""
+        try:
+            self.reload_security(new)
+        except ConfigError as exc:
+            log.warning("security not reloaded: the old settings stay", error=str(exc))
+            return [f"auth/tls ({exc})"]
+        return []
+
     async def start(self) -> None:
-        """Serve. Raises PartitionMismatch when the bucket has another partition count than
-        configured (a Redis that cannot be reached yet is waited for in the background)."""
+        """Serve. Raises ListenFailed when the listening socket cannot be opened, and
+        PartitionMismatch when the bucket has another partition count than configured (a Redis
+        that cannot be reached yet is waited for in the background). A failed start leaves
+        nothing running."""
+        try:
+            await self._start()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _start(self) -> None:
         with contextlib.suppress(BucketUnavailable):
             await self.bucket.ensure()
         server = self.config.server
+        admission = self.admission
+        # The socket first, not serving yet: a port in use fails here, before any task starts.
+        try:
+            self._server = await asyncio.get_running_loop().create_server(
+                lambda: Guard(admission, self._handlers()),
+                server.host,
+                server.port,
+                reuse_address=True,
+                backlog=BACKLOG,
+                ssl=self.ssl,
+                start_serving=False,
+            )
+        except OSError as exc:
+            raise ListenFailed(server.host, server.port, exc) from None
         # handler_cancellation: a long poll whose client went away stops waiting at once.
         # keepalive_timeout: aiohttp's one timer for a connection without a request in progress,
         # idle or still sending its request head. lingering_time: how long the unread body of a
@@ -155,24 +210,48 @@ class Service:
         )
         await self._runner.setup()
         self._fit_connections_to_files()
-        handlers = self._runner.server
-        assert handlers is not None
-        admission = self.admission
-        self._server = await asyncio.get_running_loop().create_server(
-            lambda: Guard(admission, handlers),
-            server.host,
-            server.port,
-            reuse_address=True,
-            backlog=BACKLOG,
-            ssl=self.ssl,
-        )
+        await self._server.start_serving()
         host, port = self._server.sockets[0].getsockname()[:2]
         scheme = "http" if self.ssl is None else "https"
         self.url = f"{scheme}://{host}:{port}"
+        self.advertiser.url = self.url
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.tail.started.wait(), READY_TIMEOUT)
         if not self.tail.started.is_set():
             log.warning("bucket not reachable yet; serving, registrations are refused (1013)")
+
+    def _handlers(self) -> web.Server:
+        assert self._runner is not None and self._runner.server is not None
+        return self._runner.server
+
+    async def drain(self) -> None:
+        """SIGTERM: say not ready (`/readyz` 503) and wait `health.drainDelay` seconds, for load
+        balancers to stop sending new listeners here; `stop()` then closes the listeners."""
+        self.lifecycle.draining = True
+        delay = self.live.config.health.drain_delay
+        if delay:
+            log.info("draining: not ready, waiting before closing listeners", seconds=delay)
+            await asyncio.sleep(delay)
+
+    def reload(self, config: Config) -> list[str]:
+        """Apply `config` (config.js read again, SIGHUP) as far as it can change while serving:
+        the limits, the connection caps, the trusted proxies, trimming (`maxAge`, `maxItems`,
+        `gcInterval`), `health`, `fleet`, and whatever the `on_reload` parts apply. Returns the
+        keys that changed but cannot change live (the listening address, the Redis, the bucket,
+        the resources...): they keep their old values until a restart."""
+        old = self.live.config
+        fixed = fixed_changes(old, config)
+        applied = keep_fixed(old, config)
+        self.live.config = self.config = applied
+        self.hub.send_buffer = applied.limits.send_buffer
+        self.admission.most = applied.server.max_connections
+        self.admission.per_client = applied.server.max_connections_per_client
+        self.admission.exempt = Trusted(applied.server.trusted_proxies)
+        self.access.trusted = applied.server.trusted_proxies
+        self._fit_connections_to_files()
+        for part in self.on_reload:
+            fixed.extend(part(old, config))
+        return fixed
 
     async def stop(self) -> None:
         if self._server is not None:
@@ -186,7 +265,7 @@ class Service:
         """Keep the connection cap below the open-file limit, so accept() never fails."""
         reserved = RESERVED_FILES + MAX_LINGERING + self.config.bucket.pool_size + 2
         files = file_limit()
-        cap = fitting_cap(self.config.server.max_connections, files, reserved)
+        cap = fitting_cap(self.live.config.server.max_connections, files, reserved)
         if cap < self.admission.most:
             log.warning(
                 "server.maxConnections lowered to fit the open-file limit",
@@ -203,34 +282,41 @@ class Service:
         tasks = [
             asyncio.create_task(self.tail.run(), name="tail"),
             asyncio.create_task(self._trim_forever(), name="trim"),
+            asyncio.create_task(self.advertiser.run(), name="advertise"),
         ]
         yield
         self.tail.stop()
-        tasks[1].cancel()
+        for task in tasks[1:]:
+            task.cancel()
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        await self.advertiser.withdraw()
         await self.bucket.aclose()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._tail_bucket.aclose(), 1.0)
 
     async def _trim_forever(self) -> None:
-        interval = self.config.trim_every
+        activity = self.metrics.activity
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(self.live.config.trim_every)
+            config = self.live.config
             try:
-                removed = await self.bucket.trim(self.config.max_age, self.config.max_items)
+                removed = await self.bucket.trim(config.max_age, config.max_items)
             except BucketUnavailable as exc:
+                activity.redis_errors["trim"] += 1
                 log.warning("gc skipped: bucket unavailable", error=str(exc))
                 continue
+            activity.items_trimmed += removed
             (log.info if removed else log.debug)(
                 "gc run",
                 removed=removed,
-                max_age=self.config.max_age,
-                max_items=self.config.max_items,
+                max_age=config.max_age,
+                max_items=config.max_items,
             )
 
     async def _close_listeners(self, app: web.Application) -> None:
+        self.lifecycle.draining = True
         self.lifecycle.stopping.set()
         self.hub.release_waiters()  # long polls answer now instead of holding the shutdown up
         conns = list(self.hub.connections)

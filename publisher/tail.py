@@ -116,6 +116,10 @@ class Faults:
     """Items trimmed before the tail read them (counted where Redis >= 7 says how many)."""
     rollbacks: int = 0
     epoch_changes: int = 0
+    redis_errors: int = 0
+    """Reads that failed for want of Redis (each retry counts)."""
+    reconnects: int = 0
+    """Times the tail read again after failed reads (Redis reachable again)."""
 
 
 class Tail:
@@ -186,6 +190,7 @@ class Tail:
                     # tail has not checked since Redis came back (it may have rolled back).
                     log.info("bucket reachable again", position=str(self.hub.window.head))
                     self.healthy = True
+                    self.faults.reconnects += 1
                 delays = None
             except (BucketUnavailable, PartitionMismatch) as exc:
                 # A partition mismatch is a configuration fault: said loudly on every retry
@@ -193,6 +198,7 @@ class Tail:
                 if delays is None:
                     delays = self.backoff.delays()
                 delay = next(delays)
+                self.faults.redis_errors += isinstance(exc, BucketUnavailable)
                 if isinstance(exc, PartitionMismatch):
                     log.error("bucket.partitions does not match the bucket", error=str(exc))
                 elif self.healthy or delay >= self.backoff.maximum / 2:
@@ -268,6 +274,14 @@ class Tail:
             )
             hub.reset(epoch, read.head)
 
+    def lag(self) -> tuple[int, float]:
+        """How far the tail is behind the bucket's head at its last read: in items, and in
+        seconds of commit time (the head's Redis time less that of the last item read)."""
+        hub = self.hub
+        if hub.unread <= 0 or hub.log_head <= hub.window.head:
+            return max(hub.unread, 0), 0.0
+        return hub.unread, max(hub.log_head.ms - hub.window.head.ms, 0) / 1000
+
     def stats(self) -> dict[str, Any]:
         """The tail's part of /changefeeds/stats."""
         hub = self.hub
@@ -277,6 +291,7 @@ class Tail:
             "position": Cursor(epoch, hub.window.head).encode() if epoch else None,
             "bucketHead": Cursor(epoch, hub.log_head).encode() if epoch else None,
             "itemsBehind": hub.unread,
+            "secondsBehind": self.lag()[1],
             "trimGaps": self.faults.trim_gaps,
             "itemsLost": self.faults.items_lost,
             "rollbacks": self.faults.rollbacks,

@@ -28,13 +28,18 @@ from changefeed.protocol import (
 )
 from publisher.access import identity_of
 from publisher.admission import PROTOCOL_ERROR, Guard
-from publisher.app_keys import ACCESS, BUCKET, CONFIG, HUB, LIFECYCLE, TAIL, Lifecycle
+from publisher.app_keys import ACCESS, BUCKET, CONFIG, HUB, LIFECYCLE, LIVE, TAIL, Lifecycle
 from publisher.auth import Identity
 from publisher.bucket import ChangeBucket
+from publisher.clientaddr import client_address
 from publisher.http import OVERLOADED, UNAVAILABLE, bad_request
 from publisher.hub import Hub, Subscriber
 
 log = structlog.get_logger(__name__)
+
+NOT_REFUSED = (None, 1000, 1001, 1005, 1006)
+"""Close codes of a socket that ended before registering without being refused (the listener
+closed it, or the publisher is stopping)."""
 
 
 async def start_position(
@@ -71,7 +76,7 @@ async def resume_position(hub: Hub, bucket: ChangeBucket, cursor: Cursor) -> Str
 
 async def handle_websocket(request: web.Request) -> web.WebSocketResponse:
     app = request.app
-    limits = app[CONFIG].limits
+    limits = app[LIVE].config.limits
     lifecycle = app[LIFECYCLE]
     try:
         version = accept_version(request.headers.get("Accept-Version"))
@@ -92,18 +97,21 @@ async def handle_websocket(request: web.Request) -> web.WebSocketResponse:
         if guard is not None:
             guard.expect_requests()
         raise
-    remote = f"{request.remote}"
+    remote = client_address(request, app[CONFIG].server.trusted_proxies)
     lifecycle.unregistered.add(ws)
     try:
         registered = await _register(ws, version, app, remote, identity_of(request))
     except asyncio.CancelledError:
         if guard is not None and guard.violation is not None:
+            lifecycle.refused[PROTOCOL_ERROR] += 1
             log.info("registration refused", code=PROTOCOL_ERROR, reason=guard.violation,
                      remote=remote)
         raise
     finally:
         lifecycle.unregistered.discard(ws)
     if registered is None:
+        if ws.close_code not in NOT_REFUSED:
+            lifecycle.refused[ws.close_code] += 1  # for metrics, by code
         return ws
     registration, start, resumed = registered
     transport = request.transport
@@ -182,7 +190,7 @@ async def _register(
 ) -> tuple[Registration, StreamId, bool] | None:
     """Read and check the registration: with where its stream starts and whether that resumes
     its `since`; None when the socket was refused (and closed)."""
-    timeout = app[CONFIG].limits.registration_timeout
+    timeout = app[LIVE].config.limits.registration_timeout
     try:
         message = await ws.receive(timeout=timeout)
     except TimeoutError:

@@ -823,6 +823,55 @@ class ChangeBucket:
             state: Any = await self.redis.hget(self.keys.state(resource), id)
         return state if state is None else bytes(state)
 
+    # --- the fleet: publishers advertising themselves ---------------------------------------
+
+    async def advertise(self, publisher_id: str, report: bytes, ttl: float) -> None:
+        """Store `report` as publisher `publisher_id`'s, living `ttl` seconds unless renewed.
+
+        The index of publishers forgets an id ten TTLs after its last advertisement (by this
+        host's clock); `publishers()` drops earlier whoever's report has expired.
+        """
+        now_ms = int(time.time() * 1000)
+        ttl_ms = max(int(ttl * 1000), 1)
+        async with translate_redis_errors("advertise"):
+            pipe = self.redis.pipeline(transaction=True)
+            pipe.set(self.keys.publisher(publisher_id), report, px=ttl_ms)
+            pipe.zadd(self.keys.publishers, {publisher_id: now_ms})
+            pipe.zremrangebyscore(self.keys.publishers, "-inf", now_ms - 10 * ttl_ms)
+            await pipe.execute()
+
+    async def withdraw(self, publisher_id: str) -> None:
+        """Remove publisher `publisher_id`'s report at once (it stops cleanly)."""
+        async with translate_redis_errors("withdraw"):
+            pipe = self.redis.pipeline(transaction=True)
+            pipe.delete(self.keys.publisher(publisher_id))
+            pipe.zrem(self.keys.publishers, publisher_id)
+            await pipe.execute()
+
+    async def publishers(self) -> list[tuple[str, bytes, float]]:
+        """Every live publisher's (id, report, seconds its report has left to live), by id."""
+        async with translate_redis_errors("publishers"):
+            ids: Any = await self.redis.zrange(self.keys.publishers, 0, -1)
+            names = sorted(i.decode() for i in ids)
+            if not names:
+                return []
+            pipe = self.redis.pipeline(transaction=False)
+            for name in names:
+                pipe.get(self.keys.publisher(name))
+                pipe.pttl(self.keys.publisher(name))
+            replies = await pipe.execute()
+            out = []
+            gone = []
+            for i, name in enumerate(names):
+                report, left_ms = replies[2 * i], replies[2 * i + 1]
+                if report is None:
+                    gone.append(name)
+                else:
+                    out.append((name, bytes(report), max(int(left_ms), 0) / 1000))
+            if gone:
+                await self.redis.zrem(self.keys.publishers, *gone)
+        return out
+
     async def aclose(self) -> None:
         await self.redis.aclose()
 

@@ -18,6 +18,9 @@ in one slot and the scripts may touch any of them::
     {name}:spark:<query>    hash: the micro-batches a Spark streaming query committed
     {name}:sparktxn:<app>   string: "<version> <count> <first cursor> <last cursor>", the
                             newest version a Spark job of txnAppId <app> committed (expires)
+    {name}:publishers       sorted set: the publishers that advertised themselves, by the ms of
+                            their last advertisement (an index; the reports below decide)
+    {name}:publisher:<id>   string: publisher <id>'s report (JSON), expiring after its TTL
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ class Keys:
         self.idempotency = f"{tag}:idem"
         """Idempotency key -> the reply of the commit that first used it."""
         self.idempotency_times = f"{tag}:idem:at"
+        self.publishers = f"{tag}:publishers"
+        """The ids of the publishers that advertised themselves (`publisher(id)`)."""
         """Idempotency keys by the time of their commit: the oldest are forgotten first."""
         self._tag = tag
 
@@ -69,6 +74,10 @@ class Keys:
     def cursorset(self, consumer: str, cursorset: str) -> str:
         """One cursor set: partition -> cursor (names hold no ':', so keys never collide)."""
         return f"{self._tag}:cursorset:{consumer}:{cursorset}"
+
+    def publisher(self, publisher_id: str) -> str:
+        """A publisher's report of itself, expiring unless it advertises again in time."""
+        return f"{self._tag}:publisher:{publisher_id}"
 
     def ledger(self, writer: str) -> str:
         """The micro-batches a Spark streaming query (`writer`) committed."""

@@ -155,8 +155,12 @@ async def test_the_balancer_passes_x_forwarded_for(name: str, tmp_path: Path) ->
         seen.append((request.headers.get("User-Agent", ""), forwarded))
         return web.json_response([])
 
+    async def ready(request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})  # haproxy's health check
+
     app = web.Application()
     app.router.add_get("/changefeeds", record)
+    app.router.add_get("/readyz", ready)
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)

@@ -88,7 +88,7 @@ def test_the_dockerfile_builds_in_two_stages_and_runs_unprivileged() -> None:
     assert names.index("USER") < names.index("ENTRYPOINT") and names[-1] == "CMD"
     assert only(runtime, "EXPOSE") == str(PORT)
     assert only(runtime, "STOPSIGNAL") == "SIGTERM"
-    assert "/changefeeds" in " ".join(healthcheck_command())  # TODO(readyz): /readyz
+    assert "/readyz" in " ".join(healthcheck_command())
 
 
 def test_every_file_the_dockerfile_copies_exists_and_passes_the_dockerignore() -> None:
@@ -108,7 +108,8 @@ def test_the_image_command_line_and_health_check_against_a_real_publisher(
     redis_server: RedisServer,
 ) -> None:
     """ENTRYPOINT + CMD with deploy/config.js (its Redis replaced by the test's, a free port
-    instead of 8080), and the HEALTHCHECK command: healthy while it serves, not after."""
+    instead of 8080), and the HEALTHCHECK command: healthy while it serves with its Redis, not
+    without Redis, nor after."""
     runtime = stages(DOCKERFILE)[-1]
     assert exec_form(only(runtime, "ENTRYPOINT")) == ["changefeed"]
     command = exec_form(only(runtime, "CMD"))
@@ -123,6 +124,9 @@ def test_the_image_command_line_and_health_check_against_a_real_publisher(
         port = publisher.url.rsplit(":", 1)[1]
         probe = [sys.executable, *[a.replace(f":{PORT}/", f":{port}/") for a in health[1:]]]
         assert subprocess.run(probe, capture_output=True, timeout=scaled(10)).returncode == 0
+        # Readiness, not only liveness: a publisher whose Redis is gone is unhealthy.
+        redis_server.stop()
+        assert subprocess.run(probe, capture_output=True, timeout=scaled(10)).returncode != 0
     finally:
         publisher.stop()
     assert subprocess.run(probe, capture_output=True, timeout=scaled(10)).returncode != 0
@@ -191,9 +195,9 @@ def test_kubernetes_manifests_fit_together() -> None:
     assert port["containerPort"] == PORT
     # The same command line as the image's CMD.
     assert container["args"] == exec_form(only(stages(DOCKERFILE)[-1], "CMD"))
-    for probe in ("readinessProbe", "livenessProbe"):
+    for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
         check = container[probe]["httpGet"]
-        assert check["path"] == "/changefeeds"  # TODO(readyz): /readyz and /healthz
+        assert check["path"] == path
         assert check["port"] == port["name"]
     (exposed,) = service["spec"]["ports"]
     assert exposed["targetPort"] == port["name"] and exposed["port"] == PORT

@@ -81,7 +81,7 @@ def test_javascript_forms() -> None:
             "resources[0].bootstrapRoute",
             "present",
         ),
-        ("{resources: [" + VM + "]", "<file>", "JavaScript object literal"),
+        ("{resources: [" + VM + "]", "<file>:1:87", "JavaScript object literal"),
         ("{resources: [" + VM + "], server: {maxConnections: 0}}", "server.maxConnections",
          "positive integer"),
         ("{resources: [" + VM + "], server: {maxConnections: 10, maxConnectionsPerClient: 11}}",
