@@ -22,7 +22,11 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
+from websockets.asyncio.client import connect
 
+from publisher.bucket import ChangeBucket
+from publisher.bucket import connect as connect_redis
+from tests.pki import new_token
 from tests.servers import PublisherProcess, RedisServer, scaled, write_config
 from tests.wsclient import register, v1
 
@@ -307,3 +311,45 @@ async def test_sigterm_drains_then_closes_listeners_with_1001(
         assert await asyncio.to_thread(server.process.wait, scaled(10)) == 0
     finally:
         server.stop()
+
+
+async def test_sighup_rotates_tokens_without_dropping_a_registered_listener(
+    short_dir: Path, redis_server: RedisServer
+) -> None:
+    """Issue 12, item 3, through the real signal: the token file is rotated and SIGHUP'd; the
+    old token is refused from then on, the new one accepted, and the listener registered with
+    the old token keeps receiving changes."""
+    path, token_file = short_dir / "config.js", short_dir / "ops.token"
+    old, new = new_token(), new_token()
+    token_file.write_text(old)
+    auth = {"tokens": [{"name": "ops", "tokenFile": str(token_file), "scopes": ["admin"]}]}
+    write_config(path, redis_server.url, auth=auth)
+    server = PublisherProcess(path, "--port", "0").start()
+    try:
+        assert server.process is not None
+        headers = {"Accept-Version": "~1", "Authorization": f"Bearer {old}"}
+        async with connect(server.ws_url, additional_headers=headers) as ws:
+            await ws.send(orjson.dumps(v1("vm", ["nic"])).decode())
+            orjson.loads(await asyncio.wait_for(ws.recv(), scaled(5)))
+
+            token_file.write_text(new)
+            server.process.send_signal(signal.SIGHUP)
+            await wait_for_event(server, "security reloaded")
+            assert (await status_with(server.url + "/changefeeds", old)) == 401
+            assert (await status_with(server.url + "/changefeeds", new)) == 200
+
+            bucket = ChangeBucket(connect_redis(redis_server.url), "test")
+            cursor = await bucket.publish("vm", "after-reload", ["nic"])
+            await bucket.aclose()
+            item = orjson.loads(await asyncio.wait_for(ws.recv(), scaled(5)))
+            assert item["cursor"] == cursor
+    finally:
+        server.stop()
+    assert new not in server.output() and old not in server.output(), "no token in the logs"
+
+
+async def status_with(url: str, token: str) -> int:
+    timeout = aiohttp.ClientTimeout(total=scaled(5))
+    headers = {"Authorization": f"Bearer {token}"}
+    async with aiohttp.ClientSession(timeout=timeout) as http, http.get(url, headers=headers) as r:
+        return r.status
