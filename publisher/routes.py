@@ -20,6 +20,7 @@ from publisher.app_keys import BUCKET, CONFIG, LIVE
 from publisher.bucket import decode_marker, encode_marker
 from publisher.fleet import stats_of_scope
 from publisher.http import bad_request, json_error, json_response
+from publisher.sse import add_sse_routes
 from publisher.watch_pages import page_watched
 from publisher.websocket import handle_websocket
 
@@ -115,6 +116,7 @@ def add_routes(app: web.Application) -> None:
 
     app.router.add_get(CHANGEFEEDS, changefeeds)
     app.router.add_get("/changefeeds/stats", stats)
+    add_sse_routes(app)
     for resource in config.resources:
         page, one = bootstrap(resource)
         app.router.add_get(resource.bootstrap_route, page)
