@@ -183,7 +183,7 @@ async def _serve(config: Config, which: str, supervisor: Supervisor) -> None:
     help="Idempotency key: if a commit with this key is already in the bucket (kept for maxAge), "
     "write nothing and print its cursor.",
 )
-@wait_seen_by_options
+@wait_seen_by_options(lambda: (_credentials, _get_json))
 def publish(
     config_path: Path,
     redis_url: str | None,

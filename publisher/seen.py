@@ -108,9 +108,22 @@ async def wait_seen(
         await asyncio.sleep(POLL)
 
 
-def wait_seen_by_options(command: Callable[..., str]) -> Callable[..., None]:
+Helpers = tuple[Callable[[Path | None, Path | None], Any], Callable[[str, Any, str], Any]]
+"""The command line's `_credentials(token_file, cafile)` and `_get_json(url, credentials,
+base)`."""
+
+
+def wait_seen_by_options(
+    helpers: Callable[[], Helpers],
+) -> Callable[[Callable[..., str]], Callable[..., None]]:
     """Add --wait-seen-by (and --url, --token-file, --cafile, --wait-timeout) to `publish`,
-    which returns the cursor it printed."""
+    which returns the cursor it printed; `helpers()` gives the command line's HTTP helpers."""
+    return functools.partial(_with_wait_seen_by, helpers=helpers)
+
+
+def _with_wait_seen_by(
+    command: Callable[..., str], helpers: Callable[[], Helpers]
+) -> Callable[..., None]:
 
     @click.option("--wait-seen-by", "wait_seen_by",
                   help="SERVICE[,N]: then wait until N (default 1) listeners of SERVICE that the "
@@ -132,8 +145,7 @@ def wait_seen_by_options(command: Callable[..., str]) -> Callable[..., None]:
         cursor = command(**kwargs)
         if target is None or url is None:
             return
-        from publisher.cli import _credentials, _get_json  # the command's own HTTP helpers
-
+        _credentials, _get_json = helpers()
         credentials = _credentials(token_file, cafile)
         subs = [s.strip() for s in kwargs["subs"].split(",") if s.strip()]
 
