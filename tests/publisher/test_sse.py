@@ -197,3 +197,18 @@ async def test_a_slow_sse_reader_is_closed_like_a_slow_websocket(
         sock.close()
         assert data.endswith(b"0\r\n\r\n")
         assert b"event: close" in data and b'"code":4008' in data
+
+
+async def test_shutdown_ends_the_stream_with_a_close_event(
+    config: Config, start_publisher: PublisherFactory
+) -> None:
+    async with aiohttp.ClientSession() as http:
+        async with start_publisher(config) as service:
+            response = await http.get(f"{service.url}/changefeeds/sse?resource=vm&sub=nic")
+            feed = Stream(response)
+            assert (await feed.next()).name == "registered"
+        close = await feed.next()
+        assert close.name == "close" and orjson.loads(close.data)["code"] == 1001
+        with pytest.raises(EOFError):
+            await feed.next()
+        response.release()
