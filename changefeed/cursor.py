@@ -15,7 +15,7 @@ import re
 import secrets
 from dataclasses import dataclass
 
-from changefeed.errors import CursorError
+from changefeed.errors import CursorError, CursorGone
 
 _EPOCH_ALPHABET = "abcdefghijklmnopqrstuvwxyz234567"
 _CURSOR_RE = re.compile(r"^([a-z2-7]{8,32})\.([0-9a-f]{12})([a-p])([0-9a-f]+)$")
@@ -83,3 +83,21 @@ class Cursor:
         if len(seq) != ord(length) - ord("a") + 1:
             raise CursorError(text, "sequence length does not match")
         return cls(epoch, StreamId(int(ms, 16), int(seq, 16)))
+
+
+def reached(delivered: str | None, wanted: Cursor) -> bool:
+    """True when a listener whose last delivery (a Change, or a complete bootstrap) had cursor
+    `delivered` has handed the application the change at `wanted`, or a later state of it.
+
+    Raises CursorGone when `delivered` is of another epoch: the bucket was recreated between the
+    two, and the change may have been lost with the old one (Listener.wait_for).
+    """
+    if delivered is None:
+        return False
+    have = Cursor.decode(delivered)
+    if have.epoch != wanted.epoch:
+        raise CursorGone(
+            f"cursor {wanted} is of bucket epoch {wanted.epoch}, the listener's is {have.epoch}:"
+            " the bucket was recreated; its bootstrap is the state to trust"
+        )
+    return have.position >= wanted.position

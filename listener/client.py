@@ -25,13 +25,14 @@ import aiohttp
 import orjson
 import structlog
 
+from changefeed.cursor import Cursor, reached
 from changefeed.errors import ChangefeedError, FetchFailed
 from changefeed.watch import Watch
 from listener.buffer import Buffer, make_buffer
 from listener.config import ListenerConfig
 from listener.connection import DENIED, Connection, access_denied, fetch_page, translate_errors
 from listener.credentials import load_credentials
-from listener.events import BootstrapRecords, BootstrapStart, Change, Event
+from listener.events import BootstrapDone, BootstrapRecords, BootstrapStart, Change, Event
 from listener.pager import Pager, PublisherPager
 from listener.state import ListenerCore, Phase
 
@@ -96,6 +97,10 @@ class Listener:
         self._closing = False
         self._read_done = asyncio.Event()
         self._on_error: Handler | None = None
+        self._delivered: str | None = None
+        """The cursor of the last Change (or complete bootstrap) handed to the application."""
+        self._advanced = asyncio.Event()
+        """Set and replaced at each such delivery: what wait_for() waits on."""
         self._log = log.bind(instance=instance, service=service,
                              resources=[kind.resource for kind in self._core.kinds])
 
@@ -139,7 +144,13 @@ class Listener:
         self._reader = task
         self._read_done.clear()
         try:
-            return await self._events.__anext__()
+            event = await self._events.__anext__()
+            cursor = event.cursor if isinstance(event, Change | BootstrapDone) else None
+            if cursor is not None:
+                self._delivered = cursor
+                self._advanced.set()
+                self._advanced = asyncio.Event()
+            return event
         except asyncio.CancelledError:
             # Ours (from aclose) when aclose asked and no other cancellation is pending.
             if self._closing and task.uncancel() == 0:
@@ -148,6 +159,25 @@ class Listener:
         finally:
             self._reader = None
             self._read_done.set()
+
+    async def wait_for(self, cursor: str, timeout: float) -> None:
+        """Return once this listener has handed the application the change at `cursor` (what a
+        commit returned), or a later change, or a bootstrap that began after it: read-your-writes.
+
+        ```python
+        cursor = await bucket.commit("vm", "vm-1", ["nic"], state)
+        await listener.wait_for(cursor, timeout=5)   # another task iterates the listener
+        ```
+
+        Raises TimeoutError after `timeout` seconds, CursorGone (changefeed.errors) when the
+        listener is in another bucket epoch than `cursor` (the bucket was recreated between),
+        CursorError when `cursor` is not a cursor. Cursors of one bucket are single positions;
+        there are no composite cursors yet (a Redis Cluster bucket would bring them).
+        """
+        wanted = Cursor.decode(cursor)
+        async with asyncio.timeout(timeout):
+            while not reached(self._delivered, wanted):
+                await self._advanced.wait()
 
     async def aclose(self) -> None:
         """Close the connection and release the buffer and the HTTP session.

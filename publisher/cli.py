@@ -26,6 +26,7 @@ from publisher.config import Config, load_config
 from publisher.embedded import EmbeddedRedis
 from publisher.lifecycle import Supervisor
 from publisher.logs import set_level
+from publisher.seen import wait_seen_by_options
 from publisher.service import Service
 
 log = structlog.get_logger("changefeed")
@@ -182,6 +183,7 @@ async def _serve(config: Config, which: str, supervisor: Supervisor) -> None:
     help="Idempotency key: if a commit with this key is already in the bucket (kept for maxAge), "
     "write nothing and print its cursor.",
 )
+@wait_seen_by_options(lambda: (_credentials, _get_json))
 def publish(
     config_path: Path,
     redis_url: str | None,
@@ -191,7 +193,7 @@ def publish(
     data: str | None,
     delete: bool,
     key: str | None,
-) -> None:
+) -> str:
     """Commit one change and print its cursor (the last line of output).
 
     With --data the state is stored and the item appended atomically; with --delete the state
@@ -221,6 +223,7 @@ def publish(
     except ChangefeedError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(cursor)
+    return cursor
 
 
 async def _publish(

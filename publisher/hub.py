@@ -36,6 +36,7 @@ from changefeed.protocol import (
     close_frame,
     text_frame,
 )
+from changefeed.sse import change_chunk, close_chunks
 from changefeed.watch import prefixes_of
 from publisher.bucket import ChangeBucket, LogEntry
 from publisher.window import Window, WindowEntry
@@ -86,6 +87,9 @@ class Subscriber:
     task: asyncio.Task[None] | None = None
     kinds: dict[str, ChangeKind] = field(default_factory=dict)
     """The registration's change kinds by resource."""
+    sse: bool = False
+    """A server-sent events stream (publisher.sse), not a websocket: written `WindowEntry.sse`
+    chunks instead of frames, and a `close` event instead of a close frame."""
 
     def __post_init__(self) -> None:
         self.kinds = {kind.resource: kind for kind in self.registration.kinds}
@@ -246,6 +250,14 @@ class Hub:
             text_frame(payload),
         )
 
+    def sse_of(self, entry: WindowEntry) -> bytes:
+        """`entry` as a server-sent event's chunk, built once for every SSE subscriber."""
+        chunk = entry.sse
+        if chunk is None:
+            chunk = entry.sse = change_chunk(Cursor(self.epoch, entry.position).encode(),
+                                             entry.payload)
+        return chunk
+
     def publish(self, entries: Iterable[LogEntry]) -> None:
         """Append new log entries to the window and write them to live matching connections.
 
@@ -281,8 +293,9 @@ class Hub:
                 if queued.size > send_buffer:
                     self._fall_behind(conn, previous)
                     continue
-                queued.frames.append(entry.frame)
-                queued.size += len(entry.frame)
+                frame = self.sse_of(entry) if conn.sse else entry.frame
+                queued.frames.append(frame)
+                queued.size += len(frame)
                 conn.last_sent = entry.position
                 taken = True
             if taken:
@@ -379,7 +392,7 @@ class Hub:
         transport = conn.transport
         if transport.is_closing():
             return
-        transport.write(close_frame(code, reason))
+        transport.write(close_chunks(code, reason) if conn.sse else close_frame(code, reason))
         transport.close()
         asyncio.get_running_loop().call_later(CLOSE_GRACE, transport.abort)
 
@@ -438,10 +451,11 @@ class Hub:
                     if conn.wants(entry):
                         if not await self._writable(conn):
                             return
-                        conn.transport.write(entry.frame)
+                        frame = self.sse_of(entry) if conn.sse else entry.frame
+                        conn.transport.write(frame)
                         conn.last_sent = entry.position
                         self.delivered += 1
-                        self.bytes_written += len(entry.frame)
+                        self.bytes_written += len(frame)
                     conn.position = entry.position
         except (ConnectionError, RuntimeError) as exc:
             log.info("catch-up ended: connection gone", remote=conn.remote, error=str(exc))
@@ -476,7 +490,11 @@ class Hub:
                 if conn.wants(row):
                     if not await self._writable(conn):
                         return
-                    frame = text_frame(row.item(self.epoch).encode())
+                    payload = row.item(self.epoch).encode()
+                    frame = (
+                        change_chunk(Cursor(self.epoch, row.position).encode(), payload)
+                        if conn.sse else text_frame(payload)
+                    )
                     conn.transport.write(frame)
                     conn.last_sent = row.position
                     self.delivered += 1

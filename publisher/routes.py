@@ -8,18 +8,22 @@ the formats. Handlers find the config, bucket and hub under the application's ke
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 from urllib.parse import quote, urlencode
 
 import orjson
 from aiohttp import web
 
+from changefeed.cursor import Cursor, StreamId
+from changefeed.errors import CursorError
 from changefeed.protocol import CHANGEFEEDS, Resource
 from changefeed.watch import Watch, parse_watch
-from publisher.app_keys import BUCKET, CONFIG, LIVE
+from publisher.app_keys import BUCKET, CONFIG, HUB, LIVE
 from publisher.bucket import decode_marker, encode_marker
 from publisher.fleet import stats_of_scope
 from publisher.http import bad_request, json_error, json_response
+from publisher.sse import add_sse_routes
 from publisher.watch_pages import page_watched
 from publisher.websocket import handle_websocket
 
@@ -44,6 +48,61 @@ def _watch(request: web.Request) -> Watch:
         )
     except ValueError as exc:
         raise bad_request("InvalidWatch", str(exc)) from None
+
+
+def _before(position: StreamId) -> StreamId:
+    """The position just before `position`: the hub's wait_past(it) ends once `position` is in."""
+    if position.seq:
+        return StreamId(position.ms, position.seq - 1)
+    return StreamId(position.ms - 1, (1 << 64) - 1) if position.ms else position
+
+
+async def at_least(request: web.Request) -> web.Response | None:
+    """`?min_cursor=` (and `?wait=`): None once the bucket's head is at or past the cursor, so
+    that what the route reads next holds that change; else the error to answer.
+
+    A cursor of another epoch is 409 `CursorGone` (bootstrap from scratch, it will never be
+    reached); one ahead of the head (a writer served by a publisher, or Redis, that is ahead of
+    ours) waits up to `wait` seconds (default `limits.wait`, at most `limits.maxWait`) on the
+    hub's shared wake-up, then is 504 `MinCursorTimeout`.
+    """
+    text = request.query.get("min_cursor")
+    if text is None:
+        return None
+    try:
+        wanted = Cursor.decode(text)
+    except CursorError as exc:
+        return json_error(400, "InvalidCursor", f"min_cursor: {exc}")
+    limits = request.app[LIVE].config.limits
+    wait = limits.wait
+    if "wait" in request.query:
+        try:
+            wait = float(request.query["wait"])
+        except ValueError:
+            wait = -1.0
+        if not 0 <= wait <= limits.max_wait:
+            return json_error(400, "InvalidWait",
+                              f"wait must be seconds from 0 to {limits.max_wait:g}")
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait
+    bucket, hub = request.app[BUCKET], request.app[HUB]
+    while True:
+        retention = await bucket.retention()
+        if retention.epoch != wanted.epoch:
+            return json_error(
+                409, "CursorGone",
+                f"min_cursor {text} is of another bucket epoch than {retention.epoch}: the "
+                "bucket was recreated; bootstrap without it",
+            )
+        if retention.head >= wanted.position:
+            return None
+        remaining = deadline - loop.time()
+        if remaining <= 0 or not await hub.wait_past(_before(wanted.position), remaining):
+            head = Cursor(retention.epoch, retention.head).encode()
+            return json_error(
+                504, "MinCursorTimeout",
+                f"the bucket's head ({head}) did not reach min_cursor {text} within {wait:g} s",
+            )
 
 
 def next_page(route: str, limit: int, watch: Watch, last_id: str) -> str:
@@ -78,12 +137,16 @@ def add_routes(app: web.Application) -> None:
                 after = None if marker is None else decode_marker(marker)
             except ValueError as exc:
                 return json_error(400, "InvalidMarker", f"marker: {exc}")
-            unknown = set(request.query) - {"limit", "marker", "id", "prefix"}
+            unknown = set(request.query) - {"limit", "marker", "id", "prefix", "min_cursor",
+                                            "wait"}
             if unknown:
                 return json_error(
                     400, "InvalidQuery", f"unknown parameter(s): {', '.join(sorted(unknown))}"
                 )
             watch = _watch(request)
+            refused = await at_least(request)
+            if refused is not None:
+                return refused
             bucket = request.app[BUCKET]
             if watch.everything:
                 result = await bucket.page(resource.resource, after, limit)
@@ -106,6 +169,9 @@ def add_routes(app: web.Application) -> None:
 
         async def one(request: web.Request) -> web.Response:
             id = request.match_info["id"]
+            refused = await at_least(request)
+            if refused is not None:
+                return refused
             state = await request.app[BUCKET].get(resource.resource, id)
             if state is None:
                 return json_error(404, "ResourceNotFound", f"no {resource.resource} {id!r}")
@@ -115,6 +181,7 @@ def add_routes(app: web.Application) -> None:
 
     app.router.add_get(CHANGEFEEDS, changefeeds)
     app.router.add_get("/changefeeds/stats", stats)
+    add_sse_routes(app)
     for resource in config.resources:
         page, one = bootstrap(resource)
         app.router.add_get(resource.bootstrap_route, page)

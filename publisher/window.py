@@ -27,6 +27,9 @@ class WindowEntry:
     """The change item as JSON."""
     frame: bytes = field(repr=False)
     """The payload as a complete websocket text frame."""
+    sse: bytes | None = field(default=None, repr=False)
+    """The payload as a server-sent event's HTTP chunk, built by the first SSE subscriber
+    written to (`Hub.sse_of`): websocket-only fan-out never pays for it."""
 
 
 class Window:

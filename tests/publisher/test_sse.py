@@ -1,0 +1,214 @@
+"""Server-sent events (issue 17, item 3) against a real publisher and Redis: aiohttp and curl
+clients, Last-Event-ID resume, watches, scopes, and a slow SSE reader closed like a slow
+websocket."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import shutil
+import socket
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+
+from changefeed.sse import Event, EventParser
+from publisher.bucket import Change
+from publisher.config import Config
+from publisher.service import Service
+from tests.conftest import PublisherFactory
+from tests.servers import RedisServer, scaled
+
+
+class Stream:
+    """An SSE stream read with aiohttp: `next()` the next event."""
+
+    def __init__(self, response: aiohttp.ClientResponse) -> None:
+        self.response = response
+        self.parser = EventParser()
+        self.pending: list[Event] = []
+
+    async def next(self, timeout: float = 5.0) -> Event:
+        while not self.pending:
+            line = await asyncio.wait_for(self.response.content.readline(), scaled(timeout))
+            if not line:
+                raise EOFError("stream ended")
+            self.parser.feed(line.decode())
+            self.pending.extend(self.parser.events())
+        return self.pending.pop(0)
+
+    async def changes(self, count: int) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        while len(out) < count:
+            event = await self.next()
+            assert event.name == "change", event
+            item = orjson.loads(event.data)
+            assert item["cursor"] == event.id
+            out.append(item)
+        return out
+
+
+@asynccontextmanager
+async def stream(url: str, query: str, **headers: str) -> AsyncIterator[Stream]:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(f"{url}/changefeeds/sse?{query}", headers=headers) as response,
+    ):
+        assert response.status == 200, await response.text()
+        assert response.headers["Content-Type"] == "text/event-stream"
+        yield Stream(response)
+
+
+async def test_changes_arrive_as_events_and_last_event_id_resumes(publisher: Service) -> None:
+    bucket = publisher.bucket
+    async with stream(publisher.url, "resource=vm&sub=nic&service=tcns") as feed:
+        registered = await feed.next()
+        assert registered.name == "registered"
+        reply = orjson.loads(registered.data)
+        assert reply["resumed"] is False and reply["bootstrapRoutes"][0]["bootstrapRoute"] == "/vms"
+        assert registered.id == reply["cursor"]
+        c1 = await bucket.commit("vm", "vm-1", ["nic"], {"n": 1})
+        await bucket.commit("vm", "vm-2", ["alias"], {"n": 2})  # not for this stream
+        c3 = await bucket.commit("vm", "vm-3", ["nic", "alias"], {"n": 3})
+        items = await feed.changes(2)
+        assert [i["cursor"] for i in items] == [c1, c3]
+        assert items[0]["changeKind"] == {"resource": "vm", "subResources": ["nic"]}
+    c4 = await bucket.commit("vm", "vm-4", ["nic"], {"n": 4})
+    async with stream(publisher.url, "resource=vm&sub=nic", **{"Last-Event-ID": c1}) as feed:
+        registered = await feed.next()
+        assert orjson.loads(registered.data)["resumed"] is True
+        assert [i["cursor"] for i in await feed.changes(2)] == [c3, c4]
+    async with stream(publisher.url, "resource=vm&sub=*&since=abcdefgh.000000000001a1") as feed:
+        assert orjson.loads((await feed.next()).data)["resumed"] is False
+        resync = await feed.next()
+        assert resync.name == "resync" and "bootstrap again" in orjson.loads(resync.data)["reason"]
+
+
+async def test_a_watch_narrows_the_stream(publisher: Service) -> None:
+    async with stream(publisher.url, "resource=vm&sub=*&prefix=servers&id=vm-9") as feed:
+        await feed.next()
+        await publisher.bucket.commit("vm", "serversX", ["nic"], {})
+        c2 = await publisher.bucket.commit("vm", "servers/1", ["nic"], {})
+        c3 = await publisher.bucket.commit("vm", "vm-9", ["alias"], {})
+        assert [i["cursor"] for i in await feed.changes(2)] == [c2, c3]
+
+
+async def test_bad_queries_are_400(publisher: Service) -> None:
+    async with aiohttp.ClientSession() as http:
+        for query, code in [
+            ("resource=disk&sub=nic", "InvalidRegistration"),
+            ("resource=vm", "InvalidRegistration"),
+            ("resource=vm&sub=nic&since=zz", "InvalidCursor"),
+            ("resource=vm&sub=nic&bogus=1", "InvalidQuery"),
+        ]:
+            async with http.get(f"{publisher.url}/changefeeds/sse?{query}") as response:
+                assert response.status == 400, query
+                assert (await response.json())["code"] == code
+
+
+async def test_a_refused_scope_is_403(
+    redis_server: RedisServer, make_config: Callable[..., Config], start_publisher: PublisherFactory
+) -> None:
+    config = make_config(
+        redis_server.url,
+        auth={"tokens": [{"name": "nets", "sha256": hashlib.sha256(b"t" * 32).hexdigest(),
+                          "scopes": ["listen:network"]}]},
+    )
+    async with start_publisher(config) as service, aiohttp.ClientSession() as http:
+        headers = {"Authorization": "Bearer " + "t" * 32}
+        url = f"{service.url}/changefeeds/sse?resource=vm&sub=nic"
+        async with http.get(url, headers=headers) as response:
+            assert response.status == 403
+            assert "lacks listen:vm" in (await response.json())["message"]
+        async with http.get(url) as response:
+            assert response.status == 401
+        url = f"{service.url}/changefeeds/sse?resource=network&sub=ips"
+        async with stream(service.url, "resource=network&sub=ips", **headers) as feed:
+            assert (await feed.next()).name == "registered"
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+async def test_curl_reads_the_stream(publisher: Service) -> None:
+    curl = await asyncio.create_subprocess_exec(
+        "curl", "-sN", f"{publisher.url}/changefeeds/sse?resource=vm&sub=nic",
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert curl.stdout is not None
+    try:
+        parser = EventParser()
+        events: list[Event] = []
+        committed: str | None = None
+        while len(events) < 2:
+            line = await asyncio.wait_for(curl.stdout.readline(), scaled(5))
+            assert line, "curl's stream ended"
+            parser.feed(line.decode())
+            events.extend(parser.events())
+            if events and committed is None:
+                committed = await publisher.bucket.commit("vm", "vm-1", ["nic"], {})
+        assert [e.name for e in events] == ["registered", "change"]
+        assert events[1].id == committed
+    finally:
+        curl.terminate()
+        await curl.wait()
+
+
+async def test_a_slow_sse_reader_is_closed_like_a_slow_websocket(
+    redis_server: RedisServer, make_config: Callable[..., Config], start_publisher: PublisherFactory
+) -> None:
+    config = make_config(
+        redis_server.url, limits={"window": 200, "sendBuffer": 16384, "pingInterval": 60}
+    )
+    async with start_publisher(config) as service:
+        host, port = service.url.removeprefix("http://").split(":")
+        loop = asyncio.get_running_loop()
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+        sock.setblocking(False)
+        await loop.sock_connect(sock, (host, int(port)))
+        await loop.sock_sendall(
+            sock, f"GET /changefeeds/sse?resource=vm&sub=nic HTTP/1.1\r\nHost: {host}\r\n\r\n"
+            .encode(),
+        )
+        await asyncio.sleep(0)
+        fast: list[str] = []
+        async with stream(service.url, "resource=vm&sub=nic") as other:
+            await other.next()
+            committed: list[str] = []
+            for batch in range(100):
+                committed += await service.bucket.commit_many(
+                    [Change.put("vm", f"{batch}-{i}-" + "x" * 470, ["nic"], {}) for i in range(50)]
+                )
+                fast += [i["cursor"] for i in await other.changes(50)]
+                if service.hub.closed["slowConsumer"]:
+                    break
+            assert service.hub.closed["slowConsumer"] == 1
+            assert fast == committed, "the fast stream got everything"
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        data = b""
+        while True:
+            got = await asyncio.wait_for(loop.sock_recv(sock, 1 << 20), scaled(5))
+            if not got:
+                break
+            data += got
+        sock.close()
+        assert data.endswith(b"0\r\n\r\n")
+        assert b"event: close" in data and b'"code":4008' in data
+
+
+async def test_shutdown_ends_the_stream_with_a_close_event(
+    config: Config, start_publisher: PublisherFactory
+) -> None:
+    async with aiohttp.ClientSession() as http:
+        async with start_publisher(config) as service:
+            response = await http.get(f"{service.url}/changefeeds/sse?resource=vm&sub=nic")
+            feed = Stream(response)
+            assert (await feed.next()).name == "registered"
+        close = await feed.next()
+        assert close.name == "close" and orjson.loads(close.data)["code"] == 1001
+        with pytest.raises(EOFError):
+            await feed.next()
+        response.release()
