@@ -40,6 +40,7 @@ from changefeed.errors import (
 from changefeed.protocol import Resource
 from publisher.bucket import scripts
 from publisher.bucket.keys import Keys
+from publisher.bucket.sentinel import is_sentinel_url, sentinel_pool
 from publisher.bucket.values import (
     MAX_ID_BYTES,
     Change,
@@ -149,9 +150,12 @@ def connect(
     `pool_timeout` seconds for one, then gets `BucketBusy` (overload, not an outage).
     `blocking` clients wait longer for a reply, for XREAD BLOCK (which waits at most 5 s);
     `timeout` overrides how long any reply is waited for (seconds).
+
+    A `redis+sentinel://` URL (`publisher.bucket.sentinel`) gives a client of the master the
+    sentinels name, with the same pool: each new connection asks the sentinels, so the client
+    follows a failover.
     """
-    pool = aioredis.BlockingConnectionPool.from_url(
-        url,
+    options: dict[str, Any] = dict(
         max_connections=pool_size,
         timeout=pool_timeout,
         # One retry, on a fresh connection, when a pooled connection turns out dead (Redis
@@ -163,6 +167,11 @@ def connect(
         socket_timeout=timeout or (20 if blocking else 10),
         health_check_interval=0,
     )
+    pool: aioredis.ConnectionPool
+    if is_sentinel_url(url):
+        pool = sentinel_pool(url, **options)
+    else:
+        pool = aioredis.BlockingConnectionPool.from_url(url, **options)
     return aioredis.Redis.from_pool(pool)
 
 
