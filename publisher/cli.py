@@ -20,8 +20,8 @@ import orjson
 import structlog
 
 from changefeed.credentials import Credentials, pick_token
-from changefeed.errors import ChangefeedError
-from publisher.bucket import ChangeBucket, connect
+from changefeed.errors import ChangefeedError, ReplicationTimeout
+from publisher.bucket import REPLICAS_TIMEOUT, Change, ChangeBucket, connect
 from publisher.config import Config, load_config
 from publisher.embedded import EmbeddedRedis
 from publisher.lifecycle import Supervisor
@@ -182,6 +182,21 @@ async def _serve(config: Config, which: str, supervisor: Supervisor) -> None:
     help="Idempotency key: if a commit with this key is already in the bucket (kept for maxAge), "
     "write nothing and print its cursor.",
 )
+@click.option(
+    "--replicas",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Return only once this many Redis replicas have the commit (WAIT); else fail saying "
+    "the commit is written on the master only.",
+)
+@click.option(
+    "--replicas-timeout",
+    type=click.FloatRange(min=0.001),
+    default=REPLICAS_TIMEOUT,
+    show_default=True,
+    help="Seconds --replicas waits for the replicas.",
+)
 def publish(
     config_path: Path,
     redis_url: str | None,
@@ -191,13 +206,16 @@ def publish(
     data: str | None,
     delete: bool,
     key: str | None,
+    replicas: int,
+    replicas_timeout: float,
 ) -> None:
     """Commit one change and print its cursor (the last line of output).
 
     With --data the state is stored and the item appended atomically; with --delete the state
     is removed; with neither, only the change item is appended. When Redis did not answer a sent
     commit, the error says the outcome is unknown: run the same command again with the same
-    --key to commit it exactly once.
+    --key to commit it exactly once. With --replicas, a commit the replicas did not confirm in
+    time fails (exit 1) after printing its cursor: it is written on the master only.
     """
     if data is not None and delete:
         raise click.UsageError("--data and --delete exclude each other")
@@ -215,9 +233,12 @@ def publish(
             cursor = asyncio.run(
                 _publish(
                     config, resource, changed_id, sub_resources, state, data is not None, delete,
-                    key,
+                    key, replicas, replicas_timeout,
                 )
             )
+    except ReplicationTimeout as exc:
+        click.echo(exc.cursors[-1])
+        raise click.ClickException(str(exc)) from None
     except ChangefeedError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(cursor)
@@ -232,6 +253,8 @@ async def _publish(
     store: bool,
     delete: bool,
     key: str | None,
+    replicas: int = 0,
+    replicas_timeout: float = REPLICAS_TIMEOUT,
 ) -> str:
     assert config.bucket.redis_url is not None
     bucket = ChangeBucket(
@@ -242,10 +265,17 @@ async def _publish(
     )
     try:
         if store or delete:
-            return await bucket.commit(
-                resource, changed_id, subs, state, delete=delete, key=key
+            change = (
+                Change.delete(resource, changed_id, subs)
+                if delete
+                else Change.put(resource, changed_id, subs, state)
             )
-        return await bucket.publish(resource, changed_id, subs, key=key)
+        else:
+            change = Change.publish(resource, changed_id, subs)
+        cursors = await bucket.commit_replicated(
+            [change], key=key, replicas=replicas, timeout=replicas_timeout
+        )
+        return cursors[0]
     finally:
         await bucket.aclose()
 
