@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
+from typing import Any
 
 import redis.asyncio as aioredis
 
@@ -29,7 +30,8 @@ async def sentinel_ready(sentinels: list[SentinelServer], within: float = 20) ->
         client = aioredis.Redis(host="127.0.0.1", port=sentinel.port)
         try:
             while True:
-                state = (await client.sentinel_masters()).get(MASTER, {})
+                masters: Any = await client.sentinel_masters()
+                state = masters.get(MASTER, {})
                 if state.get("num-other-sentinels", 0) >= 2 and state.get("num-slaves", 0) >= 1:
                     break
                 if time.monotonic() > deadline:
