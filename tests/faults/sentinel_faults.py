@@ -4,7 +4,8 @@ A master, a replica and three sentinels on loopback; the publisher process and t
 Redis through a `redis+sentinel://` URL. Replication is asynchronous, so the promoted replica
 may lack the newest acknowledged commits: that is a rollback, which the publisher's tail and the
 writer's witness turn into a new epoch (listeners get 4009 -> `Resync`), so the oracle must
-count every acknowledged change received, covered, or lost-and-announced.
+count every acknowledged change received, covered, or lost-and-announced. The writer retries
+each commit with its idempotency key until it is acknowledged.
 """
 
 from __future__ import annotations
@@ -16,10 +17,53 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from tests.faults.harness import Rig, Row, Size, exercise
+from changefeed.errors import BucketUnavailable
+from tests.faults.harness import (
+    RESOURCE,
+    SUBS,
+    Rig,
+    Row,
+    Size,
+    Writer,
+    exercise,
+    outcome_unknown,
+)
+from tests.faults.oracle import Attempt
 from tests.servers import RedisServer, SentinelServer, free_port, scaled, write_config
 
 MASTER = "mymaster"
+RETRY_FOR = 20.0
+"""Seconds a writer keeps retrying one commit (a failover takes 2 to 3)."""
+
+
+class KeyedWriter(Writer):
+    """A writer that retries each commit with its idempotency key until it is acknowledged, as a
+    service would across a failover. A try whose outcome is unknown is recorded as such (it may
+    have been written on the old master and delivered before the failover)."""
+
+    async def commit(self) -> Attempt:
+        self.seq += 1
+        seq, id = self.seq, f"vm-{self.seq % self.ids:03}"
+        key = f"writer-{seq}"
+        deadline = time.monotonic() + scaled(RETRY_FOR)
+        while True:
+            try:
+                cursor = await self.bucket.commit(RESOURCE, id, SUBS, {"uuid": id, "seq": seq},
+                                                  key=key)
+                break
+            except BucketUnavailable as error:
+                self.failures += 1
+                if outcome_unknown(error):
+                    self.history.unknown(id, seq, time.monotonic())
+                if time.monotonic() > deadline:
+                    return self.history.failed(id, seq, time.monotonic())
+                await asyncio.sleep(0.05)  # a writer's backoff while the sentinels fail over
+        attempt = self.history.acknowledged(id, seq, cursor, time.monotonic())
+        self.acked += 1
+        self.last = attempt
+        async with self._progress:
+            self._progress.notify_all()
+        return attempt
 
 
 async def sentinel_ready(sentinels: list[SentinelServer], within: float = 20) -> None:
@@ -74,7 +118,7 @@ async def redis_sentinel_failover(size: Size, directory: Path) -> Row:
         publisher = await rig.publisher(config)
         await rig.listener("a", publisher.url)
         await rig.listener("b", publisher.url)
-        writer = await rig.writer(config, size)
+        writer = KeyedWriter(await rig.bucket(config), rig.history, pace=size.pace)
 
         async def kill() -> None:
             master.kill()
