@@ -85,9 +85,12 @@ class RedisServer:
         tcp: bool = False,
         persist: bool = True,
         replica_of: RedisServer | None = None,
+        replica_via: int | None = None,
     ) -> None:
-        """`replica_of`: start as a replica of that (TCP) server; ready once in sync with it."""
+        """`replica_of`: start as a replica of that (TCP) server; ready once in sync with it.
+        `replica_via`: replicate through this port of loopback instead (a proxy to the master)."""
         self.replica_of = replica_of
+        self.replica_via = replica_via
         self.directory = directory
         self.directory.mkdir(parents=True, exist_ok=True)
         self.socket = directory / "redis.sock"
@@ -126,7 +129,8 @@ class RedisServer:
         ]
         ready = "ready to accept connections"
         if self.replica_of is not None:
-            args += ["--replicaof", "127.0.0.1", str(self.replica_of.port)]
+            port = self.replica_via or self.replica_of.port
+            args += ["--replicaof", "127.0.0.1", str(port)]
             ready = "master <-> replica sync: finished with success"
         self.process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         assert self.process.stdout is not None

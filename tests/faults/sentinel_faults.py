@@ -29,6 +29,7 @@ from tests.faults.harness import (
     outcome_unknown,
 )
 from tests.faults.oracle import Attempt
+from tests.faults.proxy import Proxy
 from tests.servers import RedisServer, SentinelServer, free_port, scaled, write_config
 
 MASTER = "mymaster"
@@ -85,12 +86,17 @@ async def sentinel_ready(sentinels: list[SentinelServer], within: float = 20) ->
             await client.aclose()
 
 
-async def replicated_set(rig: Rig) -> tuple[RedisServer, RedisServer, list[SentinelServer]]:
-    """A master, its replica and three sentinels, stopped with the rig."""
+async def replicated_set(
+    rig: Rig, *, through_proxy: bool = False
+) -> tuple[RedisServer, RedisServer, list[SentinelServer], Proxy | None]:
+    """A master, its replica and three sentinels, stopped with the rig; `through_proxy`: the
+    replica replicates through a proxy the scenario can blackhole and cut."""
     master = RedisServer(rig.directory / "master", tcp=True, persist=False)
     await asyncio.to_thread(master.start)
     rig.stack.callback(master.stop)
-    replica = RedisServer(rig.directory / "replica", tcp=True, persist=False, replica_of=master)
+    proxy = await rig.proxy(master.url) if through_proxy else None
+    replica = RedisServer(rig.directory / "replica", tcp=True, persist=False, replica_of=master,
+                          replica_via=None if proxy is None else proxy.port)
     await asyncio.to_thread(replica.start)
     rig.stack.callback(replica.stop)
     sentinels = []
@@ -100,7 +106,7 @@ async def replicated_set(rig: Rig) -> tuple[RedisServer, RedisServer, list[Senti
         rig.stack.callback(sentinel.stop)
         sentinels.append(sentinel)
     await sentinel_ready(sentinels)
-    return master, replica, sentinels
+    return master, replica, sentinels, proxy
 
 
 def sentinel_url(sentinels: list[SentinelServer]) -> str:
@@ -110,8 +116,19 @@ def sentinel_url(sentinels: list[SentinelServer]) -> str:
 async def redis_sentinel_failover(size: Size, directory: Path) -> Row:
     """The master SIGKILLed; the sentinels promote the replica; the publisher's tail, its
     requests and the writer follow it."""
+    return await _failover(size, directory, lagging=False)
+
+
+async def redis_sentinel_failover_lagging(size: Size, directory: Path) -> Row:
+    """The replica's link blackholed for a moment (the master acknowledges commits it does not
+    have), then the master SIGKILLed and the link cut: the promoted replica lacks acknowledged
+    commits. A rollback, which must be announced (new epoch, 4009, `Resync`)."""
+    return await _failover(size, directory, lagging=True)
+
+
+async def _failover(size: Size, directory: Path, *, lagging: bool) -> Row:
     async with Rig(directory) as rig:
-        master, _, sentinels = await replicated_set(rig)
+        master, _, sentinels, proxy = await replicated_set(rig, through_proxy=lagging)
         url = sentinel_url(sentinels)
         config = write_config(directory / "config.js", url,
                               server={"host": "127.0.0.1", "port": free_port()})
@@ -121,10 +138,18 @@ async def redis_sentinel_failover(size: Size, directory: Path) -> Row:
         writer = KeyedWriter(await rig.bucket(config), rig.history, pace=size.pace)
 
         async def kill() -> None:
+            if proxy is not None:
+                proxy.blackhole()
+                acked = writer.acked
+                await writer.wait_acked(acked + 20)  # acknowledged, never replicated
             master.kill()
+            if proxy is not None:
+                proxy.cut()  # what the proxy held back never reaches the replica
 
         async def nothing() -> None:
             return None
 
-        return await exercise(rig, writer, size, "redis sentinel failover (master SIGKILL)",
-                              kill, nothing)
+        name = "redis sentinel failover, " + (
+            "replica lagging (master SIGKILL)" if lagging else "master SIGKILL"
+        )
+        return await exercise(rig, writer, size, name, kill, nothing)
