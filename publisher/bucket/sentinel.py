@@ -113,7 +113,7 @@ def redis_url(key: str, value: Any) -> str:
         return cj.redis_url(key, value)
     except ConfigError as exc:
         raise ConfigError(key, exc.value, exc.expected.replace(
-            "or unix:// URL", "unix:// or redis+sentinel:// URL")) from None
+            "rediss:// or unix:// URL", "rediss://, unix:// or redis+sentinel:// URL")) from None
 
 
 SENTINEL_KEYS = {"master", "nodes", "db", "password", "sentinelPassword"}
