@@ -7,6 +7,7 @@
                                           # checks that each runs; writes only x.json
     python -m bench --profile             # also py-spy the publisher under load
     python -m bench --loop asyncio --only P1 --out x.json   # the publisher on asyncio's loop
+    python -m bench --workers 2 --only P1,P2 --out x.json   # serve --workers 2, on every core
 """
 
 from __future__ import annotations
@@ -69,6 +70,8 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--profile", action="store_true", help="py-spy the publisher under load")
     parser.add_argument("--loop", choices=["auto", "uvloop", "asyncio"],
                         help="the publisher's event loop (changefeed serve --loop)")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="changefeed serve --workers N (the publisher on every core)")
     parser.add_argument("--publisher-src", type=Path,
                         help="run the publisher from this source tree (a patched copy)")
     return parser.parse_args(argv)
@@ -107,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"unknown scenario(s): {', '.join(unknown)}", file=sys.stderr)
         return 2
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
-    variant = args.loop is not None or args.publisher_src is not None
+    variant = args.loop is not None or args.publisher_src is not None or args.workers != 1
     writes_docs = not args.quick and not variant and args.out is None
     out = args.out or (RESULTS if writes_docs else Path(tempfile.mkdtemp()) / "bench.json")
     work = Path(tempfile.mkdtemp(prefix="bench-"))
@@ -118,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         charts = None
     ctx = Context(quick=args.quick, work=work, charts=charts, cores=Cores.detect(),
-                  profile=args.profile, loop=args.loop, source=args.publisher_src)
+                  profile=args.profile, loop=args.loop, source=args.publisher_src,
+                  publisher_workers=args.workers)
     command = "python -m bench " + shlex.join(argv if argv is not None else sys.argv[1:])
     started = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     machine = describe()
@@ -138,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     run: dict[str, Any] = {
         "command": command.strip(), "started": started, "quick": args.quick,
         "seconds": round(time.monotonic() - began, 1), "machine": machine,
-        "variant": {"loop": args.loop or "default", "publisher_src": str(args.publisher_src or "")},
+        "variant": {"loop": args.loop or "default", "publisher_src": str(args.publisher_src or ""),
+                    "workers": args.workers},
         "publisher_loop": sorted(ctx.publisher_loops),
         "baseline_loop": sorted(ctx.baseline_loops),
         "revisions": [at],

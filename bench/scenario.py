@@ -93,6 +93,8 @@ class Context:
     """The event loops the publishers of this run said they ran on."""
     baseline_loops: set[str] = field(default_factory=set)
     """The event loops the baseline servers of this run said they ran on."""
+    publisher_workers: int = 1
+    """`changefeed serve --workers` (the publisher then runs on every core, the load too)."""
     source: Path | None = None
     """Run the publisher from this source tree (a patched copy) instead of the repository's."""
     results: dict[str, Result] = field(default_factory=dict)

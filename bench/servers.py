@@ -31,9 +31,21 @@ RESOURCE = Resource("vm", ("nic", "alias", "state", *SUB_KINDS), "/vms")
 
 
 def cpu_seconds(pid: int) -> float:
-    """User plus system CPU seconds of process `pid` (all its threads) so far."""
+    """User plus system CPU seconds of process `pid` (all its threads) and of its running
+    children (the workers of `serve --workers N`) so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _TICKS
+    own = (int(fields[11]) + int(fields[12])) / _TICKS
+    return own + sum(cpu_seconds(child) for child in _children(pid))
+
+
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            found += [int(c) for c in (task / "children").read_text().split()]
+    except OSError:
+        pass  # gone meanwhile, or no children file (an old kernel)
+    return found
 
 
 def rss_bytes(pid: int) -> int:
@@ -175,13 +187,15 @@ def write_config(path: Path, url: str, **limits: Any) -> Path:
 
 def publisher(
     config: Path, log: Path, cores: frozenset[int] | None, *, loop: str | None = None,
-    source: Path | None = None,
+    source: Path | None = None, workers: int = 1,
 ) -> Server:
     """`changefeed serve` (with `--loop loop` when given; from another source tree with
-    `source`)."""
+    `source`; `--workers` when more than 1)."""
     argv = [sys.executable, "-m", "changefeed_cli", "serve", "--config", str(config)]
     if loop:
         argv += ["--loop", loop]
+    if workers > 1:
+        argv += ["--workers", str(workers)]
     return Server("publisher", argv, log, test_servers.PublisherProcess._LISTENING, cores,
                   _env(source))
 

@@ -65,8 +65,9 @@ async def ours(
             bucket = ChangeBucket(connect(url), "bench", resources)
             await seed(bucket)
             await bucket.aclose()
-        serve = publisher(config, directory / "publisher.log", ctx.cores.server,
-                          loop=ctx.loop, source=ctx.source)
+        cores = ctx.cores.server if ctx.publisher_workers == 1 else ctx.cores.all
+        serve = publisher(config, directory / "publisher.log", cores,
+                          loop=ctx.loop, source=ctx.source, workers=ctx.publisher_workers)
         with serve:
             loop = publisher_loop(serve)
             ctx.publisher_loops.add(loop)

@@ -135,7 +135,7 @@ def masked_url(url: str) -> str:
     pieces = parts.query.split("&") if parts.query else []
     query = "&".join(
         piece.partition("=")[0] + "=***"
-        if unquote(piece.partition("=")[0]).lower() == "password"
+        if unquote(piece.partition("=")[0]).lower() in ("password", "sentinelpassword")
         else piece
         for piece in pieces
     )

@@ -12,6 +12,9 @@
     │   │                          retry it with the same idempotency key (.cause)
     │   └── BucketBusy             no connection of the publisher's Redis pool came free in time:
     │                              the publisher is overloaded, Redis may be fine (HTTP 503)
+    ├── ReplicationTimeout         a commit is written and acknowledged on the master, but fewer
+    │                              replicas than asked confirmed it in time (.cursors, .replicas,
+    │                              .acknowledged)
     ├── PartitionMismatch          the bucket was created with another partition count
     ├── ListenFailed               the publisher could not open its listening socket (.host,
     │                              .port, .cause)
@@ -124,6 +127,24 @@ class CommitOutcomeUnknown(BucketUnavailable):
 class BucketBusy(BucketUnavailable):
     """Every connection of the publisher's Redis pool stayed busy for `bucket.poolTimeout`: the
     publisher is overloaded. Redis itself may be fine; nothing was committed."""
+
+
+class ReplicationTimeout(ChangefeedError):
+    """`commit(..., replicas=N)`: the commit IS written on the master (its `cursors` are valid and
+    listeners get it), but fewer than `replicas` replicas confirmed it (`acknowledged` did)
+    within the timeout. It is lost if the master fails before a replica has it.
+
+    Not an outcome-unknown error: nothing needs to be written again. Committing again with the
+    same idempotency key returns the same cursors and waits for the replicas again.
+    """
+
+    def __init__(
+        self, message: str, cursors: list[str], replicas: int, acknowledged: int
+    ) -> None:
+        self.cursors = cursors
+        self.replicas = replicas
+        self.acknowledged = acknowledged
+        super().__init__(message)
 
 
 class PartitionMismatch(ChangefeedError):
@@ -370,5 +391,6 @@ __all__ = [
     "PullRejected",
     "RegistrationError",
     "RegistrationRejected",
+    "ReplicationTimeout",
     "RetriesExhausted",
 ]

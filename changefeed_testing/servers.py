@@ -78,7 +78,19 @@ class RedisServer:
     """A private redis-server. With `tcp=True` it listens on a fixed free port, so that a test
     can kill and restart it on the same URL; it keeps an append-only file unless `persist=False`."""
 
-    def __init__(self, directory: Path, *, tcp: bool = False, persist: bool = True) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        tcp: bool = False,
+        persist: bool = True,
+        replica_of: RedisServer | None = None,
+        replica_via: int | None = None,
+    ) -> None:
+        """`replica_of`: start as a replica of that (TCP) server; ready once in sync with it.
+        `replica_via`: replicate through this port of loopback instead (a proxy to the master)."""
+        self.replica_of = replica_of
+        self.replica_via = replica_via
         self.directory = directory
         self.directory.mkdir(parents=True, exist_ok=True)
         self.socket = directory / "redis.sock"
@@ -115,6 +127,11 @@ class RedisServer:
             "--logfile",
             "",
         ]
+        ready = "ready to accept connections"
+        if self.replica_of is not None:
+            port = self.replica_via or self.replica_of.port
+            args += ["--replicaof", "127.0.0.1", str(port)]
+            ready = "master <-> replica sync: finished with success"
         self.process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         assert self.process.stdout is not None
         output = []
@@ -122,7 +139,7 @@ class RedisServer:
         while time.monotonic() < deadline:
             line = self.process.stdout.readline().decode(errors="replace")
             output.append(line)
-            if "ready to accept connections" in line.lower():
+            if ready in line.lower():
                 drain(self.process, output)
                 return self
             if not line and self.process.poll() is not None:
@@ -149,6 +166,68 @@ class RedisServer:
         """Terminate (resuming it first if paused), then kill after a few seconds."""
         if self.process and self.process.poll() is None:
             self.process.send_signal(signal.SIGCONT)
+            self.process.terminate()
+            try:
+                self.process.wait(scaled(5))
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+class SentinelServer:
+    """A redis-sentinel on a free TCP port of loopback, monitoring `master` as `name` (quorum 2,
+    down after `down_after_ms`). Ready once it logs that it monitors the master."""
+
+    def __init__(
+        self, directory: Path, master: RedisServer, name: str = "mymaster",
+        *, down_after_ms: int = 1000,
+    ) -> None:
+        self.directory = directory
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.master = master
+        self.name = name
+        self.down_after_ms = down_after_ms
+        self.process: subprocess.Popen[bytes] | None = None
+        self.lines: list[str] = []
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> SentinelServer:
+        conf = self.directory / "sentinel.conf"
+        conf.write_text(
+            f"port {self.port}\nbind 127.0.0.1\ndir {self.directory}\n"
+            f"sentinel monitor {self.name} 127.0.0.1 {self.master.port} 2\n"
+            f"sentinel down-after-milliseconds {self.name} {self.down_after_ms}\n"
+            f"sentinel failover-timeout {self.name} 10000\n"
+            f"sentinel parallel-syncs {self.name} 1\n"
+        )
+        self.process = subprocess.Popen(
+            [redis_binary(), str(conf), "--sentinel"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        )
+        arrived: queue.Queue[str | None] = queue.Queue()
+        drain(self.process, self.lines, arrived)
+        deadline = time.monotonic() + scaled(10)
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = arrived.get(timeout=left)
+            except queue.Empty:
+                break
+            if line is None:
+                break
+            if "+monitor master" in line:
+                return self
+        self.stop()
+        raise RuntimeError("redis-sentinel did not start:\n" + "".join(self.lines))
+
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
             self.process.terminate()
             try:
                 self.process.wait(scaled(5))

@@ -17,6 +17,7 @@ from changefeed.errors import (
     PartitionMismatch,
     ProtocolError,
     RegistrationError,
+    ReplicationTimeout,
 )
 from changefeed.protocol import ChangeItem, ChangeKind, CloseCode, Registration, Resource
 from changefeed.watch import Watch
@@ -45,6 +46,7 @@ __all__ = [
     "ProtocolError",
     "Registration",
     "RegistrationError",
+    "ReplicationTimeout",
     "Resource",
     "Service",
     "Watch",

@@ -10,6 +10,7 @@ import contextlib
 import gc
 import os
 import ssl
+import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,14 +21,15 @@ import orjson
 import structlog
 
 from changefeed.credentials import Credentials, pick_token
-from changefeed.errors import ChangefeedError
-from publisher.bucket import ChangeBucket, connect
+from changefeed.errors import ChangefeedError, ReplicationTimeout
+from publisher.bucket import REPLICAS_TIMEOUT, Change, ChangeBucket, connect
 from publisher.config import Config, load_config
 from publisher.embedded import EmbeddedRedis
 from publisher.lifecycle import Supervisor
 from publisher.logs import set_level
 from publisher.seen import wait_seen_by_options
 from publisher.service import Service
+from publisher.workers import Workers, free_port
 
 log = structlog.get_logger("changefeed")
 
@@ -104,6 +106,17 @@ def _event_loop_policy(loop: str) -> asyncio.AbstractEventLoopPolicy | None:
     help="Event loop: uvloop when installed (auto), or asyncio's own.",
 )
 @redis_option
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    envvar="CHANGEFEED_WORKERS",
+    show_envvar=True,
+    help="Publisher processes sharing the port (SO_REUSEPORT), supervised by this one "
+    "(docs/scaling.md#workers).",
+)
+@click.option("--reuse-port", is_flag=True, hidden=True, help="Listen with SO_REUSEPORT.")
 @click.pass_context
 def serve(
     ctx: click.Context,
@@ -112,14 +125,20 @@ def serve(
     port: int | None,
     loop: str,
     redis_url: str | None,
+    workers: int,
+    reuse_port: bool,
 ) -> None:
     """Run a publisher: HTTP routes and websocket fan-out for the config's resources.
 
     SIGHUP reads config.js again and applies what can change while serving; SIGTERM and SIGINT
-    drain and stop (docs/operations.md#signals).
+    drain and stop (docs/operations.md#signals). With --workers N, N publisher processes share
+    the port, restarted when one dies; the signals go to all of them.
     """
     config = _load(config_path, host=host, port=port, redis_url=redis_url)
     log_level: str | None = (ctx.find_root().obj or {}).get("log_level")
+    if workers > 1:
+        _serve_workers(ctx, config, config_path, workers, loop, log_level)
+        return
     if log_level is None and config.log_level is not None:
         set_level(config.log_level)
     policy = _event_loop_policy(loop)
@@ -136,7 +155,9 @@ def serve(
                     again = again.with_overrides(redis_url=running.bucket.redis_url)
                 return again
 
-            asyncio.run(_serve(running, which, Supervisor(reread, log_level)))
+            asyncio.run(
+                _serve(running, which, Supervisor(reread, log_level), reuse_port=reuse_port)
+            )
     except ChangefeedError as exc:
         raise click.ClickException(str(exc)) from None
     except OSError as exc:
@@ -149,10 +170,56 @@ listeners a full collection stops the event loop for 45-75 ms on the benchmark m
 default ran 15 of them in a 35 s run at 200 changes/s (docs/benchmarks.md, P2)."""
 
 
-async def _serve(config: Config, which: str, supervisor: Supervisor) -> None:
+def _serve_workers(
+    ctx: click.Context,
+    config: Config,
+    config_path: Path,
+    count: int,
+    loop: str,
+    log_level: str | None,
+) -> None:
+    """`serve --workers N`: start the embedded Redis (if any) and pick the port once, then run
+    N `serve --reuse-port` children under `publisher.workers.Workers`."""
+    root = ctx.find_root()
+    try:
+        with bucket_redis(config) as (running, which):
+            server = running.server
+            port = server.port or free_port(server.host)
+            env = dict(os.environ)
+            env.pop("NOTIFY_SOCKET", None)  # systemd hears from the parent only
+            env.pop("CHANGEFEED_WORKERS", None)
+            env["CHANGEFEED_PORT"] = str(port)
+            env["CHANGEFEED_HOST"] = server.host
+            if which != "configured" or "CHANGEFEED_REDIS_URL" in os.environ or (
+                ctx.params.get("redis_url") is not None
+            ):
+                assert running.bucket.redis_url is not None
+                env["CHANGEFEED_REDIS_URL"] = running.bucket.redis_url  # not in argv (ps)
+            if log_level is not None:
+                env["CHANGEFEED_LOG_LEVEL"] = log_level
+            format_ = root.params.get("log_format")
+            if format_:
+                env["CHANGEFEED_LOG_FORMAT"] = str(format_)
+            command = [
+                sys.executable, "-m", "changefeed_cli", "serve", "--config", str(config_path),
+                "--loop", loop, "--reuse-port",
+            ]
+            log.info("starting workers", workers=count, host=server.host, port=port,
+                     redis=running.bucket.display_url, redis_kind=which)
+            code = asyncio.run(Workers(command, count, env).run())
+    except ChangefeedError as exc:
+        raise click.ClickException(str(exc)) from None
+    except OSError as exc:
+        raise click.ClickException(f"cannot start: {exc}") from None
+    ctx.exit(code)
+
+
+async def _serve(
+    config: Config, which: str, supervisor: Supervisor, *, reuse_port: bool = False
+) -> None:
     gc.set_threshold(*GC_THRESHOLDS)
     signals = supervisor.install(asyncio.get_running_loop())
-    service = Service(config)
+    service = Service(config, reuse_port=reuse_port)
     await service.start()
     # What start-up built lives as long as the process: out of every later collection.
     gc.collect()
@@ -183,6 +250,21 @@ async def _serve(config: Config, which: str, supervisor: Supervisor) -> None:
     help="Idempotency key: if a commit with this key is already in the bucket (kept for maxAge), "
     "write nothing and print its cursor.",
 )
+@click.option(
+    "--replicas",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Return only once this many Redis replicas have the commit (WAIT); else fail saying "
+    "the commit is written on the master only.",
+)
+@click.option(
+    "--replicas-timeout",
+    type=click.FloatRange(min=0.001),
+    default=REPLICAS_TIMEOUT,
+    show_default=True,
+    help="Seconds --replicas waits for the replicas.",
+)
 @wait_seen_by_options(lambda: (_credentials, _get_json))
 def publish(
     config_path: Path,
@@ -193,13 +275,16 @@ def publish(
     data: str | None,
     delete: bool,
     key: str | None,
+    replicas: int,
+    replicas_timeout: float,
 ) -> str:
     """Commit one change and print its cursor (the last line of output).
 
     With --data the state is stored and the item appended atomically; with --delete the state
     is removed; with neither, only the change item is appended. When Redis did not answer a sent
     commit, the error says the outcome is unknown: run the same command again with the same
-    --key to commit it exactly once.
+    --key to commit it exactly once. With --replicas, a commit the replicas did not confirm in
+    time fails (exit 1) after printing its cursor: it is written on the master only.
     """
     if data is not None and delete:
         raise click.UsageError("--data and --delete exclude each other")
@@ -217,9 +302,12 @@ def publish(
             cursor = asyncio.run(
                 _publish(
                     config, resource, changed_id, sub_resources, state, data is not None, delete,
-                    key,
+                    key, replicas, replicas_timeout,
                 )
             )
+    except ReplicationTimeout as exc:
+        click.echo(exc.cursors[-1])
+        raise click.ClickException(str(exc)) from None
     except ChangefeedError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(cursor)
@@ -235,6 +323,8 @@ async def _publish(
     store: bool,
     delete: bool,
     key: str | None,
+    replicas: int = 0,
+    replicas_timeout: float = REPLICAS_TIMEOUT,
 ) -> str:
     assert config.bucket.redis_url is not None
     bucket = ChangeBucket(
@@ -245,10 +335,17 @@ async def _publish(
     )
     try:
         if store or delete:
-            return await bucket.commit(
-                resource, changed_id, subs, state, delete=delete, key=key
+            change = (
+                Change.delete(resource, changed_id, subs)
+                if delete
+                else Change.put(resource, changed_id, subs, state)
             )
-        return await bucket.publish(resource, changed_id, subs, key=key)
+        else:
+            change = Change.publish(resource, changed_id, subs)
+        cursors = await bucket.commit_replicated(
+            [change], key=key, replicas=replicas, timeout=replicas_timeout
+        )
+        return cursors[0]
     finally:
         await bucket.aclose()
 

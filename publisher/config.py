@@ -21,6 +21,8 @@ from changefeed import configjs as cj
 from changefeed import feed, longpoll
 from changefeed.errors import ConfigError
 from changefeed.protocol import CHANGEFEEDS, WILDCARD, Resource
+from publisher.bucket.sentinel import redis_url as any_redis_url
+from publisher.bucket.sentinel import sentinel_section
 from publisher.security_config import SECURITY_KEYS, Security, parse_security
 
 T = TypeVar("T")
@@ -165,7 +167,7 @@ class Config:
             server = dataclasses.replace(server, port=cj.port("--port", port))
         bucket = self.bucket
         if redis_url is not None:
-            bucket = dataclasses.replace(bucket, redis_url=cj.redis_url("--redis-url", redis_url))
+            bucket = dataclasses.replace(bucket, redis_url=any_redis_url("--redis-url", redis_url))
         return dataclasses.replace(self, server=server, bucket=bucket)
 
 
@@ -219,9 +221,17 @@ def parse_config(text: str, base: Path | None = None, source: str | None = None)
             raise ConfigError(f"limits.{small}", value, f"at most limits.{large} ({bound})")
 
     redis_url = bucket_obj.get("redisUrl")
+    if redis_url is not None:
+        redis_url = any_redis_url("bucket.redisUrl", redis_url)
+    if bucket_obj.get("sentinel") is not None:
+        if redis_url is not None:
+            raise ConfigError(
+                "bucket.sentinel", "{...}", "no bucket.redisUrl beside it (one or the other)"
+            )
+        redis_url = sentinel_section("bucket.sentinel", bucket_obj["sentinel"])
     bucket = dataclasses.replace(
-        _keys(obj, "bucket", Bucket, _BUCKET_KEYS, {"redisUrl"}),
-        redis_url=None if redis_url is None else cj.redis_url("bucket.redisUrl", redis_url),
+        _keys(obj, "bucket", Bucket, _BUCKET_KEYS, {"redisUrl", "sentinel"}),
+        redis_url=redis_url,
     )
     return Config(
         resources=resources,

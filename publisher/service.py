@@ -60,7 +60,11 @@ READY_TIMEOUT = 10.0
 class Service:
     """A publisher process: `await start()`, then `url`; `await stop()` closes listeners (1001)."""
 
-    def __init__(self, config: Config, publisher_id: str | None = None) -> None:
+    def __init__(
+        self, config: Config, publisher_id: str | None = None, *, reuse_port: bool = False
+    ) -> None:
+        """`reuse_port`: listen with SO_REUSEPORT, sharing the port with other processes that do
+        (the workers of `changefeed serve --workers N`); the kernel spreads connections."""
         if config.bucket.redis_url is None:
             raise ChangefeedError("Service needs a Redis URL (the CLI starts an embedded Redis)")
         # Security first: a config that may not serve fails before anything is opened.
@@ -129,6 +133,7 @@ class Service:
         called with (old, new) config on `reload` and returns the keys it could not apply."""
         self.on_reload.append(self._reload_security)
         self.url = ""
+        self.reuse_port = reuse_port
 
     @property
     def unregistered(self) -> set[web.WebSocketResponse]:
@@ -190,6 +195,7 @@ class Service:
                 server.host,
                 server.port,
                 reuse_address=True,
+                reuse_port=self.reuse_port or None,
                 backlog=BACKLOG,
                 ssl=self.ssl,
                 start_serving=False,

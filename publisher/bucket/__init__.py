@@ -13,6 +13,7 @@ This module re-exports what the rest of the tree uses.
 from publisher.bucket.client import (
     BATCH,
     IDEMPOTENCY_KEYS,
+    REPLICAS_TIMEOUT,
     TRIM_BATCH,
     Batch,
     ChangeBucket,
@@ -50,6 +51,7 @@ __all__ = [
     "COMMIT_LUA",
     "IDEMPOTENCY_KEYS",
     "MAX_ID_BYTES",
+    "REPLICAS_TIMEOUT",
     "TRIM_BATCH",
     "Batch",
     "Change",

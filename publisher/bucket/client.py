@@ -36,10 +36,12 @@ from changefeed.errors import (
     ChangefeedError,
     CommitOutcomeUnknown,
     PartitionMismatch,
+    ReplicationTimeout,
 )
 from changefeed.protocol import Resource
 from publisher.bucket import scripts
 from publisher.bucket.keys import Keys
+from publisher.bucket.sentinel import is_sentinel_url, sentinel_pool
 from publisher.bucket.values import (
     MAX_ID_BYTES,
     Change,
@@ -61,6 +63,8 @@ BATCH = 500
 """Changes per Lua call in commit_many: keeps Redis responsive between calls."""
 TRIM_BATCH = 10000
 """Most items (and idempotency keys) one trim call removes (the rest go in the next call)."""
+REPLICAS_TIMEOUT = 2.0
+"""Seconds `commit(..., replicas=N)` waits for the replicas by default."""
 IDEMPOTENCY_KEYS = 100_000
 """Most idempotency keys a bucket remembers; past it the oldest are forgotten first."""
 
@@ -149,9 +153,12 @@ def connect(
     `pool_timeout` seconds for one, then gets `BucketBusy` (overload, not an outage).
     `blocking` clients wait longer for a reply, for XREAD BLOCK (which waits at most 5 s);
     `timeout` overrides how long any reply is waited for (seconds).
+
+    A `redis+sentinel://` URL (`publisher.bucket.sentinel`) gives a client of the master the
+    sentinels name, with the same pool: each new connection asks the sentinels, so the client
+    follows a failover.
     """
-    pool = aioredis.BlockingConnectionPool.from_url(
-        url,
+    options: dict[str, Any] = dict(
         max_connections=pool_size,
         timeout=pool_timeout,
         # One retry, on a fresh connection, when a pooled connection turns out dead (Redis
@@ -163,6 +170,11 @@ def connect(
         socket_timeout=timeout or (20 if blocking else 10),
         health_check_interval=0,
     )
+    pool: aioredis.ConnectionPool
+    if is_sentinel_url(url):
+        pool = sentinel_pool(url, **options)
+    else:
+        pool = aioredis.BlockingConnectionPool.from_url(url, **options)
     return aioredis.Redis.from_pool(pool)
 
 
@@ -483,11 +495,15 @@ class ChangeBucket:
         *,
         delete: bool = False,
         key: str | None = None,
+        replicas: int = 0,
+        replicas_timeout: float = REPLICAS_TIMEOUT,
     ) -> str:
         """Store `state` (or delete it) and append the change item atomically; return its cursor.
 
         A commit retried with the same idempotency `key` returns the first one's cursor and
-        writes nothing.
+        writes nothing. With `replicas`, it returns only once that many replicas have the commit
+        (Redis WAIT), else raises ReplicationTimeout after `replicas_timeout` seconds (the
+        commit is written on the master all the same).
 
         >>> cursor = await bucket.commit("vm", vm_uuid, ["nic"], {"uuid": vm_uuid}, key=request_id)
         """
@@ -496,7 +512,59 @@ class ChangeBucket:
             if delete
             else Change.put(resource, id, sub_resources, state)
         )
-        return (await self.commit_many([change], key=key))[0]
+        cursors = await self.commit_replicated(
+            [change], key=key, replicas=replicas, timeout=replicas_timeout
+        )
+        return cursors[0]
+
+    async def commit_replicated(
+        self,
+        changes: Iterable[Change],
+        *,
+        key: str | None = None,
+        replicas: int = 0,
+        timeout: float = REPLICAS_TIMEOUT,
+    ) -> list[str]:
+        """`commit_many`, then wait until `replicas` replicas have the changes (none: no wait).
+
+        Raises ReplicationTimeout (with the cursors) when fewer replicas confirmed them within
+        `timeout` seconds: they are written on the master, and lost if it fails before a
+        replica has them.
+
+        >>> cursors = await bucket.commit_replicated(changes, key=k, replicas=1)
+        """
+        cursors = await self.commit_many(changes, key=key)
+        if replicas > 0:
+            try:
+                acknowledged = await self.wait_for_replicas(replicas, timeout)
+            except BucketUnavailable as exc:
+                raise ReplicationTimeout(
+                    f"commit: written on the master, but whether {replicas} replica(s) have "
+                    f"it is unknown: {exc}", cursors, replicas, 0,
+                ) from exc
+            if acknowledged < replicas:
+                raise ReplicationTimeout(
+                    f"commit: written on the master, but only {acknowledged} of {replicas} "
+                    f"replica(s) confirmed it within {timeout:g} s",
+                    cursors, replicas, acknowledged,
+                )
+        return cursors
+
+    async def wait_for_replicas(self, replicas: int, timeout: float) -> int:
+        """Wait up to `timeout` seconds until `replicas` replicas have every write the master
+        acknowledged before this call; returns how many had them (Redis WAIT).
+
+        WAIT counts the replicas that have the writes *of its own connection*. So this writes a
+        marker on the connection it waits on: the replication stream is in order, and a replica
+        that has the marker has every commit acknowledged before it was written, whichever
+        pooled connection sent those. One round trip, and the commit path is untouched.
+        """
+        async with translate_redis_errors("wait for replicas"):
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.set(self.keys.replicated, str(time.time()), px=60_000)
+            pipe.execute_command("WAIT", replicas, max(1, int(timeout * 1000)))
+            _, acknowledged = await pipe.execute()
+        return int(acknowledged)
 
     async def publish(
         self, resource: str, id: str, sub_resources: Sequence[str], *, key: str | None = None
@@ -879,6 +947,7 @@ class ChangeBucket:
 __all__ = [
     "BATCH",
     "IDEMPOTENCY_KEYS",
+    "REPLICAS_TIMEOUT",
     "TRIM_BATCH",
     "Batch",
     "ChangeBucket",

@@ -83,6 +83,12 @@ class Keys:
         """The micro-batches a Spark streaming query (`writer`) committed."""
         return f"{self._tag}:spark:{writer}"
 
+    @property
+    def replicated(self) -> str:
+        """Written before a WAIT for replicas: a write of the waiting connection, after the
+        commit it waits for (`ChangeBucket.wait_for_replicas`)."""
+        return f"{self._tag}:replicated"
+
     def txn(self, app_id: str) -> str:
         """The newest version a Spark job of `app_id` (its txnAppId) committed."""
         return f"{self._tag}:sparktxn:{app_id}"

@@ -32,6 +32,8 @@ from changefeed.cursor import Cursor
 from changefeed.errors import ConfigError, CursorError, OptionError
 from changefeed.protocol import Resource
 from publisher.bucket import BATCH, Op
+from publisher.bucket.sentinel import SCHEME
+from publisher.bucket.sentinel import redis_url as any_redis_url
 from publisher.config import load_config
 from publisher.embedded import EmbeddedRedis
 
@@ -381,11 +383,12 @@ def _timestamp(key: str, value: str | None) -> int | None:
 
 def _check_redis_url(url: str) -> None:
     try:
-        cj.redis_url("redisUrl", url)
+        any_redis_url("redisUrl", url)
     except ConfigError as exc:
         raise OptionError("redisUrl", url, exc.expected) from None
     parts = urlsplit(url)
-    if parts.scheme != "unix" and parts.path.strip("/") and not parts.path.strip("/").isdigit():
+    database = parts.path.strip("/")
+    if parts.scheme not in ("unix", SCHEME) and database and not database.isdigit():
         raise OptionError("redisUrl", url, "a redis:// URL whose path is a database number")
 
 

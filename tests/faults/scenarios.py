@@ -25,6 +25,10 @@ from tests.faults.redis_faults import (
     redis_rollback,
     redis_sigstop,
 )
+from tests.faults.sentinel_faults import (
+    redis_sentinel_failover,
+    redis_sentinel_failover_lagging,
+)
 
 Scenario = Callable[[Size, Path], Awaitable[Row]]
 
@@ -34,6 +38,8 @@ SCENARIOS: dict[str, Scenario] = {
     "redis_kill_aof": redis_kill_aof,
     "redis_rollback": redis_rollback,
     "commit_reply_lost": commit_reply_lost,
+    "redis_sentinel_failover": redis_sentinel_failover,
+    "redis_sentinel_failover_lagging": redis_sentinel_failover_lagging,
     "publisher_kill_one_url": publisher_kill_one_url,
     "publisher_kill_two_urls": publisher_kill_two_urls,
     "tail_behind_trim_one": tail_behind_trim_one,

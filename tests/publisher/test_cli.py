@@ -261,3 +261,19 @@ async def test_publish_with_a_key_commits_once_and_prints_the_first_cursor(
     assert status != 0 and "idempotency key 'deploy-42' was first used" in output, output
     status, output = await changefeed("publish", "--help")
     assert "--key" in output and "Idempotency key" in output
+
+
+async def test_publish_with_replicas_that_do_not_confirm_prints_the_cursor_and_fails(
+    short_dir: Path, redis_server: RedisServer
+) -> None:
+    config = write_config(short_dir / "config.js", redis_server.url)
+    status, output = await changefeed(
+        "publish", "--config", str(config), "vm", "vm-1", "--sub", "nic", "--data", "{}",
+        "--replicas", "1", "--replicas-timeout", "0.1",
+    )
+    assert status == 1, output
+    assert "only 0 of 1 replica(s) confirmed it" in output and "written on the master" in output
+    cursor = next(line for line in output.splitlines() if line.strip() and "Error" not in line)
+    Cursor.decode(cursor.strip())
+    with redis.Redis.from_url(redis_server.url) as client:
+        assert client.xlen("{test}:log") == 1

@@ -157,3 +157,19 @@ def test_a_redis_password_is_never_shown() -> None:
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"readable config\.js"):
         load_config(tmp_path / "absent.js")
+
+
+def test_bucket_sentinel_becomes_a_sentinel_url_and_excludes_redis_url() -> None:
+    from publisher.config import parse_config
+
+    resources = '[{resource: "vm", subResources: ["nic"], bootstrapRoute: "/vms"}]'
+    text = (
+        "module.exports = {resources: " + resources + ", bucket: {sentinel: "
+        '{master: "m", nodes: ["127.0.0.1:26379", "127.0.0.1:26380"]}}}'
+    )
+    config = parse_config(text)
+    assert config.bucket.redis_url == "redis+sentinel://127.0.0.1:26379,127.0.0.1:26380/m/0"
+    both = text.replace("bucket: {", 'bucket: {redisUrl: "redis://h:1/0", ')
+    with pytest.raises(ConfigError) as raised:
+        parse_config(both)
+    assert raised.value.key == "bucket.sentinel"

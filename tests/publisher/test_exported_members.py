@@ -23,6 +23,7 @@ def test_exported_members() -> None:
         "ProtocolError",
         "Registration",
         "RegistrationError",
+    "ReplicationTimeout",
         "Resource",
         "Service",
         "Watch",

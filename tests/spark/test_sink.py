@@ -315,7 +315,8 @@ def test_maps_are_stored_as_json_objects(
         ({"redisUrl": "redis://localhost:notaport/0"},
          "option 'redisUrl': got 'redis://localhost:notaport/0', expected a URL with a valid port"),
         ({"redisUrl": "localhost:6379"},
-         "option 'redisUrl': got 'localhost:6379', expected a redis://, rediss:// or unix:// URL"),
+         "option 'redisUrl': got 'localhost:6379', expected a redis://, rediss://, unix:// or "
+         "redis+sentinel:// URL"),
         ({"bucket": "bad name!"},
          "option 'bucket': got 'bad name!', expected a bucket name of letters, digits"),
         ({"idColum": "uuid"}, "option 'idcolum': got 'uuid', expected one of the options config"),

@@ -1,0 +1,134 @@
+"""`changefeed serve --workers 2`: two publisher processes on one port, supervised.
+
+Connections land on both workers; a SIGKILLed worker is restarted and a listener that was on it
+resumes with nothing lost (the oracle of tests/faults); SIGTERM drains both and the parent exits
+0. `Restarts`, the restart policy, is pure and tested without processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from publisher.workers import Restarts
+from tests.faults.harness import QUICK, Rig
+from tests.servers import PublisherProcess, scaled, write_config
+
+
+def test_a_worker_that_ran_long_is_restarted_at_once() -> None:
+    restarts = Restarts()
+    assert restarts.exited(60.0) == 0.0
+
+
+def test_a_worker_dying_young_waits_longer_each_time_then_the_parent_gives_up() -> None:
+    restarts = Restarts()
+    delays = [restarts.exited(0.5) for _ in range(restarts.give_up - 1)]
+    waits = [d for d in delays if d is not None]
+    assert waits == sorted(waits) and len(waits) == len(delays)
+    assert waits[0] == restarts.backoff.initial and waits[-1] > waits[0]
+    assert restarts.exited(0.5) is None
+    assert Restarts().exited(0.5) == restarts.backoff.initial  # a new slot starts over
+
+
+async def _get(url: str) -> Any:
+    """One GET on a connection of its own (so the kernel picks a worker for it)."""
+    connector = aiohttp.TCPConnector(force_close=True)
+    timeout = aiohttp.ClientTimeout(total=scaled(5))
+    async with (
+        aiohttp.ClientSession(connector=connector) as session,
+        session.get(url, timeout=timeout) as response,
+    ):
+        assert response.status == 200, await response.text()
+        return await response.json()
+
+
+def _pid(publisher_id: str) -> int:
+    """The process id in a publisher id (`<host>-<pid>-<hex>`)."""
+    return int(publisher_id.rsplit("-", 2)[1])
+
+
+async def _until(predicate: Any, what: str, within: float = 15) -> Any:
+    deadline = time.monotonic() + scaled(within)
+    while True:
+        found = await predicate()
+        if found:
+            return found
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting until {what}")
+        await asyncio.sleep(0.1)  # other processes' state: nothing to wait on here
+
+
+@pytest.mark.timeout(120)
+async def test_two_workers_share_the_port_survive_a_kill_and_drain_on_sigterm(
+    tmp_path: Path,
+) -> None:
+    async with Rig(tmp_path) as rig:
+        redis = await rig.redis(persist=False)
+        config = write_config(tmp_path / "config.js", redis.url,
+                              server={"host": "127.0.0.1", "port": 0},
+                              fleet={"interval": 0.2, "ttl": 1})
+        parent = PublisherProcess(config, "--workers", "2")
+        await asyncio.to_thread(parent.start)
+        rig.stack.callback(parent.stop)
+        stats = parent.url + "/changefeeds/stats"
+
+        async def both_advertised() -> set[str] | None:
+            body = await _get(stats + "?scope=cluster")
+            ids = {p["publisher"] for p in body["publishers"]}
+            return ids if len(ids) == 2 else None
+
+        workers = await _until(both_advertised, "both workers advertise")
+        seen: set[str] = set()
+        for _ in range(64):
+            seen.add((await _get(stats))["publisher"])
+            if seen == workers:
+                break
+        assert seen == workers, f"every connection landed on {seen}"
+
+        listener = await rig.listener("a", parent.ws_url)
+        await listener.bootstrapped()
+        writer = await rig.writer(config, QUICK)
+        for _ in range(20):
+            await writer.commit()
+
+        async def serving_a() -> str | None:
+            body = await _get(stats + "?scope=cluster")
+            on = [r["publisher"] for r in body.get("registrations", [])
+                  if r["instance"] == "a-instance"]
+            return on[0] if on else None
+
+        victim = await _until(serving_a, "the listener's worker is in the fleet stats")
+        os.kill(_pid(victim), signal.SIGKILL)
+        for _ in range(20):
+            await writer.commit()
+            await asyncio.sleep(0.02)
+
+        async def replaced() -> set[str] | None:
+            body = await _get(stats + "?scope=cluster")
+            ids = {p["publisher"] for p in body["publishers"]} - {victim}
+            return ids if len(ids) == 2 else None
+
+        now = await _until(replaced, "the supervisor restarted the killed worker")
+        assert "worker exited: restarting it" in parent.output()
+        for _ in range(10):
+            await writer.commit()
+        assert await rig.settle() == []
+        verdict = rig.history.verdict()
+        assert not verdict.problems(), verdict.problems()
+        assert verdict.total.lost == 0 and verdict.total.received > 0
+
+        assert parent.process is not None
+        parent.process.terminate()
+        code = await asyncio.to_thread(parent.process.wait, scaled(20))
+        assert code == 0, parent.output()
+        for publisher_id in now:
+            with pytest.raises(ProcessLookupError):
+                os.kill(_pid(publisher_id), 0)
+        assert parent.output().count("shutting down") >= 2
