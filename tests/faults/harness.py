@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from changefeed_testing.proxy import Proxy
 from listener import (
     Backoff,
     BootstrapDone,
@@ -34,7 +35,6 @@ from listener import (
 from publisher import BucketUnavailable, ChangeBucket, connect, load_config
 from publisher import Change as Put
 from tests.faults.oracle import Attempt, History, ListenerLog, Verdict
-from tests.faults.proxy import Proxy
 from tests.servers import PublisherProcess, RedisServer, free_port, scaled, write_config
 
 RESOURCE = "vm"

@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from changefeed_testing.proxy import Proxy
 from tests.faults.harness import Rig, Row, Size, exercise
-from tests.faults.proxy import Proxy
 
 DRIP_BYTES_PER_SECOND = 2000
 

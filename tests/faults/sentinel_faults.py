@@ -18,6 +18,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from changefeed.errors import BucketUnavailable
+from changefeed_testing.proxy import Proxy
 from tests.faults.harness import (
     RESOURCE,
     SUBS,
@@ -29,7 +30,6 @@ from tests.faults.harness import (
     outcome_unknown,
 )
 from tests.faults.oracle import Attempt
-from tests.faults.proxy import Proxy
 from tests.servers import RedisServer, SentinelServer, free_port, scaled, write_config
 
 MASTER = "mymaster"
