@@ -73,7 +73,8 @@ can still disappear, or never reach a listener, when:
    Measured: "redis restored from an older RDB" (the publisher is paused across the rollback,
    so only the writer's witness can see it). Not seen: a rollback of commits that no running
    publisher read and whose writer has gone (a new client has no witness). A failover to a
-   lagging replica has the same shape but is not exercised here (the suite runs no replicas).
+   replica that lagged is the same case: measured in "redis sentinel failover, replica
+   lagging" (a master, a replica whose link is blackholed, three sentinels).
 3. **The log is trimmed past a position that is still needed**: a listener that was away longer
    than `maxAge` (or past `maxItems`) resumes with a cursor older than the trimmed horizon and
    gets **`resumed: false`** → **`Resync`**; a pull consumer gets **`missed: true`**
