@@ -325,6 +325,8 @@ class ChangeBucket:
             (packed, key or "", packed.digest() if key else "")
             for packed, key in ((self._pack(changes), key) for changes, key in batches)
         ]
+        if len(calls) == 1:
+            return [await self._commit_one(*calls[0])]
         return [committed async for committed in self._commit_calls(iter(calls), WINDOW)]
 
     def _witness_argument(self) -> str:
@@ -371,6 +373,44 @@ class ChangeBucket:
                 self.keys.state(resource).encode()
             ) + _bulk(self.keys.index(resource).encode())
         return packed
+
+    def _answered(self, reply: bytes) -> Committed:
+        """commit.lua's reply as a value, remembered as this client's witness."""
+        committed = self.committed(reply)
+        self._witnessed(committed)
+        return committed
+
+    async def _commit_one(self, packed: PackedChanges, key: str, digest: str) -> Committed:
+        """One commit.lua call, as `_commit_calls` runs it but without its stream: a single
+        commit waits for its answer anyway, and the async generator and the queue of calls in
+        flight cost a single commit as much as its own packing."""
+        pool = self.redis.connection_pool
+        async with translate_redis_errors("commit"):
+            connection: AbstractConnection = await pool.get_connection()  # type: ignore[no-untyped-call]
+        answered = False
+        try:
+            async with translate_redis_errors("commit", sent=True):
+                command = self._command(packed, key, digest)
+                await connection.send_packed_command(command, check_health=False)
+                try:
+                    try:
+                        reply = await connection.read_response()
+                    except redis.exceptions.NoScriptError:  # the call did not run: load, again
+                        await connection.send_packed_command(
+                            self._load + command, check_health=False
+                        )
+                        await connection.read_response()
+                        reply = await connection.read_response()
+                except redis.exceptions.ResponseError:
+                    answered = True  # every reply was read: the connection is clean
+                    raise
+                answered = True
+        finally:
+            if not answered:
+                self._candidate = new_epoch()  # it may have become the epoch, unanswered
+                await connection.disconnect()
+            await pool.release(connection)
+        return self._answered(reply)
 
     async def _commit_calls(
         self,
@@ -431,9 +471,7 @@ class ChangeBucket:
                         elif isinstance(reply, redis.exceptions.ResponseError):
                             error = error or reply
                         else:
-                            committed = self.committed(reply)
-                            self._witnessed(committed)
-                            yield committed
+                            yield self._answered(reply)
                     if call is None:
                         break
                 if error is not None:
@@ -484,6 +522,12 @@ class ChangeBucket:
         changes = list(changes)
         for change in changes:
             self.validate(change)
+        if len(changes) <= BATCH:
+            if not changes:
+                return []
+            packed = pack_changes([encode_change(change) for change in changes])
+            done = await self._commit_one(packed, key or "", packed.digest() if key else "")
+            return done.cursors
 
         def calls() -> Iterator[CommitCall]:
             for number, start in enumerate(range(0, len(changes), BATCH)):

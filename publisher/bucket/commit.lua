@@ -51,12 +51,8 @@ local prefix = string.format('%d-', ms)
 -- Lua writes a number below 1e14 as its integer digits, so `prefix .. seq` is the id; past
 -- that it would switch to an exponent.
 local plain = seq + count < 1e14
-local names, op_of, resource_of = {}, {}, {}
-for r = 1, resources do
-  names[r] = ARGV[6 + r]
-  op_of['p' .. r], op_of['d' .. r], op_of['u' .. r] = 'p', 'd', 'u'
-  resource_of['p' .. r], resource_of['d' .. r], resource_of['u' .. r] = r, r, r
-end
+-- What each code means, decoded the first time the code is met.
+local op_of, resource_of = {}, {}
 local RUN = 1000
 -- The current run: its op ('p' or 'd'), resource, the HSET (or HDEL) arguments after the key,
 -- the ZADD arguments after the key (puts only) and how many changes it holds.
@@ -75,8 +71,11 @@ local log = KEYS[1]
 for a = 7 + resources, #ARGV, 4 do
   local code, changed = ARGV[a], ARGV[a + 1]
   local op, r = op_of[code], resource_of[code]
-  if not op then return redis.error_reply('ERR commit.lua: unknown change code ' .. code) end
-  if op ~= 'u' then
+  if not op then
+    op, r = string.sub(code, 1, 1), tonumber(string.sub(code, 2))
+    op_of[code], resource_of[code] = op, r
+  end
+  if op == 'p' or op == 'd' then
     if op ~= run_op or r ~= run_r or size == RUN then
       flush()
       run_op, run_r = op, r
@@ -84,7 +83,7 @@ for a = 7 + resources, #ARGV, 4 do
     size = size + 1
     if op == 'p' then
       fields[2 * size - 1], fields[2 * size] = changed, ARGV[a + 3]
-      members[2 * size - 1], members[2 * size] = 0, changed
+      members[2 * size - 1], members[2 * size] = '0', changed
     else
       fields[size] = changed
     end
@@ -96,7 +95,7 @@ for a = 7 + resources, #ARGV, 4 do
   seq = seq + 1
   local id
   if plain then id = prefix .. seq else id = prefix .. string.format('%d', seq) end
-  call('XADD', target, id, 'r', names[r], 's', ARGV[a + 2], 'i', changed)
+  call('XADD', target, id, 'r', ARGV[6 + r], 's', ARGV[a + 2], 'i', changed)
 end
 flush()
 if count > 0 then call('SET', KEYS[4], prefix .. string.format('%d', seq)) end
