@@ -16,8 +16,9 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
+from types import TracebackType
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -117,32 +118,55 @@ _SCRIPT_ERRORS = {"PARTITIONS ": _partitions_error, "KEYREUSED ": _key_reused_er
 """Errors our scripts reply with, by prefix: the error of ours each one becomes."""
 
 
-@asynccontextmanager
-async def translate_redis_errors(what: str, *, sent: bool = False) -> AsyncIterator[None]:
+class _Translated:
+    """`translate_redis_errors`' context: a class rather than a generator-based context manager,
+    as every commit enters two and a single commit is a few hundred microseconds."""
+
+    __slots__ = ("sent", "what")
+
+    def __init__(self, what: str, sent: bool) -> None:
+        self.what = what
+        self.sent = sent
+
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        what = self.what
+        if exc is None:
+            return
+        if isinstance(
+            exc, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
+        ):
+            if isinstance(exc.__cause__, TimeoutError) and str(exc) == _POOL_EXHAUSTED:
+                # Raised while waiting for a pooled connection: nothing was sent.
+                raise BucketBusy(
+                    f"{what}: every Redis connection of the pool was busy", exc
+                ) from exc
+            if self.sent:
+                raise CommitOutcomeUnknown(
+                    f"{what}: no answer from Redis ({exc}); the commit may have been written", exc
+                ) from exc
+            raise BucketUnavailable(f"{what}: Redis unreachable ({exc})", exc) from exc
+        if isinstance(exc, redis.exceptions.ResponseError):
+            for prefix, error in _SCRIPT_ERRORS.items():
+                if str(exc).startswith(prefix):
+                    raise error(what, str(exc).removeprefix(prefix)) from None
+            raise ChangefeedError(f"{what}: Redis error ({exc})") from exc
+        if isinstance(exc, redis.exceptions.RedisError):
+            raise ChangefeedError(f"{what}: Redis error ({exc})") from exc
+
+
+def translate_redis_errors(what: str, *, sent: bool = False) -> AbstractAsyncContextManager[None]:
     """The one place where redis-py's errors become ours.
 
     `sent`: the block has sent (or may have sent) a commit when it fails to hear the answer, so
     a lost connection or a timeout means the commit may have been written (CommitOutcomeUnknown),
     not that nothing was (BucketUnavailable).
     """
-    try:
-        yield
-    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
-        if isinstance(exc.__cause__, TimeoutError) and str(exc) == _POOL_EXHAUSTED:
-            # Raised while waiting for a pooled connection: nothing was sent.
-            raise BucketBusy(f"{what}: every Redis connection of the pool was busy", exc) from exc
-        if sent:
-            raise CommitOutcomeUnknown(
-                f"{what}: no answer from Redis ({exc}); the commit may have been written", exc
-            ) from exc
-        raise BucketUnavailable(f"{what}: Redis unreachable ({exc})", exc) from exc
-    except redis.exceptions.ResponseError as exc:
-        for prefix, error in _SCRIPT_ERRORS.items():
-            if str(exc).startswith(prefix):
-                raise error(what, str(exc).removeprefix(prefix)) from None
-        raise ChangefeedError(f"{what}: Redis error ({exc})") from exc
-    except redis.exceptions.RedisError as exc:
-        raise ChangefeedError(f"{what}: Redis error ({exc})") from exc
+    return _Translated(what, sent)
 
 
 def connect(

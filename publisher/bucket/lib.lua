@@ -33,12 +33,12 @@ local function head(n)
 end
 -- The partition count, created with the bucket (`wanted`: a number, or '' for the bucket's).
 -- Returns the partition count, the epoch and the head (`last`), creating what is missing; or nil
--- and an error when the bucket was created with another count. Three GETs for a bucket that
--- exists: the commit script uses what they read rather than reading the keys again.
+-- and an error when the bucket was created with another count. One MGET for a bucket that
+-- exists: the commit script uses what it read rather than reading the keys again.
 local function ensure(candidate_epoch, wanted)
   wanted = tonumber(wanted)
-  local stored = redis.call('GET', KEYS[3])
-  local epoch = redis.call('GET', KEYS[2])
+  local found = redis.call('MGET', KEYS[3], KEYS[2], KEYS[4])
+  local stored, epoch, last = found[1], found[2], found[3]
   local n = tonumber(stored or '0')
   if n == 0 then
     n = wanted or 1
@@ -52,7 +52,6 @@ local function ensure(candidate_epoch, wanted)
     epoch = candidate_epoch
     redis.call('SET', KEYS[2], epoch)
   end
-  local last = redis.call('GET', KEYS[4])
   if not last then
     last = head(n)
     redis.call('SET', KEYS[4], last)
