@@ -209,6 +209,9 @@ def _bulk(value: bytes) -> bytes:
     return b"$%d\r\n%s\r\n" % (len(value), value)
 
 
+_EMPTY = _bulk(b"")
+
+
 class ChangeBucket:
     """Commits changes, reads the log and the store, and trims: one bucket in one Redis.
 
@@ -256,6 +259,8 @@ class ChangeBucket:
         self._packed_keys: dict[str, bytes] = {}
         self._fitting: set[tuple[str, tuple[str, ...]]] = set()
         """(resource, sub-resources) pairs that `validate` found fitting."""
+        self._witness_packed = _EMPTY
+        """The witness argument, packed when the witness changes."""
         self._candidate = new_epoch()
         """The epoch commit.lua gives the bucket if it creates it (or renews its epoch). Drawn
         again once a reply shows it became the epoch, or a commit's outcome is unknown, so no
@@ -375,6 +380,7 @@ class ChangeBucket:
         last = StreamId(committed.ms, committed.first + committed.count - 1)
         if self._witness is None or self._witness[0] != committed.epoch or self._witness[1] < last:
             self._witness = (committed.epoch, last)
+            self._witness_packed = _bulk(self._witness_argument().encode())
 
     def _command(self, packed: PackedChanges, key: str, digest: str) -> bytes:
         """The whole EVALSHA of commit.lua for `packed`, as RESP: the fixed parts are packed
@@ -384,9 +390,9 @@ class ChangeBucket:
         return b"".join([
             b"*%d\r\n" % (3 + count + 6 + packed.arg_count),
             self._evalsha, _bulk(b"%d" % count), self._fixed_keys, *resource_keys,
-            _bulk(self._candidate.encode()), self._partitions_argument, _bulk(key.encode()),
-            _bulk(digest.encode()), self._most_argument,
-            _bulk(self._witness_argument().encode()), packed.args,
+            _bulk(self._candidate.encode()), self._partitions_argument,
+            _bulk(key.encode()) if key else _EMPTY, _bulk(digest.encode()) if digest else _EMPTY,
+            self._most_argument, self._witness_packed, packed.args,
         ])
 
     def _resource_keys(self, resource: str) -> bytes:
