@@ -27,7 +27,7 @@ class SparkRun:
         self.out = ctx.work / "spark_bench.json"
         self.log = ctx.work / "spark_bench.log"
         argv = [sys.executable, str(SCRIPT), "--json", str(self.out)]
-        argv += ["--quick"] if ctx.quick else ["--rows", "300000"]
+        argv += ["--quick"] if ctx.quick else ["--rows", "300000", "--rounds", "3"]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             [str(SCRIPT.parent.parent), *filter(None, [os.environ.get("PYTHONPATH")])]))
         cores = ctx.cores.all
@@ -47,7 +47,13 @@ class SparkRun:
         data = orjson.loads(self.out.read_bytes())
         runs = {r["name"]: r["rows_per_second"] for r in data["results"]}
         result.details = {"rows": data["rows"], "master": data["master"],
-                          "rows_per_second": runs, "command": f"python {self.command}"}
+                          "rows_per_second": runs, "command": f"python {self.command}",
+                          "ratio_per_round": data.get("ratio_per_round", [])}
+        spread = data.get("ratio_per_round", [])
+        if len(spread) > 1:
+            result.notes.append(
+                f"Medians of {len(spread)} rounds; changefeed / baseline per round: "
+                + ", ".join(f"{r:.2f}x" for r in spread) + ".")
         result.checks.append(Check(
             "rows/s", Figure('df.write.format("changefeed")', runs["changefeed"], "rows/s"),
             Figure("foreachPartition + redis-py pipeline (HSET, ZADD, XADD)",

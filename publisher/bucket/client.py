@@ -13,14 +13,14 @@ That is why commits take a connection from the pool themselves before sending an
 
 from __future__ import annotations
 
-import hashlib
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
+from types import TracebackType
 from typing import Any
 
-import orjson
 import redis.asyncio as aioredis
 import redis.exceptions
 import structlog
@@ -49,12 +49,15 @@ from publisher.bucket.values import (
     Encoded,
     LogEntry,
     LogRead,
+    PackedChanges,
     Piece,
     Retention,
     StatePage,
-    digest_of,
+    encode_change,
     merge_partitions,
+    pack_changes,
     parse_entry,
+    unpack_bulk,
 )
 
 log = structlog.get_logger(__name__)
@@ -74,6 +77,15 @@ KeyOf = Callable[[str], str | None]
 """The idempotency key of an encoded batch, given the digest of its changes (or None: no key)."""
 EncodedBatch = tuple[Sequence[Encoded], KeyOf]
 """Encoded changes committed atomically by one script call, and how to name the call's key."""
+CommitCall = tuple[PackedChanges, str, str]
+"""One commit.lua call: the packed changes, the idempotency key ('' for none) and the digest
+of the changes ('' without a key)."""
+KINDS_REMEMBERED = 4096
+"""(resource, sub-resources) pairs a bucket remembers as valid (`ChangeBucket.validate`)."""
+WINDOW = 4
+"""Script calls commit_many and commit_batches keep in flight on their connection: Redis runs
+one while the writer packs the next and reads the answers before it, so neither waits for the
+other."""
 
 
 @dataclass(slots=True)
@@ -110,32 +122,55 @@ _SCRIPT_ERRORS = {"PARTITIONS ": _partitions_error, "KEYREUSED ": _key_reused_er
 """Errors our scripts reply with, by prefix: the error of ours each one becomes."""
 
 
-@asynccontextmanager
-async def translate_redis_errors(what: str, *, sent: bool = False) -> AsyncIterator[None]:
+class _Translated:
+    """`translate_redis_errors`' context: a class rather than a generator-based context manager,
+    as every commit enters two and a single commit is a few hundred microseconds."""
+
+    __slots__ = ("sent", "what")
+
+    def __init__(self, what: str, sent: bool) -> None:
+        self.what = what
+        self.sent = sent
+
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        what = self.what
+        if exc is None:
+            return
+        if isinstance(
+            exc, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
+        ):
+            if isinstance(exc.__cause__, TimeoutError) and str(exc) == _POOL_EXHAUSTED:
+                # Raised while waiting for a pooled connection: nothing was sent.
+                raise BucketBusy(
+                    f"{what}: every Redis connection of the pool was busy", exc
+                ) from exc
+            if self.sent:
+                raise CommitOutcomeUnknown(
+                    f"{what}: no answer from Redis ({exc}); the commit may have been written", exc
+                ) from exc
+            raise BucketUnavailable(f"{what}: Redis unreachable ({exc})", exc) from exc
+        if isinstance(exc, redis.exceptions.ResponseError):
+            for prefix, error in _SCRIPT_ERRORS.items():
+                if str(exc).startswith(prefix):
+                    raise error(what, str(exc).removeprefix(prefix)) from None
+            raise ChangefeedError(f"{what}: Redis error ({exc})") from exc
+        if isinstance(exc, redis.exceptions.RedisError):
+            raise ChangefeedError(f"{what}: Redis error ({exc})") from exc
+
+
+def translate_redis_errors(what: str, *, sent: bool = False) -> AbstractAsyncContextManager[None]:
     """The one place where redis-py's errors become ours.
 
     `sent`: the block has sent (or may have sent) a commit when it fails to hear the answer, so
     a lost connection or a timeout means the commit may have been written (CommitOutcomeUnknown),
     not that nothing was (BucketUnavailable).
     """
-    try:
-        yield
-    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
-        if isinstance(exc.__cause__, TimeoutError) and str(exc) == _POOL_EXHAUSTED:
-            # Raised while waiting for a pooled connection: nothing was sent.
-            raise BucketBusy(f"{what}: every Redis connection of the pool was busy", exc) from exc
-        if sent:
-            raise CommitOutcomeUnknown(
-                f"{what}: no answer from Redis ({exc}); the commit may have been written", exc
-            ) from exc
-        raise BucketUnavailable(f"{what}: Redis unreachable ({exc})", exc) from exc
-    except redis.exceptions.ResponseError as exc:
-        for prefix, error in _SCRIPT_ERRORS.items():
-            if str(exc).startswith(prefix):
-                raise error(what, str(exc).removeprefix(prefix)) from None
-        raise ChangefeedError(f"{what}: Redis error ({exc})") from exc
-    except redis.exceptions.RedisError as exc:
-        raise ChangefeedError(f"{what}: Redis error ({exc})") from exc
+    return _Translated(what, sent)
 
 
 def connect(
@@ -178,41 +213,6 @@ def connect(
     return aioredis.Redis.from_pool(pool)
 
 
-async def _exchange(connection: AbstractConnection, commands: Sequence[Sequence[Any]]) -> list[Any]:
-    """Send `commands` in one write and read every reply, a script's error reply as a value."""
-    await connection.send_packed_command(connection.pack_commands(commands))
-    replies: list[Any] = []
-    for _ in commands:
-        try:
-            replies.append(await connection.read_response())
-        except redis.exceptions.ResponseError as exc:
-            replies.append(exc)
-    return replies
-
-
-Call = tuple[list[str], list[Any]]
-"""The KEYS and ARGV of one script call."""
-
-
-async def _evalsha(
-    connection: AbstractConnection, script: scripts.Script, calls: Sequence[Call]
-) -> list[Any]:
-    """Run `script` once per (KEYS, ARGV) in `calls`, pipelined; loads it when Redis lacks it
-    (a call answered NOSCRIPT did not run, so it is simply sent again)."""
-    commands = [("EVALSHA", script.sha, len(keys), *keys, *args) for keys, args in calls]
-    replies = await _exchange(connection, commands)
-    missing = [i for i, r in enumerate(replies) if isinstance(r, redis.exceptions.NoScriptError)]
-    if missing:
-        await _exchange(connection, [("SCRIPT", "LOAD", script.text)])
-        again = await _exchange(connection, [commands[i] for i in missing])
-        for i, reply in zip(missing, again, strict=True):
-            replies[i] = reply
-    for reply in replies:
-        if isinstance(reply, redis.exceptions.ResponseError):
-            raise reply
-    return replies
-
-
 def _glob_escape(text: str) -> str:
     return "".join("\\" + c if c in "*?[]\\" else c for c in text)
 
@@ -221,24 +221,7 @@ def _bulk(value: bytes) -> bytes:
     return b"$%d\r\n%s\r\n" % (len(value), value)
 
 
-def _packed_changes(changes: Sequence[Encoded], keys: Keys) -> tuple[bytes, bytes]:
-    """The KEYS (state, index per change) and the ARGV (5 per change) of `changes`, as RESP bulk
-    strings: the tail of a commit.lua call, built without redis-py's per-argument packing."""
-    key_parts: list[bytes] = []
-    arg_parts: list[bytes] = []
-    per_resource: dict[str, tuple[bytes, bytes]] = {}
-    for op, resource, id, subs, state in changes:
-        known = per_resource.get(resource)
-        if known is None:
-            pair = _bulk(keys.state(resource).encode()) + _bulk(keys.index(resource).encode())
-            known = per_resource[resource] = (pair, _bulk(resource.encode()))
-        key_parts.append(known[0])
-        raw = id.encode()
-        arg_parts.append(
-            b"$%d\r\n%s\r\n%s$%d\r\n%s\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n"
-            % (len(op), op.encode(), known[1], len(subs), subs, len(raw), raw, len(state), state)
-        )
-    return b"".join(key_parts), b"".join(arg_parts)
+_EMPTY = _bulk(b"")
 
 
 class ChangeBucket:
@@ -278,92 +261,114 @@ class ChangeBucket:
         self._save_cursors = client.register_script(scripts.SAVE_CURSORS.text)
         self._tail = client.register_script(scripts.TAIL.text)
         self._renew_epoch = client.register_script(scripts.RENEW_EPOCH.text)
+        self._evalsha = b"$7\r\nEVALSHA\r\n" + _bulk(scripts.COMMIT.sha.encode())
+        self._load = b"*3\r\n$6\r\nSCRIPT\r\n$4\r\nLOAD\r\n" + _bulk(scripts.COMMIT.text.encode())
+        self._fixed_keys = b"".join(
+            _bulk(key.encode()) for key in (*self.keys.common, *self.keys.idempotency_pair)
+        )
+        self._partitions_argument = _bulk(str(partitions or "").encode())
+        self._most_argument = _bulk(str(idempotency_keys).encode())
+        self._packed_keys: dict[str, bytes] = {}
+        self._fitting: set[tuple[str, tuple[str, ...]]] = set()
+        """(resource, sub-resources) pairs that `validate` found fitting."""
+        self._witness_packed = _EMPTY
+        """The witness argument, packed when the witness changes."""
+        self._candidate = new_epoch()
+        """The epoch commit.lua gives the bucket if it creates it (or renews its epoch). Drawn
+        again once a reply shows it became the epoch, or a commit's outcome is unknown, so no
+        epoch is ever given twice; kept otherwise, as drawing one costs ten reads of
+        /dev/urandom, a tenth of a single commit's time."""
 
     # --- writing -------------------------------------------------------------------------
 
     def validate(self, change: Change) -> None:
-        """Raise ChangeError if `change` does not fit the configured resources."""
-        if not isinstance(change.changed_resource_id, str) or not change.changed_resource_id:
+        """Raise ChangeError if `change` does not fit the configured resources.
+
+        A (resource, sub-resources) pair that fitted once is remembered (up to KINDS_REMEMBERED
+        of them), so a writer of many changes checks each kind once, and each change's id."""
+        id = change.changed_resource_id
+        if not isinstance(id, str) or not id:
             raise ChangeError("changedResourceId must be a non-empty string")
-        if len(change.changed_resource_id.encode()) > MAX_ID_BYTES:
+        if len(id) * 4 > MAX_ID_BYTES and len(id.encode()) > MAX_ID_BYTES:
             raise ChangeError(f"changedResourceId longer than {MAX_ID_BYTES} bytes")
+        kind = (change.resource, change.sub_resources)
+        hashable = type(change.sub_resources) is tuple
+        try:
+            if hashable and kind in self._fitting:
+                return
+        except TypeError:  # a sub-resource that is not even hashable: refused below
+            hashable = False
         if not change.sub_resources or not all(isinstance(s, str) for s in change.sub_resources):
             raise ChangeError("a change needs at least one sub-resource name")
-        if self.resources is None:
-            return
-        resource = self.resources.get(change.resource)
-        if resource is None:
-            known = ", ".join(sorted(self.resources))
-            raise ChangeError(f"unknown resource {change.resource!r} (known: {known})")
-        unknown = [s for s in change.sub_resources if s not in resource.sub_resources]
-        if unknown:
-            raise ChangeError(
-                f"unknown sub-resource(s) {', '.join(map(repr, unknown))} of {change.resource!r} "
-                f"(known: {', '.join(resource.sub_resources)})"
-            )
+        if self.resources is not None:
+            resource = self.resources.get(change.resource)
+            if resource is None:
+                known = ", ".join(sorted(self.resources))
+                raise ChangeError(f"unknown resource {change.resource!r} (known: {known})")
+            unknown = [s for s in change.sub_resources if s not in resource.sub_resources]
+            if unknown:
+                raise ChangeError(
+                    f"unknown sub-resource(s) {', '.join(map(repr, unknown))} of "
+                    f"{change.resource!r} (known: {', '.join(resource.sub_resources)})"
+                )
+        if hashable and len(self._fitting) < KINDS_REMEMBERED:
+            self._fitting.add(kind)
 
     def commit_arguments(
         self, changes: Sequence[Change], key: str | None = None
     ) -> tuple[list[str], list[Any]]:
-        """KEYS and ARGV of commit.lua for `changes` (validated), under idempotency `key`."""
+        """KEYS and ARGV of commit.lua for `changes` (validated), under idempotency `key`: for a
+        client that passes them one by one (commits go through `commit_many`, packed)."""
+        packed = self._pack(changes)
         keys = [*self.keys.common, *self.keys.idempotency_pair]
+        for resource in packed.resources:
+            keys += [self.keys.state(resource), self.keys.index(resource)]
         args: list[Any] = [
-            new_epoch(),
+            self._candidate,
             self.partitions or "",
             key or "",
-            digest_of(changes) if key else "",
+            packed.digest() if key else "",
             self.idempotency_keys,
             self._witness_argument(),
+            *unpack_bulk(packed.args),
         ]
-        for change in changes:
-            self.validate(change)
-            keys += [self.keys.state(change.resource), self.keys.index(change.resource)]
-            state = orjson.dumps(change.state) if change.op == "put" else b""
-            args += [
-                change.op,
-                change.resource,
-                orjson.dumps(list(change.sub_resources)),
-                change.changed_resource_id,
-                state,
-            ]
         return keys, args
 
     @staticmethod
-    def committed(reply: Sequence[Any]) -> Committed:
-        """commit.lua's reply {epoch, ms, first seq, count, fresh, renewed} as a value."""
-        epoch, ms, first, count, fresh, renewed = reply
+    def committed(reply: bytes) -> Committed:
+        """commit.lua's reply '<epoch> <ms> <first seq> <count> <fresh> <renewed>' as a value."""
+        epoch, ms, first, count, fresh, renewed = reply.split()
         return Committed(
-            epoch.decode(), int(ms), int(first), int(count), bool(fresh), bool(renewed)
+            epoch.decode(), int(ms), int(first), int(count), fresh == b"1", renewed == b"1"
         )
 
     @classmethod
-    def cursors_of(cls, reply: Sequence[Any]) -> list[str]:
+    def cursors_of(cls, reply: bytes) -> list[str]:
         """The cursors of commit.lua's reply."""
         return cls.committed(reply).cursors
 
+    def _pack(self, changes: Sequence[Change]) -> PackedChanges:
+        """`changes` validated and packed for one commit.lua call (ChangeError: one does not fit;
+        orjson's error: a state is not JSON)."""
+        for change in changes:
+            self.validate(change)
+        return pack_changes([encode_change(change) for change in changes])
+
     async def commit_batches(self, batches: Sequence[Batch]) -> list[Committed]:
-        """Commit each batch atomically (one script call each, all sent in one round trip), in
+        """Commit each batch atomically (one script call each, up to WINDOW in flight), in
         order; a batch whose key is already known is not written again (`fresh` False).
 
         Every change is validated before anything is sent. Raises BucketUnavailable when nothing
         was sent, CommitOutcomeUnknown when the calls were sent but no answer came: some or all
         of them may be in the bucket (send them again with the same keys to find out).
         """
-        calls = [self.commit_arguments(changes, key) for changes, key in batches]
-        if not calls:
-            return []
-        pool = self.redis.connection_pool
-        async with translate_redis_errors("commit"):
-            connection: AbstractConnection = await pool.get_connection()  # type: ignore[no-untyped-call]
-        try:
-            async with translate_redis_errors("commit", sent=True):
-                replies = await _evalsha(connection, scripts.COMMIT, calls)
-        finally:
-            await pool.release(connection)
-        done = [self.committed(reply) for reply in replies]
-        for committed in done:
-            self._witnessed(committed)
-        return done
+        calls = [
+            (packed, key or "", packed.digest() if key else "")
+            for packed, key in ((self._pack(changes), key) for changes, key in batches)
+        ]
+        if len(calls) == 1:
+            return [await self._commit_one(*calls[0])]
+        return [committed async for committed in self._commit_calls(iter(calls), WINDOW)]
 
     def _witness_argument(self) -> str:
         """commit.lua's witness: '<epoch> <ms>-<seq>' of the newest position acknowledged to
@@ -373,6 +378,8 @@ class ChangeBucket:
     def _witnessed(self, committed: Committed) -> None:
         """Remember the newest position this client was acknowledged: the next commit sends it,
         and a bucket whose head is behind it (Redis lost acknowledged commits) gets a new epoch."""
+        if committed.epoch == self._candidate:
+            self._candidate = new_epoch()
         if committed.renewed:
             log.error(
                 "bucket rolled back: its head was behind a commit this client had been "
@@ -385,6 +392,139 @@ class ChangeBucket:
         last = StreamId(committed.ms, committed.first + committed.count - 1)
         if self._witness is None or self._witness[0] != committed.epoch or self._witness[1] < last:
             self._witness = (committed.epoch, last)
+            self._witness_packed = _bulk(self._witness_argument().encode())
+
+    def _command(self, packed: PackedChanges, key: str, digest: str) -> bytes:
+        """The whole EVALSHA of commit.lua for `packed`, as RESP: the fixed parts are packed
+        once per bucket, the changes once per batch (`pack_changes`)."""
+        resource_keys = [self._resource_keys(resource) for resource in packed.resources]
+        count = 7 + 2 * len(resource_keys)
+        return b"".join([
+            b"*%d\r\n" % (3 + count + 6 + packed.arg_count),
+            self._evalsha, _bulk(b"%d" % count), self._fixed_keys, *resource_keys,
+            _bulk(self._candidate.encode()), self._partitions_argument,
+            _bulk(key.encode()) if key else _EMPTY, _bulk(digest.encode()) if digest else _EMPTY,
+            self._most_argument, self._witness_packed, packed.args,
+        ])
+
+    def _resource_keys(self, resource: str) -> bytes:
+        """The state and index keys of `resource`, packed (once per resource)."""
+        packed = self._packed_keys.get(resource)
+        if packed is None:
+            packed = self._packed_keys[resource] = _bulk(
+                self.keys.state(resource).encode()
+            ) + _bulk(self.keys.index(resource).encode())
+        return packed
+
+    def _answered(self, reply: bytes) -> Committed:
+        """commit.lua's reply as a value, remembered as this client's witness."""
+        committed = self.committed(reply)
+        self._witnessed(committed)
+        return committed
+
+    async def _commit_one(self, packed: PackedChanges, key: str, digest: str) -> Committed:
+        """One commit.lua call, as `_commit_calls` runs it but without its stream: a single
+        commit waits for its answer anyway, and the async generator and the queue of calls in
+        flight cost a single commit as much as its own packing."""
+        pool = self.redis.connection_pool
+        async with translate_redis_errors("commit"):
+            connection: AbstractConnection = await pool.get_connection()  # type: ignore[no-untyped-call]
+        answered = False
+        try:
+            async with translate_redis_errors("commit", sent=True):
+                command = self._command(packed, key, digest)
+                await connection.send_packed_command(command, check_health=False)
+                try:
+                    try:
+                        reply = await connection.read_response()
+                    except redis.exceptions.NoScriptError:  # the call did not run: load, again
+                        await connection.send_packed_command(
+                            self._load + command, check_health=False
+                        )
+                        await connection.read_response()
+                        reply = await connection.read_response()
+                except redis.exceptions.ResponseError:
+                    answered = True  # every reply was read: the connection is clean
+                    raise
+                answered = True
+        finally:
+            if not answered:
+                self._candidate = new_epoch()  # it may have become the epoch, unanswered
+                await connection.disconnect()
+            await pool.release(connection)
+        return self._answered(reply)
+
+    async def _commit_calls(
+        self,
+        calls: Iterator[CommitCall],
+        window: int,
+        stats: StreamStats | None = None,
+    ) -> AsyncIterator[Committed]:
+        """Run commit.lua once per call of `calls`, in order, with up to `window` calls in flight
+        on one connection, yielding each one's `Committed` in order: the next call is taken from
+        `calls` (and packed) while Redis runs the ones sent before, so the writer's work and
+        Redis's overlap. The one engine of every commit.
+
+        When `calls` raises, the calls already sent are answered (and yielded) first, then the
+        error is raised; a reply with an error is raised once every call sent before it is
+        yielded. A call answered NOSCRIPT (Redis restarted or its scripts flushed) did not run:
+        the script is loaded and the call sent again, pipelined, without waiting.
+        """
+        stats = stats if stats is not None else StreamStats()
+        pool = self.redis.connection_pool
+        async with translate_redis_errors("commit"):
+            connection: AbstractConnection = await pool.get_connection()  # type: ignore[no-untyped-call]
+        inflight: deque[bytes | None] = deque()
+        """The commands sent and not answered yet, oldest first; None is a SCRIPT LOAD."""
+        try:
+            async with translate_redis_errors("commit", sent=True):
+                failure: BaseException | None = None
+                error: redis.exceptions.ResponseError | None = None
+                while True:
+                    call = None
+                    if failure is None and error is None:
+                        try:
+                            call = next(calls, None)
+                        except Exception as exc:  # the caller's: answer what was sent first
+                            failure = exc
+                    if call is not None:
+                        command = self._command(*call)
+                        started = time.perf_counter()
+                        await connection.send_packed_command(command, check_health=False)
+                        stats.redis_seconds += time.perf_counter() - started
+                        inflight.append(command)
+                        stats.batches += 1
+                    while inflight and (len(inflight) > window or call is None):
+                        started = time.perf_counter()
+                        try:
+                            reply = await connection.read_response()
+                        except redis.exceptions.ResponseError as exc:
+                            reply = exc
+                        stats.redis_seconds += time.perf_counter() - started
+                        sent = inflight.popleft()
+                        if sent is None:  # a SCRIPT LOAD
+                            if isinstance(reply, redis.exceptions.ResponseError):
+                                error = error or reply
+                        elif isinstance(reply, redis.exceptions.NoScriptError):
+                            await connection.send_packed_command(
+                                self._load + sent, check_health=False
+                            )
+                            inflight.extend((None, sent))
+                        elif isinstance(reply, redis.exceptions.ResponseError):
+                            error = error or reply
+                        else:
+                            yield self._answered(reply)
+                    if call is None:
+                        break
+                if error is not None:
+                    raise error
+            if failure is not None:
+                raise failure
+        finally:
+            if inflight:
+                self._candidate = new_epoch()  # it may have become the epoch, unanswered
+                await connection.disconnect()
+            await pool.release(connection)
 
     async def commit_stream(
         self, batches: Iterator[EncodedBatch], window: int, stats: StreamStats | None = None
@@ -398,92 +538,50 @@ class ChangeBucket:
         the calls already sent are answered (and yielded) first, then the error is raised; a
         reply with an error is raised once every call sent before it is yielded.
         """
-        pool = self.redis.connection_pool
-        async with translate_redis_errors("commit"):
-            connection: AbstractConnection = await pool.get_connection()  # type: ignore[no-untyped-call]
-        stats = stats if stats is not None else StreamStats()
-        common = [*self.keys.common, *self.keys.idempotency_pair]
-        head = b"".join(_bulk(key.encode()) for key in common)
-        fixed = _bulk(str(self.partitions or "").encode())
-        most = _bulk(str(self.idempotency_keys).encode())
-        sha = _bulk(scripts.COMMIT.sha.encode())
-        pending = 0
-        try:
-            async with translate_redis_errors("commit", sent=True):
-                started = time.perf_counter()
-                await connection.send_packed_command(
-                    connection.pack_command("SCRIPT", "LOAD", scripts.COMMIT.text)
-                )
-                await connection.read_response()
-                stats.redis_seconds += time.perf_counter() - started
-                failure: BaseException | None = None
-                error: redis.exceptions.ResponseError | None = None
-                while True:
-                    batch = None
-                    if failure is None and error is None:
-                        try:
-                            batch = next(batches, None)
-                        except Exception as exc:  # the caller's: answer what was sent first
-                            failure = exc
-                    if batch is not None:
-                        changes, key_of = batch
-                        keys_part, args_part = _packed_changes(changes, self.keys)
-                        digest = hashlib.blake2b(args_part, digest_size=16).hexdigest()
-                        key = key_of(digest) or ""
-                        n = len(changes)
-                        command = b"".join([
-                            b"*%d\r\n" % (3 + 7 + 2 * n + 6 + 5 * n),
-                            b"$7\r\nEVALSHA\r\n", sha, _bulk(b"%d" % (7 + 2 * n)),
-                            head, keys_part,
-                            _bulk(new_epoch().encode()), fixed, _bulk(key.encode()),
-                            _bulk(digest.encode() if key else b""), most,
-                            _bulk(self._witness_argument().encode()), args_part,
-                        ])
-                        started = time.perf_counter()
-                        await connection.send_packed_command(command, check_health=False)
-                        stats.redis_seconds += time.perf_counter() - started
-                        pending += 1
-                        stats.batches += 1
-                    while pending and (pending > window or batch is None):
-                        started = time.perf_counter()
-                        try:
-                            reply = await connection.read_response()
-                        except redis.exceptions.ResponseError as exc:
-                            reply = exc
-                        stats.redis_seconds += time.perf_counter() - started
-                        pending -= 1
-                        if isinstance(reply, redis.exceptions.ResponseError):
-                            error = error or reply
-                        else:
-                            committed = self.committed(reply)
-                            self._witnessed(committed)
-                            yield committed
-                    if batch is None:
-                        break
-                if error is not None:
-                    raise error
-            if failure is not None:
-                raise failure
-        finally:
-            if pending:
-                await connection.disconnect()
-            await pool.release(connection)
+
+        def calls() -> Iterator[CommitCall]:
+            for changes, key_of in batches:
+                packed = pack_changes(changes)
+                digest = packed.digest()
+                key = key_of(digest) or ""
+                yield packed, key, digest if key else ""
+
+        async for committed in self._commit_calls(calls(), window, stats):
+            yield committed
 
     async def commit_many(self, changes: Iterable[Change], *, key: str | None = None) -> list[str]:
         """Commit changes atomically per batch of BATCH, in order; returns their cursors.
 
-        With an idempotency `key`, batch n of the call is committed under `key` (n = 0) or
-        `key#n`: a call retried with the same key and the same changes writes only the batches
-        that did not get in, and returns every change's original cursor.
+        Every change is validated before anything is sent; each batch is then encoded while
+        Redis runs the ones before it (up to WINDOW in flight), so a state that orjson cannot
+        encode fails its batch, after the batches before it are in. With an idempotency `key`,
+        batch n of the call is committed under `key` (n = 0) or `key#n`: a call retried with the
+        same key and the same changes writes only the batches that did not get in, and returns
+        every change's original cursor.
 
         >>> cursors = await bucket.commit_many([Change.put("vm", id, ["nic"], state)], key=k)
         """
         changes = list(changes)
+        for change in changes:
+            self.validate(change)
+        if len(changes) <= BATCH:
+            if not changes:
+                return []
+            packed = pack_changes([encode_change(change) for change in changes])
+            done = await self._commit_one(packed, key or "", packed.digest() if key else "")
+            return done.cursors
+
+        def calls() -> Iterator[CommitCall]:
+            for number, start in enumerate(range(0, len(changes), BATCH)):
+                packed = pack_changes([encode_change(c) for c in changes[start : start + BATCH]])
+                if key is None:
+                    yield packed, "", ""
+                else:
+                    yield packed, key if number == 0 else f"{key}#{number}", packed.digest()
+
         cursors: list[str] = []
-        for number, start in enumerate(range(0, len(changes), BATCH)):
-            batch_key = None if key is None else key if number == 0 else f"{key}#{number}"
-            (done,) = await self.commit_batches([(changes[start : start + BATCH], batch_key)])
-            cursors += done.cursors
+        async for committed in self._commit_calls(calls(), WINDOW):
+            cursors += committed.cursors
         return cursors
 
     async def commit(

@@ -32,19 +32,29 @@ local function head(n)
   return best
 end
 -- The partition count, created with the bucket (`wanted`: a number, or '' for the bucket's).
--- Returns nil and an error when the bucket was created with another count.
+-- Returns the partition count, the epoch and the head (`last`), creating what is missing; or nil
+-- and an error when the bucket was created with another count. One MGET for a bucket that
+-- exists: the commit script uses what it read rather than reading the keys again.
 local function ensure(candidate_epoch, wanted)
   wanted = tonumber(wanted)
-  local n = tonumber(redis.call('GET', KEYS[3]) or '0')
+  local found = redis.call('MGET', KEYS[3], KEYS[2], KEYS[4])
+  local stored, epoch, last = found[1], found[2], found[3]
+  local n = tonumber(stored or '0')
   if n == 0 then
     n = wanted or 1
-    if redis.call('EXISTS', KEYS[2]) == 1 then n = 1 end
+    if epoch then n = 1 end
   end
   if wanted and wanted ~= n then
     return nil, 'PARTITIONS the bucket has ' .. n .. ' partition(s), not ' .. wanted
   end
-  if redis.call('EXISTS', KEYS[3]) == 0 then redis.call('SET', KEYS[3], n) end
-  redis.call('SET', KEYS[2], candidate_epoch, 'NX')
-  if not redis.call('GET', KEYS[4]) then redis.call('SET', KEYS[4], head(n)) end
-  return n
+  if not stored then redis.call('SET', KEYS[3], n) end
+  if not epoch then
+    epoch = candidate_epoch
+    redis.call('SET', KEYS[2], epoch)
+  end
+  if not last then
+    last = head(n)
+    redis.call('SET', KEYS[4], last)
+  end
+  return n, epoch, last
 end
