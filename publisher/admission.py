@@ -17,7 +17,7 @@ import asyncio
 import resource
 from collections import Counter
 from collections.abc import Callable, Container
-from typing import Any
+from typing import Any, cast
 
 import orjson
 import structlog
@@ -148,8 +148,9 @@ class Guard(asyncio.Protocol):
     # --- admission ---------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        # A stream transport of whatever loop serves (uvloop's is no asyncio.Transport subclass).
+        self._transport = cast(asyncio.Transport, transport)
+        transport = self._transport
         self._client = _client_of(transport)
         why = self._admission.admit(self._client)
         if why is None:
