@@ -67,6 +67,27 @@ def drain(
     threading.Thread(target=run, daemon=True).start()
 
 
+def wait_for_line(
+    process: subprocess.Popen[bytes], lines: list[str], seconds: float,
+    wanted: Callable[[str], bool],
+) -> str | None:
+    """Drain `process`'s output into `lines` and return the first line `wanted` accepts; None
+    when the process exits, or the scaled `seconds` pass, first (a readiness signal, no sleep)."""
+    arrived: queue.Queue[str | None] = queue.Queue()
+    drain(process, lines, arrived)
+    deadline = time.monotonic() + scaled(seconds)
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            line = arrived.get(timeout=left)
+        except queue.Empty:
+            return None
+        if line is None:
+            return None  # the process exited
+        if wanted(line):
+            return line
+    return None
+
+
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 now (for a server that must come back on the same URL)."""
     with socket.socket() as sock:
@@ -208,18 +229,8 @@ class SentinelServer:
             [redis_binary(), str(conf), "--sentinel"],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         )
-        arrived: queue.Queue[str | None] = queue.Queue()
-        drain(self.process, self.lines, arrived)
-        deadline = time.monotonic() + scaled(10)
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                line = arrived.get(timeout=left)
-            except queue.Empty:
-                break
-            if line is None:
-                break
-            if "+monitor master" in line:
-                return self
+        if wait_for_line(self.process, self.lines, 10, lambda line: "+monitor master" in line):
+            return self
         self.stop()
         raise RuntimeError("redis-sentinel did not start:\n" + "".join(self.lines))
 
@@ -277,20 +288,14 @@ class PublisherProcess:
         self.process = subprocess.Popen(
             [*command, *self.extra_args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT
         )
-        arrived: queue.Queue[str | None] = queue.Queue()
-        drain(self.process, self.lines, arrived)
-        deadline = time.monotonic() + scaled(30)
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                line = arrived.get(timeout=left)
-            except queue.Empty:
-                break
-            if line is None:
-                break  # the publisher exited
-            match = self._LISTENING.search(line)
-            if match and "listening" in line:
-                self.url = match.group(1) or match.group(2)
-                return self
+        line = wait_for_line(
+            self.process, self.lines, 30,
+            lambda line: "listening" in line and self._LISTENING.search(line) is not None,
+        )
+        match = None if line is None else self._LISTENING.search(line)
+        if match is not None:
+            self.url = match.group(1) or match.group(2)
+            return self
         self.stop()
         raise RuntimeError("publisher did not start:\n" + "".join(self.lines))
 
