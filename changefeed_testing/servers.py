@@ -67,6 +67,19 @@ def drain(
     threading.Thread(target=run, daemon=True).start()
 
 
+def terminate(process: subprocess.Popen[bytes] | None, seconds: float) -> None:
+    """SIGTERM `process` if it runs, and SIGKILL it if it has not exited after the scaled
+    `seconds`; returns once it is gone."""
+    if process is None or process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(scaled(seconds))
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 def wait_for_line(
     process: subprocess.Popen[bytes], lines: list[str], seconds: float,
     wanted: Callable[[str], bool],
@@ -187,12 +200,7 @@ class RedisServer:
         """Terminate (resuming it first if paused), then kill after a few seconds."""
         if self.process and self.process.poll() is None:
             self.process.send_signal(signal.SIGCONT)
-            self.process.terminate()
-            try:
-                self.process.wait(scaled(5))
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        terminate(self.process, 5)
 
 
 class SentinelServer:
@@ -238,13 +246,7 @@ class SentinelServer:
         return "".join(self.lines)
 
     def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(scaled(5))
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        terminate(self.process, 5)
 
 
 def write_config(path: Path, redis_url: str | None, **extra: Any) -> Path:
@@ -322,13 +324,7 @@ class PublisherProcess:
 
     def stop(self) -> None:
         """SIGTERM (the publisher closes its listeners with 1001), then SIGKILL after a while."""
-        if self.process and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(scaled(10))
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        terminate(self.process, 10)
 
 
 async def eventually(predicate: Callable[[], bool], what: str, within: float = 5.0) -> None:

@@ -19,6 +19,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from changefeed_testing.servers import terminate
 from tests.servers import drain, free_port, scaled
 
 DEPLOY = Path(__file__).parents[2] / "deploy"
@@ -138,13 +139,7 @@ class Balancer:
         return text
 
     def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(scaled(10))
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        terminate(self.process, 10)
 
 
 def answers(url: str) -> bool:
