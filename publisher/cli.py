@@ -29,7 +29,7 @@ from publisher.lifecycle import Supervisor
 from publisher.logs import set_level
 from publisher.seen import wait_seen_by_options
 from publisher.service import Service
-from publisher.workers import Workers, free_port
+from publisher.workers import PARENT_ENV, Workers, follow_parent, free_port
 
 log = structlog.get_logger("changefeed")
 
@@ -134,6 +134,7 @@ def serve(
     drain and stop (docs/operations.md#signals). With --workers N, N publisher processes share
     the port, restarted when one dies; the signals go to all of them.
     """
+    follow_parent()
     config = _load(config_path, host=host, port=port, redis_url=redis_url)
     log_level: str | None = (ctx.find_root().obj or {}).get("log_level")
     if workers > 1:
@@ -188,6 +189,7 @@ def _serve_workers(
             env = dict(os.environ)
             env.pop("NOTIFY_SOCKET", None)  # systemd hears from the parent only
             env.pop("CHANGEFEED_WORKERS", None)
+            env.pop(PARENT_ENV, None)  # Workers sets it to this process
             env["CHANGEFEED_PORT"] = str(port)
             env["CHANGEFEED_HOST"] = server.host
             if which != "configured" or "CHANGEFEED_REDIS_URL" in os.environ or (

@@ -54,6 +54,16 @@ def _pid(publisher_id: str) -> int:
     return int(publisher_id.rsplit("-", 2)[1])
 
 
+def _running(pid: int) -> bool:
+    """Whether process `pid` exists and has not exited (an exited one not yet reaped by its
+    new parent is a zombie: state Z)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
 async def _until(predicate: Any, what: str, within: float = 15) -> Any:
     deadline = time.monotonic() + scaled(within)
     while True:
@@ -132,3 +142,33 @@ async def test_two_workers_share_the_port_survive_a_kill_and_drain_on_sigterm(
             with pytest.raises(ProcessLookupError):
                 os.kill(_pid(publisher_id), 0)
         assert parent.output().count("shutting down") >= 2
+
+
+@pytest.mark.timeout(60)
+async def test_workers_stop_when_their_parent_is_sigkilled(tmp_path: Path) -> None:
+    """No supervisor, no workers: a SIGKILLed parent's workers get SIGTERM (PR_SET_PDEATHSIG),
+    drain and exit, so nothing keeps serving the port unsupervised."""
+    async with Rig(tmp_path) as rig:
+        redis = await rig.redis(persist=False)
+        config = write_config(tmp_path / "config.js", redis.url,
+                              server={"host": "127.0.0.1", "port": 0},
+                              fleet={"interval": 0.2, "ttl": 1})
+        parent = PublisherProcess(config, "--workers", "2")
+        await asyncio.to_thread(parent.start)
+        rig.stack.callback(parent.stop)
+        stats = parent.url + "/changefeeds/stats?scope=cluster"
+
+        async def both_advertised() -> set[str] | None:
+            ids = {p["publisher"] for p in (await _get(stats))["publishers"]}
+            return ids if len(ids) == 2 else None
+
+        workers = {_pid(p) for p in await _until(both_advertised, "both workers advertise")}
+        assert parent.process is not None
+        parent.process.kill()
+        await asyncio.to_thread(parent.process.wait, scaled(10))
+
+        async def all_gone() -> bool:
+            return not any(_running(pid) for pid in workers)
+
+        await _until(all_gone, "every worker exited after its parent's SIGKILL")
+        assert parent.output().count("shutting down") >= 2, parent.output()
