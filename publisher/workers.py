@@ -29,8 +29,8 @@ import contextlib
 import ctypes
 import os
 import signal
-import sys
 import socket
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -197,5 +197,6 @@ class Workers:
 
 
 __all__ = [
-    "GIVE_UP", "PARENT_ENV", "RESTART", "YOUNG", "Restarts", "Workers", "follow_parent", "free_port",
+    "GIVE_UP", "PARENT_ENV", "RESTART", "YOUNG", "Restarts", "Workers", "follow_parent",
+    "free_port",
 ]
