@@ -156,6 +156,8 @@ def serve(
                     again = again.with_overrides(redis_url=running.bucket.redis_url)
                 return again
 
+            # A worker is handed its parent's Redis: say what that one is, not "configured".
+            which = os.environ.get(REDIS_KIND_ENV, which) if os.environ.get(PARENT_ENV) else which
             asyncio.run(
                 _serve(running, which, Supervisor(reread, log_level), reuse_port=reuse_port)
             )
@@ -164,6 +166,10 @@ def serve(
     except OSError as exc:
         raise click.ClickException(f"cannot start: {exc}") from None
 
+
+REDIS_KIND_ENV = "CHANGEFEED_WORKER_REDIS_KIND"
+"""What the parent of `serve --workers N` says its Redis is (configured, embedded...), for the
+workers' `listening` line."""
 
 GC_THRESHOLDS = (700, 10, 100)
 """Full collections ten times rarer than Python's default (700, 10, 10). With a thousand
@@ -190,6 +196,7 @@ def _serve_workers(
             env.pop("NOTIFY_SOCKET", None)  # systemd hears from the parent only
             env.pop("CHANGEFEED_WORKERS", None)
             env.pop(PARENT_ENV, None)  # Workers sets it to this process
+            env[REDIS_KIND_ENV] = which
             env["CHANGEFEED_PORT"] = str(port)
             env["CHANGEFEED_HOST"] = server.host
             if which != "configured" or "CHANGEFEED_REDIS_URL" in os.environ or (
