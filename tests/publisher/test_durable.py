@@ -61,7 +61,8 @@ async def fetch(http: aiohttp.ClientSession, service: Service, name: str = "bill
 
 
 async def settle(http: aiohttp.ClientSession, service: Service, action: str,
-                 deliveries: list[str], name: str = "billing", **extra: Any) -> list[dict[str, Any]]:
+                 deliveries: list[str], name: str = "billing", **extra: Any
+                 ) -> list[dict[str, Any]]:
     status, reply = await call(http, service, "POST", f"{BASE}/{name}/{action}",
                                {"deliveries": deliveries, **extra})
     assert status == 200, reply
@@ -191,7 +192,7 @@ async def test_fetch_hands_out_items_in_log_order_and_acks_say_whether_they_took
     assert again == [{"delivery": deliveries(first)[0], "applied": False,
                       "outcome": "not_pending", "late": False}]
     assert (await fetch(http, service))["messages"] == []
-    status, info = await call(http, service, "GET", f"{BASE}/billing")
+    _status, info = await call(http, service, "GET", f"{BASE}/billing")
     assert info["pending"] == 0 and info["counts"]["acked"] == 5
     assert info["position"] >= committed[-1]
 
@@ -258,7 +259,7 @@ async def test_an_unacked_item_is_handed_out_again_after_the_ack_wait_and_the_ol
     assert stale["outcome"] == "redelivered" and not stale["applied"]
     [done] = await settle(http, service, "ack", deliveries(second))
     assert done["applied"]
-    status, info = await call(http, service, "GET", f"{BASE}/billing")
+    _status, info = await call(http, service, "GET", f"{BASE}/billing")
     assert info["counts"]["redelivered"] == 1 and info["counts"]["acked"] == 1
 
 
@@ -345,7 +346,7 @@ async def test_term_dead_letters_the_item_at_once(
     [termed] = await settle(http, service, "term", deliveries(first))
     assert termed["applied"]
     assert (await fetch(http, service))["messages"] == []
-    status, dead = await call(http, service, "GET", f"{BASE}/billing/dead")
+    _status, dead = await call(http, service, "GET", f"{BASE}/billing/dead")
     assert [(r["reason"], r["cursor"]) for r in dead["records"]] == [("terminated", cursor)]
 
 
@@ -358,10 +359,10 @@ async def test_the_dead_letter_record_is_bounded_and_says_how_many_it_dropped(
         await create(http, service)
         committed = await commit(service, "b", 5)
         await settle(http, service, "term", deliveries(await fetch(http, service)))
-        status, dead = await call(http, service, "GET", f"{BASE}/billing/dead?limit=2")
+        _status, dead = await call(http, service, "GET", f"{BASE}/billing/dead?limit=2")
         assert [r["cursor"] for r in dead["records"]] == committed[2:4]
         assert dead["more"] is True and dead["dropped"] == 2
-        status, rest = await call(
+        _status, rest = await call(
             http, service, "GET", f"{BASE}/billing/dead?after={dead['records'][-1]['id']}"
         )
         assert [r["cursor"] for r in rest["records"]] == committed[4:] and not rest["more"]
@@ -392,7 +393,7 @@ async def test_items_trimmed_before_they_were_read_are_a_gap_in_the_dead_letter_
     assert await service.bucket.trim(None, max_items=2) == 4
     reply = await fetch(http, service)
     assert cursors(reply) == committed[4:] and reply["dead_lettered"] == 1
-    status, dead = await call(http, service, "GET", f"{BASE}/billing/dead")
+    _status, dead = await call(http, service, "GET", f"{BASE}/billing/dead")
     [gap] = dead["records"]
     assert gap["reason"] == "trimmed" and gap["after"] == committed[1]
     assert gap["through"] == committed[3]
@@ -416,7 +417,7 @@ async def test_a_publisher_restart_keeps_the_position_and_the_pending_items(
         if committed[1] not in got:  # the unacked one comes back once its ack wait passed
             got += cursors(await fetch(http, service, count=10, wait=scaled(5)))
         assert sorted(got) == committed[1:]
-        status, info = await call(http, service, "GET", f"{BASE}/billing")
+        _status, info = await call(http, service, "GET", f"{BASE}/billing")
         assert info["counts"]["acked"] == 1 and info["counts"]["delivered"] == 4
 
 
@@ -455,7 +456,7 @@ async def test_the_bucket_recreated_is_recorded_and_the_consumer_reads_the_new_l
     assert Cursor.decode(new[0]).epoch != Cursor.decode(old[0]).epoch
     reply = await fetch(http, service)
     assert cursors(reply) == new and reply["dead_lettered"] == 1
-    status, dead = await call(http, service, "GET", f"{BASE}/billing/dead")
+    _status, dead = await call(http, service, "GET", f"{BASE}/billing/dead")
     [record] = dead["records"]
     assert record["reason"] == "epoch" and record["after"] == old[0]
 
