@@ -265,3 +265,34 @@ async def test_every_committed_cursor_is_acked_exactly_once_or_dead_lettered(
     assert len(poison) >= 4  # the poison items at least
     assert info["pending"] == 0 and info["counts"]["acked"] == len(acked)
     assert info["counts"]["dead_lettered"] == len(dead)
+
+
+async def test_the_billing_example_of_the_docs_bills_each_change_once_on_two_workers(
+    service: Service
+) -> None:
+    from tests.listener.app import doc_example
+
+    module = doc_example("billing")
+    committed = await commit(service.bucket, "vm", 30)
+    broken = await service.bucket.commit("vm", "broken/1", ["nic"], {})
+    stop = asyncio.Event()
+    workers = [module.Billing(service.url) for _ in range(2)]
+    running = asyncio.gather(*(worker.run(stop) for worker in workers))
+    async with DurableConsumer(service.url, "billing", resource="vm", ack_wait=30,
+                               max_deliver=5) as watcher:
+        await watcher.ensure()
+
+        async def done() -> bool:
+            info = await watcher.info()
+            return bool(info["counts"]["acked"] == 30 and info["counts"]["dead_lettered"] == 1)
+
+        async with asyncio.timeout(scaled(20)):
+            while not await done():
+                await asyncio.sleep(0.05)
+        stop.set()
+        await asyncio.wait_for(running, scaled(10))
+        dead = await dead_cursors(watcher)
+    billed = [id for worker in workers for id in worker.billed]
+    assert sorted(billed) == [f"vm/{n:04}" for n in range(30)]  # each once, over two workers
+    assert all(worker.billed for worker in workers)
+    assert dead == {broken: "max_deliveries"} and len(committed) == 30

@@ -493,3 +493,34 @@ async def test_durable_consumers_are_refused_unless_config_js_names_them(
 ) -> None:
     status, error = await call(http, publisher, "PUT", f"{BASE}/billing", {})
     assert status == 403 and error["code"] == "UnknownConsumer"
+
+
+# --- config.js -----------------------------------------------------------------------------------
+
+
+def _config_text(durable: str, scopes: str = '["events"]') -> str:
+    return (
+        "module.exports = {resources: [{resource: 'vm', subResources: ['nic'], "
+        "bootstrapRoute: '/vms'}], " + durable + ", auth: {tokens: [{name: 'b', sha256: '"
+        + "a" * 64 + "', scopes: " + scopes + "}]}};"
+    )
+
+
+def test_the_durable_section_of_config_js_and_its_scopes() -> None:
+    from changefeed.errors import ConfigError
+    from publisher.config import parse_config
+
+    parsed = parse_config(_config_text(
+        "durable: {consumers: ['billing'], maxAckPending: 10, maxAckWait: 60, maxDeadLetters: 5}",
+        '["durable:billing", "durable:*"]',
+    ))
+    assert parsed.durable.consumers == frozenset({"billing"})
+    assert (parsed.durable.max_ack_pending, parsed.durable.max_ack_wait,
+            parsed.durable.max_dead_letters) == (10, 60.0, 5)
+    assert parse_config(_config_text("durable: {}")).durable.consumers == frozenset()
+    with pytest.raises(ConfigError, match=r"durable\.consumers"):
+        parse_config(_config_text("durable: {consumers: ['billing']}", '["durable:audit"]'))
+    with pytest.raises(ConfigError, match=r"durable\.colour"):
+        parse_config(_config_text("durable: {colour: 1}"))
+    with pytest.raises(ConfigError, match=r"durable\.consumers"):
+        parse_config(_config_text("durable: {consumers: ['no spaces']}"))
