@@ -26,6 +26,9 @@
     │                              bucket epoch (HTTP 410)
     ├── CursorSetsFull             a feed consumer already has its most cursor sets (.consumer,
     │                              .most; HTTP 409)
+    ├── ConsumerExists             a durable consumer of that name exists with another
+    │                              configuration (.name, .differences; HTTP 409)
+    ├── NoSuchConsumer             no durable consumer has that name (.name; HTTP 404)
     └── ListenerError              raised by the listener library
         ├── RegistrationRejected   the publisher refused the registration (.url, .close_code,
         │                          .reason); raised, not retried
@@ -186,6 +189,28 @@ class CursorSetsFull(ChangefeedError):
             f"consumer {consumer!r} already has {most} cursor sets (feed.maxCursorSets): reuse "
             "one, or wait until an unused one expires (feed.cursorSetMaxAge)"
         )
+
+
+class ConsumerExists(ChangefeedError):
+    """A durable consumer named `name` exists with another configuration, fixed when it was
+    created: `differences` names each key that differs (delete it first to change it)."""
+
+    def __init__(self, name: str, differences: list[str]) -> None:
+        self.name = name
+        self.differences = differences
+        super().__init__(
+            f"durable consumer {name!r} exists with another configuration: "
+            f"{'; '.join(differences)} (its configuration is fixed when it is created: delete "
+            "it to create it anew)"
+        )
+
+
+class NoSuchConsumer(ChangefeedError):
+    """No durable consumer named `name` exists (never created, or deleted)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(f"no durable consumer {name!r}: create it first (PUT)")
 
 
 class OptionError(ConfigError):
@@ -374,6 +399,7 @@ __all__ = [
     "ConfigError",
     "ConnectionFailed",
     "ConnectionLost",
+    "ConsumerExists",
     "CursorError",
     "CursorGone",
     "CursorSetsFull",
@@ -383,6 +409,7 @@ __all__ = [
     "ItemsMissed",
     "ListenFailed",
     "ListenerError",
+    "NoSuchConsumer",
     "OptionError",
     "ParamError",
     "PartitionMismatch",

@@ -13,12 +13,19 @@ The pull consumer (JetStream ADR-37 over the publisher's `events` long poll):
         async for item in consumer.consume(max_messages=100):
             ...  # then store consumer.cursor
 
+A durable consumer (JetStream's): the publisher keeps its position, acknowledgements move it:
+
+    async with PullConsumer(url, durable="billing", resource="vm", ack_wait=30) as consumer:
+        async for msg in consumer.consume():
+            ...  # then await msg.ack()
+
 docs/listener.md describes the events, the settings and the failure handling.
 """
 
 from importlib.metadata import version as _distribution_version
 
 from changefeed.backoff import Backoff
+from changefeed.durable import Settled
 from changefeed.errors import (
     BootstrapFailed,
     BufferOverflow,
@@ -47,6 +54,7 @@ from listener.config import (
 )
 from listener.consumer import Consumption, PullConsumer
 from listener.consumer_state import ConsumeState
+from listener.durable import DurableConsumer, Msg
 from listener.events import (
     BootstrapDone,
     BootstrapRecords,
@@ -76,6 +84,7 @@ __all__ = [
     "ConnectionLost",
     "ConsumeState",
     "Consumption",
+    "DurableConsumer",
     "Event",
     "FetchFailed",
     "HeartbeatMissed",
@@ -86,6 +95,7 @@ __all__ = [
     "ListenerConfig",
     "ListenerError",
     "MemoryBuffer",
+    "Msg",
     "OffsetPager",
     "Page",
     "Pager",
@@ -98,6 +108,7 @@ __all__ = [
     "RegistrationRejected",
     "Resync",
     "RetriesExhausted",
+    "Settled",
     "Watch",
     "load_listener_config",
     "parse_listener_config",

@@ -19,6 +19,7 @@ import ssl
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import aiohttp
 import orjson
@@ -106,12 +107,31 @@ class PullConsumer:
     ProtocolError); it must not block. One operation runs at a time. `token` (else the content
     of `token_file`, else CHANGEFEED_TOKEN) is sent as `Authorization: Bearer`; `ssl` (or a
     context trusting `cafile`) verifies an https publisher. See docs/listener.md.
+
+    With `durable="name"` (and `ack_wait`, `max_deliver`, `max_ack_pending`, `start`) it is a
+    `listener.durable.DurableConsumer` instead, whose position the publisher keeps and
+    acknowledgements move (docs/listener.md#durable-consumers); build `DurableConsumer`
+    directly for its precise static type.
     """
+
+    def __new__(cls, url: str, *, durable: str | None = None, **options: Any) -> PullConsumer:
+        """`durable="name"` gives a `listener.durable.DurableConsumer` instead: an instance of
+        that durable consumer, whose messages are acknowledged (`msg.ack()`)."""
+        if durable is not None:
+            from listener.durable import DurableConsumer
+
+            return DurableConsumer(url, durable, **options)  # type: ignore[return-value]
+        return super().__new__(cls)
 
     def __init__(
         self,
         url: str,
         *,
+        durable: str | None = None,
+        ack_wait: float | None = None,
+        max_deliver: int | None = None,
+        max_ack_pending: int | None = None,
+        start: str | None = None,
         resource: str | None = None,
         sub_resources: Iterable[str] = (),
         ids: Iterable[str] = (),
@@ -125,6 +145,10 @@ class PullConsumer:
         ssl: ssl.SSLContext | None = None,
         cafile: str | Path | None = None,
     ) -> None:
+        for option, value in (("ack_wait", ack_wait), ("max_deliver", max_deliver),
+                              ("max_ack_pending", max_ack_pending), ("start", start)):
+            if value is not None:
+                raise InvalidOption(option, value, "nothing without durable= (a durable consumer)")
         self._credentials = load_credentials(token, token_file, ssl, cafile)
         self.filter = event_filter(resource, sub_resources, ids, prefixes)
         """What every pull asks for."""

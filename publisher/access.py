@@ -63,8 +63,9 @@ def public(handler: Handler) -> Handler:
     return handler
 
 
-def requires(scope: str) -> Callable[[Handler], Handler]:
-    """Mark a route as needing `scope` (routes not marked need `admin`, or `publish` to write)."""
+def requires(scope: str | Callable[[web.Request], str]) -> Callable[[Handler], Handler]:
+    """Mark a route as needing `scope` (routes not marked need `admin`, or `publish` to write);
+    a function of the request gives a scope that depends on it (`durable:<name>`)."""
 
     def mark(handler: Handler) -> Handler:
         setattr(handler, _SCOPE, scope)
@@ -222,6 +223,9 @@ class Access:
         marked = getattr(request.match_info.handler, _SCOPE, None)
         if isinstance(marked, str):
             return marked
+        if callable(marked):
+            needed: str = marked(request)
+            return needed
         return "admin" if request.method in ("GET", "HEAD") else "publish"
 
     def _refuse(

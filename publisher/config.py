@@ -23,6 +23,7 @@ from changefeed.errors import ConfigError
 from changefeed.protocol import CHANGEFEEDS, WILDCARD, Resource
 from publisher.bucket.sentinel import redis_url as any_redis_url
 from publisher.bucket.sentinel import sentinel_section
+from publisher.scopes import DURABLE_PREFIX
 from publisher.security_config import SECURITY_KEYS, Security, parse_security
 
 T = TypeVar("T")
@@ -87,6 +88,21 @@ class Feed:
 
 
 @dataclass(frozen=True, slots=True)
+class Durable:
+    """Durable pull consumers (docs/pull.md#durable-consumers): which may exist, and bounds on
+    what each may make the publisher keep in Redis."""
+
+    consumers: frozenset[str] = frozenset()
+    """The names a durable consumer may have; empty: durable consumers are refused."""
+    max_ack_pending: int = 10000
+    """The highest `max_ack_pending` a consumer may ask for (items handed out, unsettled)."""
+    max_ack_wait: float = 86400.0
+    """The longest `ack_wait`, and nak `delay`, a consumer may ask for (seconds)."""
+    max_dead_letters: int = 10000
+    """Dead-letter records kept per consumer (the oldest go first)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Limits:
     registration_bytes: int = 65536
     registration_timeout: float = 10.0
@@ -136,6 +152,7 @@ class Config:
     server: Server = field(default_factory=Server)
     limits: Limits = field(default_factory=Limits)
     feed: Feed = field(default_factory=Feed)
+    durable: Durable = field(default_factory=Durable)
     state_dir: Path = Path(".changefeed")
     gc_interval: float | None = None
     """Seconds between trims; None derives it from maxAge (a tenth, between 1 s and 60 s)."""
@@ -192,7 +209,8 @@ def parse_config(text: str, base: Path | None = None, source: str | None = None)
     cj.only(
         obj,
         "",
-        {"resources", "maxAge", "maxItems", "bucket", "server", "limits", "feed", "stateDir",
+        {"resources", "maxAge", "maxItems", "bucket", "server", "limits", "feed", "durable",
+         "stateDir",
          "gcInterval", *SECURITY_KEYS, *_OPERATIONS_KEYS},
     )
 
@@ -214,6 +232,7 @@ def parse_config(text: str, base: Path | None = None, source: str | None = None)
             f"at most server.maxConnections ({server.max_connections})",
         )
     feed = _keys(obj, "feed", Feed, _FEED_KEYS)
+    durable = _keys(obj, "durable", Durable, _DURABLE_KEYS)
     bounded = (("pageSize", "maxPageSize"), ("results", "maxResults"), ("wait", "maxWait"))
     for small, large in bounded:
         value, bound = (getattr(limits, _LIMIT_KEYS[key][0]) for key in (small, large))
@@ -241,12 +260,15 @@ def parse_config(text: str, base: Path | None = None, source: str | None = None)
         server=server,
         limits=limits,
         feed=feed,
+        durable=durable,
         state_dir=state_dir,
         gc_interval=None
         if obj.get("gcInterval") is None
         else cj.positive("gcInterval", obj["gcInterval"]),
         security=parse_security(
-            obj, [r.resource for r in resources], feed.consumers, base or Path.cwd()
+            obj, [r.resource for r in resources],
+            feed.consumers | {DURABLE_PREFIX + name for name in durable.consumers},
+            base or Path.cwd(),
         ),
         **_operations(obj),
     )
@@ -382,6 +404,13 @@ _FEED_KEYS: Checks = {
     "consumers": ("consumers", _consumers),
     "cursorSetMaxAge": ("cursor_set_max_age", cj.positive),
     "maxCursorSets": ("max_cursor_sets", cj.positive_int),
+}
+
+_DURABLE_KEYS: Checks = {
+    "consumers": ("consumers", _consumers),
+    "maxAckPending": ("max_ack_pending", cj.positive_int),
+    "maxAckWait": ("max_ack_wait", cj.positive),
+    "maxDeadLetters": ("max_dead_letters", cj.positive_int),
 }
 
 _LIMIT_KEYS: Checks = {

@@ -4,6 +4,8 @@
     read:<resource>     its bootstrap route and objects (`read:*`: any)
     events              the pull routes (/changefeeds/events, /changefeeds/rpc, the feed)
     feed:<consumer>     store and resume the feed cursors of that consumer (`feed:*`: any)
+    durable:<consumer>  create, read, fetch from, settle and delete that durable consumer
+                        (`durable:*`: any)
     stats               /changefeeds/stats with every registration and address (else counts)
     publish             any HTTP route that writes
     admin               everything above, and any route not named here
@@ -21,7 +23,9 @@ from changefeed.errors import ConfigError
 
 WILDCARD = "*"
 SIMPLE = frozenset({"events", "stats", "publish", "admin"})
-SCOPED = ("listen", "read", "feed")
+SCOPED = ("listen", "read", "feed", "durable")
+DURABLE_PREFIX = "durable:"
+"""How `parse_scopes`' `consumers` names a durable consumer, beside the feed consumers."""
 ADMIN = "admin"
 EVERYTHING = frozenset({ADMIN})
 """The scopes of the anonymous identity of a publisher without authentication."""
@@ -48,11 +52,17 @@ def refused_resources(scopes: Collection[str], resources: Iterable[str]) -> list
 def parse_scopes(
     key: str, value: Any, resources: Collection[str], consumers: Collection[str]
 ) -> frozenset[str]:
-    """A non-empty list of scopes naming configured resources and consumers (or `*`)."""
+    """A non-empty list of scopes naming configured resources and consumers (or `*`).
+
+    `consumers` holds the feed consumers' names and, prefixed with `durable:`, the durable
+    consumers' names."""
     expected = (
         "a non-empty list of scopes: listen:<resource>, read:<resource>, events, "
-        "feed:<consumer>, stats, publish, admin (<resource>, <consumer> may be '*')"
+        "feed:<consumer>, durable:<consumer>, stats, publish, admin (<resource>, <consumer> "
+        "may be '*')"
     )
+    durables = {c.removeprefix(DURABLE_PREFIX) for c in consumers if c.startswith(DURABLE_PREFIX)}
+    feeds = {c for c in consumers if not c.startswith(DURABLE_PREFIX)}
     if not isinstance(value, list) or not value or not all(isinstance(s, str) for s in value):
         raise ConfigError(key, value, expected)
     for i, scope in enumerate(value):
@@ -62,9 +72,9 @@ def parse_scopes(
         kind, colon, name = scope.partition(":")
         if kind not in SCOPED or not colon or not (name == WILDCARD or cj.NAME.match(name)):
             raise ConfigError(where, scope, expected)
-        known = consumers if kind == "feed" else resources
+        known = {"feed": feeds, "durable": durables}.get(kind, resources)
         if name != WILDCARD and name not in known:
-            what = "feed.consumers" if kind == "feed" else "resources"
+            what = {"feed": "feed.consumers", "durable": "durable.consumers"}.get(kind, "resources")
             listed = ", ".join(sorted(known)) or "none"
             raise ConfigError(where, scope, f"a name of {what} ({listed}) or '*'")
     if len(set(value)) != len(value):
@@ -72,4 +82,5 @@ def parse_scopes(
     return frozenset(value)
 
 
-__all__ = ["ADMIN", "EVERYTHING", "allows", "may_listen", "parse_scopes", "refused_resources"]
+__all__ = ["ADMIN", "DURABLE_PREFIX", "EVERYTHING", "allows", "may_listen", "parse_scopes",
+           "refused_resources"]

@@ -37,6 +37,8 @@ from publisher.bucket import ChangeBucket, connect
 from publisher.clientaddr import Trusted
 from publisher.config import Config
 from publisher.dashboard import add_dashboard_route
+from publisher.durable import Durables
+from publisher.durable_routes import DURABLES, add_durable_routes
 from publisher.fleet import Advertiser
 from publisher.health import add_health_routes
 from publisher.http import errors_as_json
@@ -122,6 +124,8 @@ class Service:
         self.app[LIFECYCLE] = self.lifecycle
         add_routes(self.app)
         add_poll_routes(self.app)
+        self.app[DURABLES] = Durables(self.bucket, self.hub, config.durable, self.resources)
+        add_durable_routes(self.app)
         add_health_routes(self.app)
         self.metrics.add_route(self.app)
         add_dashboard_route(self.app)

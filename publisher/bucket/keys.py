@@ -21,6 +21,10 @@ in one slot and the scripts may touch any of them::
     {name}:publishers       sorted set: the publishers that advertised themselves, by the ms of
                             their last advertisement (an index; the reports below decide)
     {name}:publisher:<id>   string: publisher <id>'s report (JSON), expiring after its TTL
+    {name}:durables         set: the names of the durable consumers
+    {name}:durable:<c>      hash: durable consumer c's config, incarnation, epoch, position,
+                            counters; with :pending (sorted set), :items, :deliveries (hashes)
+                            and :dead (stream: its dead-letter record) (publisher.bucket.durable)
 """
 
 from __future__ import annotations
@@ -88,6 +92,13 @@ class Keys:
         """Written before a WAIT for replicas: a write of the waiting connection, after the
         commit it waits for (`ChangeBucket.wait_for_replicas`)."""
         return f"{self._tag}:replicated"
+
+    def durable(self, consumer: str) -> list[str]:
+        """A durable consumer's keys: its hash, pending, items, deliveries, dead-letter record,
+        and the index of every durable consumer's name (KEYS 6-11 of durable.lua)."""
+        base = f"{self._tag}:durable:{consumer}"
+        return [base, f"{base}:pending", f"{base}:items", f"{base}:deliveries", f"{base}:dead",
+                f"{self._tag}:durables"]
 
     def txn(self, app_id: str) -> str:
         """The newest version a Spark job of `app_id` (its txnAppId) committed."""

@@ -26,7 +26,7 @@ def test_the_core_imports_no_io_library_and_neither_side() -> None:
     modules = _imported_by(
         "import changefeed.protocol, changefeed.cursor, changefeed.watch, changefeed.longpoll, "
         "changefeed.feed, changefeed.backoff, changefeed.retry, changefeed.configjs, "
-        "changefeed.errors"
+        "changefeed.errors, changefeed.durable"
     )
     roots = {name.split(".")[0] for name in modules}
     assert roots.isdisjoint({"publisher", "listener", "aiohttp", "redis", "websockets", "json5"})
