@@ -67,11 +67,13 @@ def peer_address(advertised: str, url: str) -> str:
 
 
 def advertised(stats: Mapping[str, Any], url: str) -> dict[str, str]:
-    """publisher id -> address, from a `?scope=cluster` stats body. Pure."""
+    """publisher id -> address, from a `?scope=cluster` stats body ("" for a publisher that
+    advertised no address yet). Pure."""
     out = {}
     for one in stats.get("publishers", []):
-        if isinstance(one, dict) and one.get("publisher") and one.get("url"):
-            out[str(one["publisher"])] = peer_address(str(one["url"]), url)
+        if isinstance(one, dict) and one.get("publisher"):
+            address = str(one.get("url") or "")
+            out[str(one["publisher"])] = address and peer_address(address, url)
     return out
 
 
@@ -166,8 +168,12 @@ async def gather(url: str, cursor: str, credentials: Credentials, fleet: bool) -
         expected = advertised(stats, url)
         by_address: dict[str, set[str]] = {}
         for publisher_id, address in expected.items():
-            if publisher_id not in gathered.answers:
+            if publisher_id in gathered.answers:
+                continue
+            if address:
                 by_address.setdefault(address, set()).add(publisher_id)
+            else:
+                gathered.unreached[publisher_id] = "it advertises no address yet"
 
         async def reach(address: str, wanted: set[str]) -> None:
             for _ in range(3 * len(wanted) + 2):
