@@ -7,6 +7,7 @@ trace holds, measured in this process with tracemalloc.
 
 from __future__ import annotations
 
+import time
 import tracemalloc
 from collections.abc import Callable
 from typing import Any
@@ -19,8 +20,11 @@ from bench.scenario import Check, Context, Figure, Result
 from bench.stack import ours
 from changefeed.cursor import StreamId
 from changefeed.protocol import ChangeKind, Registration
+from publisher.bucket import LogEntry
 from publisher.config import Trace
+from publisher.hub import Hub, Subscriber
 from publisher.trace import TraceLog
+from publisher.window import Window
 
 OFF: dict[str, Any] = {"trace": {"items": 0}}
 ON: dict[str, Any] = {"trace": {"items": Trace().items}}
@@ -42,6 +46,68 @@ class _Entry:
         self.sse: bytes | None = None
 
 
+class _Transport:
+    """A transport that takes every write and never fills: the hub's own cost only."""
+
+    def write(self, data: bytes) -> None:
+        pass
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def is_closing(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+    def abort(self) -> None:
+        pass
+
+
+def hub_seconds_per_delivery(traced: bool, listeners: int, batch: int, batches: int) -> float:
+    """CPU seconds `Hub.publish` spends per delivery in this process, to `listeners` fake
+    transports of two services, `batch` entries per call: the fan-out alone, no sockets."""
+    hub = Hub(Window(10_000, StreamId(0, 0)), None, 1 << 20)  # type: ignore[arg-type]
+    hub.epoch = "bencheepoch"
+    hub.trace = TraceLog(Trace().items, None) if traced else None
+    kind = ChangeKind("vm", ("nic",))
+    for n in range(listeners):
+        registration = Registration(f"i{n}", ("bench", "billing")[n % 2], (kind,), 1)
+        hub.add(Subscriber(registration, _Transport(), None, "127.0.0.1"))
+    ms = 1_700_000_000_000
+    started = time.process_time()
+    for _ in range(batches):
+        hub.publish([LogEntry(StreamId(ms, seq), "vm", ("nic",), f"vm-{seq}")
+                     for seq in range(batch)])
+        ms += 1
+    return (time.process_time() - started) / (listeners * batch * batches)
+
+
+class _Registration:
+    __slots__ = ("service",)
+
+    def __init__(self, service: str) -> None:
+        self.service = service
+
+
+class _Conn:
+    __slots__ = ("registration",)
+
+    def __init__(self, service: str) -> None:
+        self.registration = _Registration(service)
+
+
+class _Queued:
+    __slots__ = ("frames",)
+
+    def __init__(self, frames: list[bytes]) -> None:
+        self.frames = frames
+
+
 def trace_memory(items: int, services: int) -> tuple[int, int]:
     """Bytes a full trace of `items` changes, each written to `services` services, holds; and
     what it holds after as many again (the bound)."""
@@ -51,8 +117,8 @@ def trace_memory(items: int, services: int) -> tuple[int, int]:
         for phase in range(2):
             for n in range(items):
                 entry = _Entry(StreamId(1_700_000_000_000 + phase * items + n, 0))
-                writes = [(f"service-{s}", [entry.frame]) for s in range(services)]
-                trace.published("bencheepoch", [entry], writes, 1.0, 1.0)
+                writes = {_Conn(f"service-{s}"): _Queued([entry.frame]) for s in range(services)}
+                trace.published("bencheepoch", [entry], writes, services, 1.0, 1.0)
             if phase == 0:
                 full, _ = tracemalloc.get_traced_memory()
         again, _ = tracemalloc.get_traced_memory()
@@ -95,6 +161,17 @@ async def p1t(ctx: Context) -> Result:
         Figure("trace off", round(cpu_off, 3), "µs"),
         "<= 1.05x", cpu_on <= 1.05 * cpu_off,
     ))
+    rounds = {True: [], False: []}  # type: dict[bool, list[float]]
+    for _ in range(ctx.size(5, 1)):
+        for traced in (False, True):
+            rounds[traced].append(hub_seconds_per_delivery(traced, count, 10, ctx.size(300, 5)))
+    hub_on, hub_off = min(rounds[True]) * 1e6, min(rounds[False]) * 1e6
+    result.checks.append(Check(
+        "Hub.publish CPU per delivery (in-process, no sockets; best of 5)",
+        Figure("trace on", round(hub_on, 4), "µs"),
+        Figure("trace off", round(hub_off, 4), "µs"),
+        "(information)", None,
+    ))
     items = ctx.size(Trace().items, 1000)
     full, again = trace_memory(items, 2)
     result.checks.append(Check(
@@ -110,8 +187,10 @@ async def p1t(ctx: Context) -> Result:
         "server_cpu_us_per_delivery": {side: [server_us_per_delivery(m) for m in ms]
                                        for side, ms in runs.items()},
         "trace_bytes_per_change": round(full / items),
+        "hub_publish_us_per_delivery": {"on": [round(v * 1e6, 4) for v in rounds[True]],
+                                        "off": [round(v * 1e6, 4) for v in rounds[False]]},
     }
     return result
 
 
-__all__ = ["p1t", "registrations", "trace_memory"]
+__all__ = ["hub_seconds_per_delivery", "p1t", "registrations", "trace_memory"]

@@ -317,7 +317,6 @@ class Hub:
             if taken:
                 written.append(entry)
         delivered = sent = 0
-        writes: list[tuple[str, list[bytes]]] = []
         for conn, queued in pending.items():
             frames = queued.frames
             if frames:
@@ -325,13 +324,11 @@ class Hub:
                 conn.transport.write(data)
                 delivered += len(frames)
                 sent += len(data)
-                if trace is not None:
-                    writes.append((conn.registration.service, frames))
         self.delivered += delivered
         self.bytes_written += sent
         self.sse_delivered += sse_sent
         if trace is not None:
-            trace.published(self.epoch, fresh, writes, read_at, time.time())
+            trace.published(self.epoch, fresh, pending, delivered, read_at, time.time())
         if written and self.observe_latency is not None:
             now_ms = time.time() * 1000
             for entry in written:

@@ -4,7 +4,8 @@
     read:<resource>     its bootstrap route and objects (`read:*`: any)
     events              the pull routes (/changefeeds/events, /changefeeds/rpc, the feed)
     feed:<consumer>     store and resume the feed cursors of that consumer (`feed:*`: any)
-    stats               /changefeeds/stats with every registration and address (else counts)
+    stats               /changefeeds/stats with every registration and address (else counts),
+                        and /changefeeds/trace/<cursor> (publisher.trace_route)
     publish             any HTTP route that writes
     admin               everything above, and any route not named here
 

@@ -2,9 +2,9 @@
 how many listeners of each service it was written to, and when (the first and the last write).
 Pure: no I/O, no clock (the hub passes the times in).
 
-The hub calls `published` once per batch the tail hands it, with the new entries and, per
-connection written to, its service and the frames it was written (the very bytes objects of the
-entries, so a frame names its entry by identity); a connection catching up in its own task calls
+The hub calls `published` once per batch the tail hands it, with the new entries and its writes
+of the batch (per connection, the frames it was written: the very bytes objects of the entries,
+so a frame names its entry by identity); a connection catching up in its own task calls
 `wrote_late` per item. `find` answers `GET /changefeeds/trace/<cursor>` (publisher.trace_route).
 
 The trace keeps the newest `items` changes, and none read more than `max_age` seconds ago:
@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import time
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import chain
-from operator import itemgetter
-from typing import Any, Protocol
+from operator import attrgetter
+from typing import Any, Protocol, TypeVar
 
 from changefeed.cursor import Cursor, StreamId
 
@@ -31,7 +30,8 @@ OTHER = "(other services)"
 MAX_SERVICE_CHARS = 100
 """A service name longer than this is cut (a registration may name any string)."""
 
-_first = itemgetter(0)
+_service = attrgetter("registration.service")
+_frames = attrgetter("frames")
 
 
 class Traced(Protocol):
@@ -43,6 +43,28 @@ class Traced(Protocol):
     def frame(self) -> bytes: ...
     @property
     def sse(self) -> bytes | None: ...
+
+
+class _Registration(Protocol):
+    @property
+    def service(self) -> str: ...
+
+
+class Listener(Protocol):
+    """A connection the hub wrote to: its registration names its service."""
+
+    @property
+    def registration(self) -> _Registration: ...
+
+
+L = TypeVar("L", bound=Listener)
+
+
+class Queued(Protocol):
+    """What the hub wrote to one connection in one batch, in log order."""
+
+    @property
+    def frames(self) -> Sequence[bytes]: ...
 
 
 @dataclass(slots=True)
@@ -122,47 +144,67 @@ class TraceLog:
         self,
         epoch: str,
         entries: Sequence[Traced],
-        writes: Sequence[tuple[str, Sequence[bytes]]],
+        written: Mapping[L, Queued],
+        delivered: int,
         read_at: float,
         written_at: float,
     ) -> None:
-        """The tail read `entries` (new, in log order) at `read_at`; `writes` holds, per
-        connection written to at `written_at`, its service and the frames it was written."""
+        """The tail read `entries` (new, in log order) at `read_at`; `written` is the hub's
+        batch of writes at `written_at`: per connection, the frames it was written, `delivered`
+        frames in all.
+
+        When every connection was written every entry (`delivered` says so: the common case)
+        a connection costs one tally of its service, done in C (`Counter` over a `map`).
+        Otherwise a tally of (service, frames written) tells those written every entry from the
+        others, whose frames alone are looked up one by one.
+        """
         if epoch != self.epoch:
             self._forget(epoch)
         if not entries:
             return
         records = [self._add(entry.position, read_at) for entry in entries]
-        if writes:
-            if len(records) == 1:
-                record = records[0]
-                for service, count in Counter(map(_first, writes)).items():
+        every = len(records)
+        if written and delivered == every * len(written):
+            for service, count in Counter(map(_service, written)).items():
+                for record in records:
                     record.wrote(service, count, written_at)
-            else:
-                self._attribute(entries, records, writes, written_at)
+        elif written:
+            partial = False
+            counts = map(len, map(_frames, written.values()))
+            shapes = Counter(zip(map(_service, written), counts, strict=True))
+            for (service, taken), count in shapes.items():
+                if taken == every:
+                    for record in records:
+                        record.wrote(service, count, written_at)
+                elif taken:
+                    partial = True
+            if partial:
+                self._attribute(entries, records, written, written_at)
         self.expire(read_at)
 
     @staticmethod
     def _attribute(
         entries: Sequence[Traced],
         records: list[Record],
-        writes: Sequence[tuple[str, Sequence[bytes]]],
+        written: Mapping[L, Queued],
         at: float,
     ) -> None:
-        """Several entries in one batch: each frame written names its entry by identity."""
+        """The connections written some of the entries: each frame names its entry by
+        identity (the hub writes the entry's own `frame` or `sse` bytes)."""
+        every = len(records)
         of_frame: dict[int, Record] = {}
         for entry, record in zip(entries, records, strict=True):
             of_frame[id(entry.frame)] = record
             if entry.sse is not None:
                 of_frame[id(entry.sse)] = record
-        by_service: dict[str, list[Sequence[bytes]]] = {}
-        for service, frames in writes:
-            by_service.setdefault(service, []).append(frames)
-        for service, lists in by_service.items():
-            for frame_id, count in Counter(map(id, chain.from_iterable(lists))).items():
-                written = of_frame.get(frame_id)
-                if written is not None:
-                    written.wrote(service, count, at)
+        for conn, queued in written.items():
+            frames = queued.frames
+            if 0 < len(frames) < every:
+                service = conn.registration.service
+                for frame in frames:
+                    found = of_frame.get(id(frame))
+                    if found is not None:
+                        found.wrote(service, 1, at)
 
     def wrote_late(self, position: StreamId, service: str, at: float) -> None:
         """A listener of `service` catching up was written the change at `position` at `at`."""

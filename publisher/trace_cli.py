@@ -83,7 +83,9 @@ def _ms(value: Any) -> str:
 
 def render(cursor: Cursor, gathered: Gathered) -> list[str]:
     """The readable report. Pure."""
-    lines = [f"change {cursor.encode()}", f"committed  {iso(cursor.position.ms / 1000)}"]
+    lines = [f"change {cursor.encode()}",
+             f"committed  {iso(cursor.position.ms / 1000)} (write times: ms after it; "
+             "--json for each time)"]
     traced = listeners = 0
     for publisher_id, answer in sorted(gathered.answers.items()):
         body = answer.body
@@ -101,9 +103,8 @@ def render(cursor: Cursor, gathered: Gathered) -> list[str]:
             continue
         rows = [("SERVICE", "LISTENERS", "FIRST WRITE", "LAST WRITE")]
         for name, writes in services.items():
-            rows.append((name, str(writes.get("listeners")),
-                         f"{writes.get('firstWrite')} ({_ms(writes.get('firstWriteMs'))})",
-                         f"{writes.get('lastWrite')} ({_ms(writes.get('lastWriteMs'))})"))
+            rows.append((name, str(writes.get("listeners")), _ms(writes.get("firstWriteMs")),
+                         _ms(writes.get("lastWriteMs"))))
         widths = [max(len(row[i]) for row in rows) for i in range(4)]
         lines.extend("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
                      for row in rows)

@@ -29,6 +29,33 @@ class Entry:
     sse: bytes | None = None
 
 
+@dataclass(frozen=True)
+class Reg:
+    service: str
+
+
+@dataclass(eq=False)
+class Conn:
+    registration: Reg
+
+
+@dataclass
+class Queued:
+    frames: list[bytes]
+
+
+def written(*writes: tuple[str, list[bytes]]) -> dict[Conn, Queued]:
+    """The hub's writes of a batch: one connection per (service, frames written to it)."""
+    return {Conn(Reg(service)): Queued(list(frames)) for service, frames in writes}
+
+
+def publish(trace: TraceLog, epoch: str, entries: list[Entry], writes: dict[Conn, Queued],
+            read_at: float, written_at: float) -> None:
+    """`trace.published` as the hub calls it, with the count of frames written."""
+    delivered = sum(len(q.frames) for q in writes.values())
+    trace.published(epoch, entries, writes, delivered, read_at, written_at)
+
+
 def entry(ms: int, seq: int = 0) -> Entry:
     # Distinct objects per entry, as the hub builds them (`bytes(...)` of a fresh bytearray).
     return Entry(StreamId(ms, seq), bytes(bytearray(b"frame %d-%d" % (ms, seq))))
@@ -48,7 +75,7 @@ def test_one_entry_counts_the_listeners_of_each_service() -> None:
     trace = TraceLog(10, None)
     one = entry(1000)
     frames = [one.frame]
-    trace.published(EPOCH, [one], [("tcns", frames), ("tcns", frames), ("napi", frames)],
+    publish(trace, EPOCH, [one], written(("tcns", frames), ("tcns", frames), ("napi", frames)),
                     1.5, 1.6)
     record = found(trace, at(1000), one.position)
     assert record.read_at == 1.5
@@ -60,13 +87,14 @@ def test_a_batch_attributes_each_frame_to_its_entry_by_identity() -> None:
     trace = TraceLog(10, None)
     a, b, c = entry(1000), entry(1000, 1), entry(1001)
     c.sse = bytes(bytearray(b"sse chunk of c"))
-    writes = [
+    writes = written(
         ("tcns", [a.frame, b.frame, c.frame]),
         ("tcns", [a.frame]),               # fell behind after a
         ("napi", [b.frame]),               # matched b only
         ("sse", [c.sse]),                  # a server-sent events subscriber
-    ]
-    trace.published(EPOCH, [a, b, c], writes, 2.0, 2.1)
+        ("idle", []),                      # fell behind before its first frame
+    )
+    publish(trace, EPOCH, [a, b, c], writes, 2.0, 2.1)
     counts = {
         e.position: {s: w.listeners for s, w in found(trace, Cursor(EPOCH, e.position),
                                                       c.position).services.items()}
@@ -76,10 +104,21 @@ def test_a_batch_attributes_each_frame_to_its_entry_by_identity() -> None:
                       c.position: {"tcns": 1, "sse": 1}}
 
 
+def test_a_batch_written_whole_to_every_connection_counts_each_entry() -> None:
+    trace = TraceLog(10, None)
+    a, b = entry(1000), entry(1000, 1)
+    both = [a.frame, b.frame]
+    publish(trace, EPOCH, [a, b], written(("tcns", both), ("tcns", both), ("napi", both)),
+            2.0, 2.1)
+    for e in (a, b):
+        record = found(trace, Cursor(EPOCH, e.position), b.position)
+        assert {s: w.listeners for s, w in record.services.items()} == {"tcns": 2, "napi": 1}
+
+
 def test_late_writes_move_the_last_write_and_add_listeners() -> None:
     trace = TraceLog(10, None)
     one = entry(1000)
-    trace.published(EPOCH, [one], [("tcns", [one.frame])], 1.0, 1.1)
+    publish(trace, EPOCH, [one], written(("tcns", [one.frame])), 1.0, 1.1)
     trace.wrote_late(one.position, "tcns", 3.0)
     trace.wrote_late(one.position, "napi", 2.0)
     trace.wrote_late(StreamId(5, 0), "tcns", 3.0)  # not traced: ignored
@@ -93,7 +132,7 @@ def test_the_count_bound_drops_the_oldest() -> None:
     trace = TraceLog(3, None)
     entries = [entry(1000 + i) for i in range(5)]
     for e in entries:
-        trace.published(EPOCH, [e], [], 1.0, 1.0)
+        publish(trace, EPOCH, [e], {}, 1.0, 1.0)
     head = entries[-1].position
     assert len(trace) == 3
     gone = trace.find(at(1001), EPOCH, head, 1.0)
@@ -107,8 +146,8 @@ def test_the_count_bound_drops_the_oldest() -> None:
 def test_the_age_bound_drops_what_was_read_too_long_ago() -> None:
     trace = TraceLog(100, 10.0)
     old, new = entry(1000), entry(2000)
-    trace.published(EPOCH, [old], [], 100.0, 100.0)
-    trace.published(EPOCH, [new], [], 105.0, 105.0)
+    publish(trace, EPOCH, [old], {}, 100.0, 100.0)
+    publish(trace, EPOCH, [new], {}, 105.0, 105.0)
     assert found(trace, at(1000), new.position, 109.0)
     gone = trace.find(at(1000), EPOCH, new.position, 111.0)
     assert isinstance(gone, NotTraced) and gone.message == (
@@ -121,7 +160,7 @@ def test_the_age_bound_drops_what_was_read_too_long_ago() -> None:
 def test_every_reason_for_no_record() -> None:
     trace = TraceLog(10, None)
     a, c = entry(1000), entry(1002)
-    trace.published(EPOCH, [a, c], [], 1.0, 1.0)
+    publish(trace, EPOCH, [a, c], {}, 1.0, 1.0)
     head = c.position
     ahead = trace.find(at(1003), EPOCH, head, 1.0)
     assert isinstance(ahead, NotTraced) and ahead.code == "NotReadYet"
@@ -136,8 +175,8 @@ def test_every_reason_for_no_record() -> None:
 
 def test_a_new_epoch_forgets_everything() -> None:
     trace = TraceLog(10, None)
-    trace.published(EPOCH, [entry(1000)], [], 1.0, 1.0)
-    trace.published("newepochxx", [entry(5)], [], 2.0, 2.0)
+    publish(trace, EPOCH, [entry(1000)], {}, 1.0, 1.0)
+    publish(trace, "newepochxx", [entry(5)], {}, 2.0, 2.0)
     assert len(trace) == 1
     assert isinstance(trace.find(at(1000), EPOCH, StreamId(1000, 0), 2.0), NotTraced)
 
@@ -147,7 +186,7 @@ def test_services_are_bounded_per_change() -> None:
     one = entry(1000)
     writes = [(f"service-{i}", [one.frame]) for i in range(MAX_SERVICES + 5)]
     writes.append(("x" * 5000, [one.frame]))
-    trace.published(EPOCH, [one], writes, 1.0, 1.0)
+    publish(trace, EPOCH, [one], written(*writes), 1.0, 1.0)
     record = found(trace, at(1000), one.position)
     assert len(record.services) == MAX_SERVICES + 1
     assert record.services[OTHER].listeners == 6
@@ -157,7 +196,7 @@ def test_services_are_bounded_per_change() -> None:
 def test_resize_applies_the_new_bounds_at_once() -> None:
     trace = TraceLog(10, None)
     for i in range(5):
-        trace.published(EPOCH, [entry(1000 + i)], [], float(i), float(i))
+        publish(trace, EPOCH, [entry(1000 + i)], {}, float(i), float(i))
     trace.resize(2, None, 5.0)
     assert len(trace) == 2
     trace.resize(2, 1.5, 5.0)
@@ -187,7 +226,8 @@ def test_memory_is_bounded_by_the_count() -> None:
     try:
         for i in range(5000):
             e = entry(10_000 + i)
-            trace.published(EPOCH, [e], [("tcns", [e.frame]), ("napi", [e.frame])], 1.0, 1.0)
+            writes = written(("tcns", [e.frame]), ("napi", [e.frame]))
+            publish(trace, EPOCH, [e], writes, 1.0, 1.0)
             if i == 999:
                 full, _ = tracemalloc.get_traced_memory()
         after, _ = tracemalloc.get_traced_memory()
