@@ -259,7 +259,8 @@ class TraceLog:
                 f"epoch {epoch or '(none yet)'}",
             )
         position = cursor.position
-        record = self._by_position.get(position) if epoch == self.epoch else None
+        current = epoch == self.epoch
+        record = self._by_position.get(position) if current else None
         if record is not None:
             return record
         if position > head:
@@ -268,20 +269,18 @@ class TraceLog:
                 f"not traced: this publisher's tail has not read it yet (it has read up to "
                 f"{Cursor(epoch, head).encode()})",
             )
-        if epoch != self.epoch:
-            return NotTraced("NotTraced", "not traced: no change of this epoch was traced")
-        oldest = self._order[0].position if self._order else None
-        if oldest is None or position < oldest:
-            if self._evicted is None and oldest is not None:
-                return NotTraced(
-                    "NotTraced",
-                    "not traced: committed before this publisher began tracing (its oldest "
-                    f"traced change is {Cursor(epoch, oldest).encode()})",
-                )
+        oldest = self._order[0].position if current and self._order else None
+        if oldest is not None and position > oldest:
+            return NotTraced("NoSuchChange", "no change at this cursor was read by this publisher")
+        if current and self._evicted is not None:
             return NotTraced(
                 "NotTraced", f"not traced: older than the trace window of {self.window()}"
             )
-        return NotTraced("NoSuchChange", "no change at this cursor was read by this publisher")
+        since = "" if oldest is None else (
+            f" (its oldest traced change is {Cursor(epoch, oldest).encode()})")
+        return NotTraced(
+            "NotTraced", f"not traced: committed before this publisher began tracing{since}"
+        )
 
     def describe(self, epoch: str) -> dict[str, Any]:
         """The trace window as the route shows it."""

@@ -235,3 +235,10 @@ def test_memory_is_bounded_by_the_count() -> None:
         tracemalloc.stop()
     assert len(trace) == 1000
     assert after < full * 1.2, (full, after)
+
+
+def test_a_publisher_that_started_after_the_change_says_so() -> None:
+    trace = TraceLog(10, None)  # started after the change: nothing published yet
+    gone = trace.find(at(1000), EPOCH, StreamId(1000, 0), 1.0)
+    assert gone == NotTraced(
+        "NotTraced", "not traced: committed before this publisher began tracing")

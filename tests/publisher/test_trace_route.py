@@ -4,6 +4,7 @@ answers, the scope it needs, catching-up listeners, and turning it off."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path
@@ -13,13 +14,14 @@ import aiohttp
 import orjson
 
 from changefeed.cursor import Cursor
-from publisher.config import Config, Trace
+from publisher.bucket import ChangeBucket, connect
+from publisher.config import Config, Trace, load_config
 from publisher.service import Service
 from tests.conftest import PublisherFactory
 from tests.pki import sha256_hex
 from tests.publisher.test_cli import changefeed
 from tests.publisher.test_fleet import wait_for_cluster
-from tests.servers import RedisServer, scaled
+from tests.servers import PublisherProcess, RedisServer, scaled, write_config
 from tests.wsclient import Feed, register, v1, v2
 
 FAST = {"interval": 0.2, "ttl": 2}
@@ -193,3 +195,32 @@ async def test_trace_off_and_on_again_by_reload(
         assert status == 200 and body["listeners"] == 1
         assert body["window"]["items"] == 5
         await feed.close()
+
+
+async def test_trace_reaches_workers_that_share_a_port(
+    redis_server: RedisServer, tmp_path: Path,
+) -> None:
+    config = write_config(tmp_path / "workers.js", redis_server.url,
+                          fleet={"interval": 0.2, "ttl": 2})
+    parent = PublisherProcess(config, "--workers", "2")
+    await asyncio.to_thread(parent.start)
+    bucket = ChangeBucket(connect(redis_server.url), "test", load_config(config).resources)
+    try:
+        await wait_for_cluster(
+            parent.url, lambda body: sorted(p.get("url") for p in body["publishers"])
+            == [parent.url] * 2, "both workers advertise the one URL")
+        cursor = await bucket.publish("vm", "vm-1", ["nic"])
+        body = await wait_for_cluster(
+            parent.url, lambda body: all((p["tail"]["position"] or "") >= cursor
+                                         for p in body["publishers"]),
+            "both workers' tails read the change")
+        workers = {p["publisher"] for p in body["publishers"]}
+        status, output = await changefeed("trace", cursor, "--url", parent.url, "--json")
+        assert status == 0, output
+        answer = orjson.loads(output)
+        assert answer["unreached"] == {}
+        assert {p["publisher"] for p in answer["publishers"]} == workers
+        assert all(p["status"] == 200 and p["listeners"] == 0 for p in answer["publishers"]), output
+    finally:
+        await bucket.aclose()
+        await asyncio.to_thread(parent.stop)
