@@ -50,14 +50,14 @@ class _Registration(Protocol):
     def service(self) -> str: ...
 
 
-class Listener(Protocol):
+class Recipient(Protocol):
     """A connection the hub wrote to: its registration names its service."""
 
     @property
     def registration(self) -> _Registration: ...
 
 
-L = TypeVar("L", bound=Listener)
+R = TypeVar("R", bound=Recipient)
 
 
 class Queued(Protocol):
@@ -144,7 +144,7 @@ class TraceLog:
         self,
         epoch: str,
         entries: Sequence[Traced],
-        written: Mapping[L, Queued],
+        written: Mapping[R, Queued],
         delivered: int,
         read_at: float,
         written_at: float,
@@ -186,7 +186,7 @@ class TraceLog:
     def _attribute(
         entries: Sequence[Traced],
         records: list[Record],
-        written: Mapping[L, Queued],
+        written: Mapping[R, Queued],
         at: float,
     ) -> None:
         """The connections written some of the entries: each frame names its entry by
