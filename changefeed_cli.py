@@ -1,5 +1,5 @@
 """The `changefeed` command: one click group over the publisher's commands (serve, publish,
-stats), the listener's (snoop) and the testing kit's (conformance).
+stats, trace), the listener's (snoop) and the testing kit's (conformance).
 
 With the testing kit, the only code that imports both sides; `python -m changefeed_cli` runs it
 too. Every option can also be set by an environment variable: `CHANGEFEED_<OPTION>` for the
@@ -18,6 +18,7 @@ from listener.snoop import snoop
 from publisher.cli import publish, serve, stats
 from publisher.config import LOG_LEVELS
 from publisher.logs import configure
+from publisher.trace_cli import trace
 
 
 @click.group(
@@ -54,7 +55,7 @@ def main(ctx: click.Context, log_format: str, log_level: str | None) -> None:
     )
 
 
-for command in (serve, publish, stats, snoop, conformance):
+for command in (serve, publish, stats, trace, snoop, conformance):
     main.add_command(command)
 
 

@@ -29,6 +29,10 @@ module.exports = {
         {resource: "vm", subResources: ["nic", "alias", "state"], bootstrapRoute: "/vms"},
         {resource: "network", subResources: ["ips", "name"], bootstrapRoute: "/networks"},
     ],
+    trace: {
+        items: 10000, // changes each publisher traces for `changefeed trace` (0: none)
+        maxAge: 600,  // seconds a change stays traced (0: no age limit)
+    },
     limits: {
         registrationBytes: 65536, // largest registration frame accepted (else 1009)
         registrationTimeout: 10,  // seconds a new socket has to send its registration

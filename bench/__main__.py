@@ -39,6 +39,7 @@ from bench.machine import describe
 from bench.scenario import Context, Result
 from bench.servers import Cores, pinned
 from bench.spark_rows import SparkRun, p8
+from bench.trace_cost import p1t
 from bench.versus_nats import p9
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,7 +48,8 @@ DOCS = ROOT / "docs" / "benchmarks.md"
 IMAGES = ROOT / "docs" / "img"
 
 SCENARIOS: dict[str, Callable[[Context], Awaitable[Result]]] = {
-    "P1": p1, "P2": p2, "P3": p3, "P4": p4, "P5": p5, "P6": p6, "P7": p7, "P8": p8, "P9": p9,
+    "P1": p1, "P1T": p1t, "P2": p2, "P3": p3, "P4": p4, "P5": p5, "P6": p6, "P7": p7, "P8": p8,
+    "P9": p9,
 }
 
 

@@ -175,11 +175,13 @@ def redis_url(directory: Path) -> str:
     return f"unix://{directory / 'redis.sock'}"
 
 
-def write_config(path: Path, url: str, **limits: Any) -> Path:
+def write_config(
+    path: Path, url: str, *, sections: dict[str, Any] | None = None, **limits: Any
+) -> Path:
     """A config.js for the benchmarks: bucket `bench`, resource `vm` with nic/alias/state and
-    P6's k00..k99, and `limits` when given."""
+    P6's k00..k99, `limits` when given, and other top-level `sections` (e.g. `trace`)."""
     extra: dict[str, Any] = {"bucket": {"redisUrl": url, "name": "bench"},
-                             "resources": [RESOURCE.to_wire()]}
+                             "resources": [RESOURCE.to_wire()], **(sections or {})}
     if limits:
         extra["limits"] = limits
     return test_servers.write_config(path, url, **extra)

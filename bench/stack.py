@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 
 from bench.scenario import Context
@@ -52,14 +53,16 @@ class Stack:
 
 @contextlib.asynccontextmanager
 async def ours(
-    ctx: Context, name: str, *, seed: Seed | None = None, limits: dict[str, int] | None = None
+    ctx: Context, name: str, *, seed: Seed | None = None, limits: dict[str, int] | None = None,
+    sections: dict[str, Any] | None = None,
 ) -> AsyncIterator[Stack]:
     """A private redis-server (load cores) and `changefeed serve` (the server core). `seed`
-    writes to the bucket before the publisher starts, so its tail starts after those items."""
+    writes to the bucket before the publisher starts, so its tail starts after those items.
+    `sections`: more top-level config.js sections (e.g. `{"trace": {"items": 0}}`)."""
     directory = ctx.work / name
     with redis_server(directory / "redis", ctx.cores.load) as redis:
         url = redis_url(directory / "redis")
-        config = write_config(directory / "config.js", url, **(limits or {}))
+        config = write_config(directory / "config.js", url, sections=sections, **(limits or {}))
         resources = list(load_config(config).resources)
         if seed is not None:
             bucket = ChangeBucket(connect(url), "bench", resources)

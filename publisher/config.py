@@ -143,6 +143,20 @@ class Fleet:
 
 
 @dataclass(frozen=True, slots=True)
+class Trace:
+    """The per-change delivery trace (publisher.trace, `changefeed trace`)."""
+
+    items: int = 10000
+    """Changes traced at most (the newest); 0: no trace is recorded."""
+    max_age: float | None = 600.0
+    """Seconds a change stays traced after its read; None (0 in config.js): no age limit."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.items > 0
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     resources: tuple[Resource, ...]
     max_age: float = 3600.0
@@ -160,6 +174,7 @@ class Config:
     """auth, tls, allowedOrigins, clientLimits (publisher.security_config)."""
     health: Health = field(default_factory=Health)
     fleet: Fleet = field(default_factory=Fleet)
+    trace: Trace = field(default_factory=Trace)
     log_level: str | None = None
     """`logLevel`; None: the command line's (`--log-level`, default info)."""
 
@@ -276,7 +291,7 @@ def parse_config(text: str, base: Path | None = None, source: str | None = None)
 
 # --- what operators run the publisher with: health, fleet advertising, log level ---
 
-_OPERATIONS_KEYS = ("health", "fleet", "logLevel")
+_OPERATIONS_KEYS = ("health", "fleet", "trace", "logLevel")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
@@ -288,6 +303,7 @@ def _operations(obj: dict[str, Any]) -> dict[str, Any]:
     return {
         "health": _keys(obj, "health", Health, _HEALTH_KEYS),
         "fleet": fleet,
+        "trace": _keys(obj, "trace", Trace, _TRACE_KEYS),
         "log_level": cj.get(obj, "", "logLevel", None, _log_level),
     }
 
@@ -326,6 +342,26 @@ _HEALTH_KEYS: Checks = {
 _FLEET_KEYS: Checks = {
     "interval": ("interval", cj.positive),
     "ttl": ("ttl", cj.positive),
+}
+
+MAX_TRACE_ITEMS = 1_000_000
+
+
+def _trace_items(key: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TRACE_ITEMS:
+        raise ConfigError(key, value, f"an integer from 0 (no trace) to {MAX_TRACE_ITEMS}")
+    return value
+
+
+def _trace_age(key: str, value: Any) -> float | None:
+    if value is None or value == 0:
+        return None
+    return cj.positive(key, value)
+
+
+_TRACE_KEYS: Checks = {
+    "items": ("items", _trace_items),
+    "maxAge": ("max_age", _trace_age),
 }
 
 

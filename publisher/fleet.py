@@ -25,6 +25,7 @@ from publisher.access import identity_of
 from publisher.app_keys import ACCESS, BUCKET, HUB, LIFECYCLE, LIVE, TAIL
 from publisher.health import tail_reasons
 from publisher.http import json_response
+from publisher.hub import Hub
 from publisher.metrics import Activity, package_version
 
 log = structlog.get_logger(__name__)
@@ -40,6 +41,17 @@ def local_stats(app: web.Application) -> dict[str, Any]:
         "tail": app[TAIL].stats(),
         "closed": dict(hub.closed),
         "refused": app[ACCESS].counts(),
+        "sse": sse_stats(hub),
+    }
+
+
+def sse_stats(hub: Hub) -> dict[str, Any]:
+    """The server-sent events streams: open now, items written, streams ended by whom."""
+    return {
+        "subscribers": sum(1 for conn in hub.connections if conn.sse),
+        "itemsSent": hub.sse_delivered,
+        "disconnects": {"listener": hub.sse_ended["listener"],
+                        "publisher": hub.sse_ended["publisher"]},
     }
 
 
@@ -145,4 +157,4 @@ class Advertiser:
             log.info("fleet: report left to expire", error=str(exc))
 
 
-__all__ = ["Advertiser", "cluster_stats", "local_stats", "report", "stats_of_scope"]
+__all__ = ["Advertiser", "cluster_stats", "local_stats", "report", "sse_stats", "stats_of_scope"]

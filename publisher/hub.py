@@ -39,6 +39,7 @@ from changefeed.protocol import (
 from changefeed.sse import change_chunk, close_chunks
 from changefeed.watch import prefixes_of
 from publisher.bucket import ChangeBucket, LogEntry
+from publisher.trace import TraceLog
 from publisher.window import Window, WindowEntry
 
 if TYPE_CHECKING:
@@ -224,6 +225,12 @@ class Hub:
         self.observe_latency: Callable[[float], None] | None = None
         """Called once per new item written to at least one live listener, with the seconds
         from its commit (its Redis time) to the write: the metrics' histogram."""
+        self.trace: TraceLog | None = None
+        """The delivery trace (publisher.trace), None when `trace.items` is 0."""
+        self.sse_delivered = 0
+        """Items written to server-sent events subscribers since start (in `delivered` too)."""
+        self.sse_ended: Counter[str] = Counter()
+        """Server-sent events streams ended since start, by who ended them (publisher.sse)."""
 
     # --- membership ----------------------------------------------------------------------
 
@@ -275,14 +282,19 @@ class Hub:
         """
         window = self.window
         send_buffer = self.send_buffer
+        trace = self.trace
+        read_at = time.time() if trace is not None else 0.0
         pending: dict[Subscriber, _Pending] = {}
         written: list[WindowEntry] = []
+        fresh: list[WindowEntry] = []
+        sse_sent = 0
         for raw in entries:
             if raw.position <= window.head:
                 continue  # already seen (a re-read after a Redis reconnect)
             entry = self.encode(raw)
             previous = window.head
             window.append(entry)
+            fresh.append(entry)
             matching = self.routes.matching(
                 entry.resource, entry.sub_resources, entry.changed_resource_id
             )
@@ -299,7 +311,11 @@ class Hub:
                 if queued.size > send_buffer:
                     self._fall_behind(conn, previous)
                     continue
-                frame = self.sse_of(entry) if conn.sse else entry.frame
+                if conn.sse:
+                    frame = self.sse_of(entry)
+                    sse_sent += 1
+                else:
+                    frame = entry.frame
                 queued.frames.append(frame)
                 queued.size += len(frame)
                 conn.last_sent = entry.position
@@ -316,6 +332,9 @@ class Hub:
                 sent += len(data)
         self.delivered += delivered
         self.bytes_written += sent
+        self.sse_delivered += sse_sent
+        if trace is not None:
+            trace.published(self.epoch, fresh, pending, delivered, read_at, time.time())
         if written and self.observe_latency is not None:
             now_ms = time.time() * 1000
             for entry in written:
@@ -459,9 +478,7 @@ class Hub:
                             return
                         frame = self.sse_of(entry) if conn.sse else entry.frame
                         conn.transport.write(frame)
-                        conn.last_sent = entry.position
-                        self.delivered += 1
-                        self.bytes_written += len(frame)
+                        self._wrote_one(conn, entry.position, len(frame))
                     conn.position = entry.position
         except (ConnectionError, RuntimeError) as exc:
             log.info("catch-up ended: connection gone", remote=conn.remote, error=str(exc))
@@ -502,10 +519,18 @@ class Hub:
                         if conn.sse else text_frame(payload)
                     )
                     conn.transport.write(frame)
-                    conn.last_sent = row.position
-                    self.delivered += 1
-                    self.bytes_written += len(frame)
+                    self._wrote_one(conn, row.position, len(frame))
                 conn.position = row.position
+
+    def _wrote_one(self, conn: Subscriber, position: StreamId, size: int) -> None:
+        """Count one item written to `conn` outside the fan-out (catching up, replaying)."""
+        conn.last_sent = position
+        self.delivered += 1
+        self.bytes_written += size
+        if conn.sse:
+            self.sse_delivered += 1
+        if self.trace is not None:
+            self.trace.wrote_late(position, conn.registration.service, time.time())
 
     async def _writable(self, conn: Subscriber) -> bool:
         """Wait until `conn` can take another frame without passing `send_buffer`; False when

@@ -118,6 +118,23 @@ class _Collector(Collector):
             "changefeed_written_bytes", "Bytes of change items written to listeners.",
             value=hub.bytes_written,
         )
+        yield GaugeMetricFamily(
+            "changefeed_sse_subscribers", "Open server-sent events streams (/changefeeds/sse).",
+            value=sum(1 for conn in hub.connections if conn.sse),
+        )
+        yield CounterMetricFamily(
+            "changefeed_sse_items_sent",
+            "Change items written to server-sent events streams (in items_delivered too).",
+            value=hub.sse_delivered,
+        )
+        sse_ended = CounterMetricFamily(
+            "changefeed_sse_disconnects",
+            "Server-sent events streams ended, by who ended them (listener or publisher).",
+            labels=["by"],
+        )
+        for by in ("listener", "publisher"):
+            sse_ended.add_metric([by], hub.sse_ended[by])
+        yield sse_ended
         yield CounterMetricFamily(
             "changefeed_slow_consumer_closes", "Listeners closed with 4008 (slow consumer).",
             value=hub.closed["slowConsumer"],

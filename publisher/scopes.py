@@ -6,7 +6,8 @@
     feed:<consumer>     store and resume the feed cursors of that consumer (`feed:*`: any)
     durable:<consumer>  create, read, fetch from, settle and delete that durable consumer
                         (`durable:*`: any)
-    stats               /changefeeds/stats with every registration and address (else counts)
+    stats               /changefeeds/stats with every registration and address (else counts),
+                        and /changefeeds/trace/<cursor> (publisher.trace_route)
     publish             any HTTP route that writes
     admin               everything above, and any route not named here
 

@@ -13,6 +13,7 @@ import os
 import secrets
 import socket
 import ssl
+import time
 from collections.abc import AsyncIterator, Callable
 
 import structlog
@@ -50,6 +51,8 @@ from publisher.revocation import expire_forever, revoke
 from publisher.routes import add_routes
 from publisher.security_config import check_exposure
 from publisher.tail import Tail
+from publisher.trace import TraceLog
+from publisher.trace_route import add_trace_route
 from publisher.websocket import resume_position
 from publisher.window import Window
 
@@ -115,6 +118,7 @@ class Service:
         self.access.connections_refused = lambda: sum(self.admission.refusals.values())
         self.access.trusted = config.server.trusted_proxies
         self.hub.observe_latency = self.metrics.latency.observe
+        self._trace(config)
         self.app[ACCESS] = self.access
         self.app[CONFIG] = config
         self.app[LIVE] = self.live
@@ -129,6 +133,7 @@ class Service:
         add_health_routes(self.app)
         self.metrics.add_route(self.app)
         add_dashboard_route(self.app)
+        add_trace_route(self.app)
         self.advertiser = Advertiser(self.app, self.metrics.activity)
         self.app.cleanup_ctx.append(self._background)
         self.app.on_shutdown.append(self._close_listeners)
@@ -250,9 +255,9 @@ class Service:
     def reload(self, config: Config) -> list[str]:
         """Apply `config` (config.js read again, SIGHUP) as far as it can change while serving:
         the limits, the connection caps, the trusted proxies, trimming (`maxAge`, `maxItems`,
-        `gcInterval`), `health`, `fleet`, and whatever the `on_reload` parts apply. Returns the
-        keys that changed but cannot change live (the listening address, the Redis, the bucket,
-        the resources...): they keep their old values until a restart."""
+        `gcInterval`), `health`, `fleet`, `trace`, and whatever the `on_reload` parts apply.
+        Returns the keys that changed but cannot change live (the listening address, the Redis,
+        the bucket, the resources...): they keep their old values until a restart."""
         old = self.live.config
         fixed = fixed_changes(old, config)
         applied = keep_fixed(old, config)
@@ -262,10 +267,21 @@ class Service:
         self.admission.per_client = applied.server.max_connections_per_client
         self.admission.exempt = Trusted(applied.server.trusted_proxies)
         self.access.trusted = applied.server.trusted_proxies
+        self._trace(applied)
         self._fit_connections_to_files()
         for part in self.on_reload:
             fixed.extend(part(old, config))
         return fixed
+
+    def _trace(self, config: Config) -> None:
+        """Record the delivery trace as `config.trace` says (started, resized or stopped)."""
+        trace = config.trace
+        if not trace.enabled:
+            self.hub.trace = None
+        elif self.hub.trace is None:
+            self.hub.trace = TraceLog(trace.items, trace.max_age)
+        else:
+            self.hub.trace.resize(trace.items, trace.max_age, time.time())
 
     async def stop(self) -> None:
         if self._server is not None:

@@ -134,6 +134,7 @@ async def handle_sse(request: web.Request) -> web.StreamResponse:
         await asyncio.Event().wait()
     finally:
         hub.remove(conn)
+        hub.sse_ended["publisher" if conn.closing else "listener"] += 1
         bound.info("sse listener disconnected", listeners=len(hub.connections),
                    reason="closed by publisher" if conn.closing else "closed by listener")
     return response

@@ -19,7 +19,7 @@ import pytest
 from tests.servers import scaled
 
 ROOT = Path(__file__).resolve().parent.parent
-SCENARIOS = [f"P{n}" for n in range(1, 10)]
+SCENARIOS = sorted([f"P{n}" for n in range(1, 10)] + ["P1T"])
 TOOLS = {"redis-benchmark": "P3", "nats-server": "P9", "java": "P8 (Spark)"}
 THROUGHPUT = ("P1", "P6", "P9")
 """Scenarios whose first check is deliveries/s, publisher against a baseline."""

@@ -66,6 +66,9 @@ async def test_chromium_renders_live_fleet_data(
             await register(b.ws_url, v1("vm", ["nic", "alias"])),
             await register(b.ws_url, v2({"network": ["ips"]}), version="~2"),
         ]
+        http = aiohttp.ClientSession()
+        sse = await http.get(b.url + "/changefeeds/sse?resource=vm&sub=nic")
+        assert sse.status == 200
 
         async def commit_forever() -> None:
             i = 0
@@ -85,10 +88,13 @@ async def test_chromium_renders_live_fleet_data(
             committing.cancel()
             for feed in feeds:
                 await feed.close()
+            sse.close()
+            await http.close()
     status = re.search(r'<span id="status"[^>]*data-polls="(\d+)"[^>]*>([^<]*)<', dom)
     assert status is not None, dom[:3000]
     assert int(status.group(1)) >= 1
-    assert status.group(2).startswith("live: 2 publisher(s), 3 listener(s)")
+    assert status.group(2).startswith("live: 2 publisher(s), 4 listener(s)")
+    assert re.search(r'<b id="t-sse">1</b>', dom), "one server-sent events stream"
     assert a.id in dom and b.id in dom
     assert re.search(r"<td>vm</td><td>nic, alias</td><td[^>]*>2</td>", dom)
     assert re.search(r"<td>network</td><td>ips</td><td[^>]*>1</td>", dom)

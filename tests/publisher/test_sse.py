@@ -21,7 +21,8 @@ from publisher.bucket import Change
 from publisher.config import Config
 from publisher.service import Service
 from tests.conftest import PublisherFactory
-from tests.servers import RedisServer, scaled
+from tests.publisher.test_metrics import scrape
+from tests.servers import RedisServer, eventually, scaled
 
 
 class Stream:
@@ -212,3 +213,30 @@ async def test_shutdown_ends_the_stream_with_a_close_event(
         with pytest.raises(EOFError):
             await feed.next()
         response.release()
+
+
+async def test_sse_streams_are_counted_in_stats_and_metrics(publisher: Service) -> None:
+    async with stream(publisher.url, "resource=vm&sub=nic&service=web") as feed:
+        assert (await feed.next()).name == "registered"
+        cursors = [await publisher.bucket.publish("vm", f"vm-{i}", ["nic"]) for i in range(3)]
+        assert [i["cursor"] for i in await feed.changes(3)] == cursors
+        samples, types, _ = await scrape(publisher)
+        assert samples["changefeed_sse_subscribers", ()] == 1
+        assert types["changefeed_sse_items_sent"] == "counter"
+        assert samples["changefeed_sse_items_sent_total", ()] == 3
+        async with aiohttp.ClientSession() as http, http.get(
+            publisher.url + "/changefeeds/stats"
+        ) as response:
+            stats = (await response.json())["sse"]
+        assert stats == {"subscribers": 1, "itemsSent": 3,
+                         "disconnects": {"listener": 0, "publisher": 0}}
+    await eventually(lambda: publisher.hub.sse_ended["listener"] == 1, "the stream ended")
+    samples, _, _ = await scrape(publisher)
+    assert samples["changefeed_sse_subscribers", ()] == 0
+    assert samples["changefeed_sse_disconnects_total", (("by", "listener"),)] == 1
+    assert samples["changefeed_sse_disconnects_total", (("by", "publisher"),)] == 0
+    # The stream's trace: written to the one listener of service "web".
+    async with aiohttp.ClientSession() as http, http.get(
+        f"{publisher.url}/changefeeds/trace/{cursors[0]}"
+    ) as response:
+        assert (await response.json())["services"]["web"]["listeners"] == 1
