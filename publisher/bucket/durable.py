@@ -29,11 +29,8 @@ from changefeed.cursor import Cursor, StreamId
 from changefeed.durable import Action, ConsumerConfig, DeliveryId, Outcome, Settled
 from changefeed.protocol import ChangeItem
 from publisher.bucket.client import ChangeBucket, translate_redis_errors
-from publisher.bucket.scripts import load
+from publisher.bucket.scripts import DURABLE
 from publisher.bucket.values import LogEntry
-
-DURABLE = load("durable")
-"""The durable consumers' operations: create, delete, info, redeliver, dispatch, settle."""
 
 _OUTCOMES = {1: Outcome.APPLIED, 2: Outcome.REDELIVERED, 3: Outcome.NOT_PENDING,
              4: Outcome.CONSUMER_RECREATED}
@@ -273,7 +270,6 @@ def dead_to_wire(record: DeadRecord, epoch: str) -> dict[str, Any]:
 
 __all__ = [
     "COUNTERS",
-    "DURABLE",
     "Created",
     "DeadRecord",
     "Dispatched",

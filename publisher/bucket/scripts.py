@@ -46,6 +46,8 @@ RENEW_EPOCH = load("renew_epoch")
 """Start a new epoch if it is still the caller's (a rollback was seen)."""
 SAVE_CURSORS = load("save_cursors")
 """Store a feed consumer's cursor set: bounded in number, expiring."""
+DURABLE = load("durable")
+"""Every operation on one durable consumer (create, info, redeliver, dispatch, settle, delete)."""
 
-__all__ = ["COMMIT", "ENSURE", "PAGE", "RENEW_EPOCH", "RETENTION", "SAVE_CURSORS", "TAIL",
-           "TRIM", "Script", "load"]
+__all__ = ["COMMIT", "DURABLE", "ENSURE", "PAGE", "RENEW_EPOCH", "RETENTION", "SAVE_CURSORS",
+           "TAIL", "TRIM", "Script", "load"]

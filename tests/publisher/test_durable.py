@@ -526,3 +526,18 @@ def test_the_durable_section_of_config_js_and_its_scopes() -> None:
         parse_config(_config_text("durable: {colour: 1}"))
     with pytest.raises(ConfigError, match=r"durable\.consumers"):
         parse_config(_config_text("durable: {consumers: ['no spaces']}"))
+
+
+async def test_a_filter_on_ids_and_prefixes_hands_out_only_what_it_watches(
+    service: Service, http: aiohttp.ClientSession
+) -> None:
+    await create(http, service, filter={"resource": "vm", "ids": ["exact"],
+                                        "prefixes": ["servers"]})
+    wanted = [await service.bucket.commit("vm", id, ["nic"], {}) for id in ("servers/1", "exact")]
+    for id in ("serversX", "other", "exactly"):
+        await service.bucket.commit("vm", id, ["nic"], {})
+    await service.bucket.commit("network", "servers/2", ["ips"], {})
+    reply = await fetch(http, service)
+    assert cursors(reply) == wanted
+    status, info = await call(http, service, "GET", f"{BASE}/billing")
+    assert status == 200 and info["position"] > wanted[-1]  # read past what it skipped
