@@ -191,6 +191,13 @@ async def p1t(ctx: Context) -> Result:
         Figure("after as many changes again (bounded)", again, "bytes"),
         "(information)", None,
     ))
+    worst, _ = trace_memory(items, 100)
+    result.checks.append(Check(
+        "trace memory, worst case",
+        Figure(f"{items:,} changes, each written to 100 services", worst, "bytes"),
+        Figure("2 services each", full, "bytes"),
+        "(information)", None,
+    ))
     result.details = {
         "listeners": count, **timing, "order": "off, on, on, off",
         "deliveries_per_second": {side: [round(m.deliveries_per_second) for m in ms]
