@@ -344,7 +344,7 @@ _FLEET_KEYS: Checks = {
     "ttl": ("ttl", cj.positive),
 }
 
-MAX_TRACE_ITEMS = 1_000_000
+MAX_TRACE_ITEMS = 100_000
 
 
 def _trace_items(key: str, value: Any) -> int:

@@ -23,7 +23,7 @@ from typing import Any, Protocol, TypeVar
 
 from changefeed.cursor import Cursor, StreamId
 
-MAX_SERVICES = 64
+MAX_SERVICES = 16
 """Services one change keeps apart; writes to listeners of any further service are counted under
 `OTHER`."""
 OTHER = "(other services)"

@@ -5,7 +5,7 @@ fleet's reports (`/changefeeds/stats?scope=cluster` of the publisher at URL: eac
 advertises its address) and asks each publisher `GET /changefeeds/trace/<cursor>`: when its
 tail read the change, and how many listeners of each service it was written to, first and last
 write. Publishers that share an address (`serve --workers N` on one port) are asked over new
-connections until each has answered or 3N+2 tries were made; an advertised wildcard host
+connections until each has answered or 10N tries were made; an advertised wildcard host
 (0.0.0.0, ::) is replaced by URL's. Both routes need a token with the `stats` scope; it is sent
 to every advertised publisher (addresses from the fleet's own Redis). `--this-publisher` asks
 only the one at URL. docs/operations.md#tracing-a-change shows the output.
@@ -169,23 +169,24 @@ async def gather(url: str, cursor: str, credentials: Credentials, fleet: bool) -
         expected = advertised(stats, url)
         by_address: dict[str, set[str]] = {}
         for publisher_id, address in expected.items():
-            if publisher_id in gathered.answers:
-                continue
             if address:
                 by_address.setdefault(address, set()).add(publisher_id)
-            else:
+            elif publisher_id not in gathered.answers:
                 gathered.unreached[publisher_id] = "it advertises no address yet"
 
-        async def reach(address: str, wanted: set[str]) -> None:
-            for _ in range(3 * len(wanted) + 2):
-                if wanted <= gathered.answers.keys():
+        async def reach(address: str, sharing: set[str]) -> None:
+            # The kernel picks one of the publishers sharing the address per connection: ask
+            # until each has answered (10 tries per publisher leave one unreached by chance
+            # with odds of 2^-10 or less each).
+            for _ in range(10 * len(sharing)):
+                if sharing <= gathered.answers.keys():
                     return
                 if await ask(address) is None:
                     break
-            for publisher_id in wanted - gathered.answers.keys():
+            for publisher_id in sharing - gathered.answers.keys():
                 gathered.unreached[publisher_id] = f"no answer from it at {address}"
 
-        await asyncio.gather(*(reach(a, w) for a, w in by_address.items()))
+        await asyncio.gather(*(reach(a, s) for a, s in by_address.items()))
     return gathered
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from changefeed.errors import ConfigError
-from publisher.config import load_config, parse_config
+from publisher.config import Trace, load_config, parse_config
 
 VM = '{resource: "vm", subResources: ["nic", "alias"], bootstrapRoute: "/vms"}'
 
@@ -106,6 +106,12 @@ def test_javascript_forms() -> None:
         ("{resources: [" + VM + "], feed: {cursorSetMaxAge: 0}}", "feed.cursorSetMaxAge",
          "positive number"),
         ("{resources: [" + VM + "], feed: {colour: 1}}", "feed.colour", "known keys"),
+        ("{resources: [" + VM + "], trace: {items: -1}}", "trace.items",
+         "an integer from 0 (no trace) to 100000"),
+        ("{resources: [" + VM + "], trace: {items: 100001}}", "trace.items", "to 100000"),
+        ("{resources: [" + VM + "], trace: {items: true}}", "trace.items", "to 100000"),
+        ("{resources: [" + VM + "], trace: {maxAge: -5}}", "trace.maxAge", "a positive number"),
+        ("{resources: [" + VM + "], trace: {size: 1}}", "trace.size", "known keys"),
     ],
 )
 def test_invalid_config_names_key_value_and_expectation(text: str, key: str, expected: str) -> None:
@@ -139,6 +145,14 @@ def test_the_new_sections_and_their_defaults() -> None:
     assert config.feed.consumers == {"billing", "audit"} and config.feed.cursor_set_max_age == 60
     assert (config.bucket.pool_size, config.bucket.pool_timeout) == (8, 0.5)
     assert config.server.max_connections_per_client == 5 and config.server.idle_timeout == 3
+
+
+def test_the_trace_section() -> None:
+    assert parse_config("{resources: [" + VM + "]}").trace == Trace(10000, 600.0)
+    config = parse_config("{resources: [" + VM + "], trace: {items: 0, maxAge: 0}}")
+    assert config.trace == Trace(0, None) and not config.trace.enabled
+    config = parse_config("{resources: [" + VM + "], trace: {items: 5, maxAge: null}}")
+    assert config.trace == Trace(5, None) and config.trace.enabled
 
 
 def test_a_redis_password_is_never_shown() -> None:
