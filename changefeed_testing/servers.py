@@ -132,6 +132,10 @@ class RedisServer:
         self.persist = persist
         self.process: subprocess.Popen[bytes] | None = None
         self.log = directory / "redis.log"
+        self.extra_args: list[str] = []
+        """More redis-server arguments (a cluster node's)."""
+        self.arrived: queue.Queue[str | None] | None = None
+        """Set before start(): the server's lines after it is ready arrive here too."""
 
     @property
     def url(self) -> str:
@@ -160,6 +164,7 @@ class RedisServer:
             "always",
             "--logfile",
             "",
+            *self.extra_args,
         ]
         ready = "ready to accept connections"
         if self.replica_of is not None:
@@ -174,7 +179,7 @@ class RedisServer:
             line = self.process.stdout.readline().decode(errors="replace")
             output.append(line)
             if ready in line.lower():
-                drain(self.process, output)
+                drain(self.process, output, self.arrived)
                 return self
             if not line and self.process.poll() is not None:
                 break
@@ -247,6 +252,74 @@ class SentinelServer:
 
     def stop(self) -> None:
         terminate(self.process, 5)
+
+
+class RedisCluster:
+    """A Redis Cluster of `masters` masters (no replicas) on free TCP ports of loopback: each a
+    `redis-server --cluster-enabled yes`, joined by `redis-cli --cluster create`, ready once
+    every node reports `cluster_state:ok`. A cluster needs fixed ports (its nodes tell clients
+    where each slot lives), so each node gets a free port picked just before it starts."""
+
+    def __init__(self, directory: Path, masters: int = 3) -> None:
+        self.directory = directory
+        self.nodes = [
+            RedisServer(directory / f"node{i}", tcp=True, persist=False) for i in range(masters)
+        ]
+
+    @property
+    def url(self) -> str:
+        """The `redis+cluster://` URL naming every node."""
+        return "redis+cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in self.nodes) + "/"
+
+    @property
+    def node_urls(self) -> list[str]:
+        return [f"redis://127.0.0.1:{n.port}" for n in self.nodes]
+
+    def start(self) -> RedisCluster:
+        for server in self.nodes:
+            conf = server.directory / "nodes.conf"
+            server.arrived = queue.Queue()
+            server.extra_args = [
+                "--cluster-enabled", "yes", "--cluster-config-file", str(conf),
+                "--cluster-node-timeout", "2000",
+                # The cluster bus on a free port of its own (by default port + 10000, which
+                # may be taken or past 65535).
+                "--cluster-port", str(free_port()),
+            ]
+            server.start()
+        cli = shutil.which("redis-cli")
+        if cli is None:
+            self.stop()
+            raise RuntimeError("redis-cli is needed to create a Redis Cluster")
+        created = subprocess.run(
+            [cli, "--cluster", "create", *(f"127.0.0.1:{n.port}" for n in self.nodes),
+             "--cluster-replicas", "0", "--cluster-yes"],
+            capture_output=True, timeout=scaled(30), check=False,
+        )
+        if created.returncode != 0:
+            self.stop()
+            raise RuntimeError("redis-cli --cluster create failed:\n"
+                               + created.stdout.decode(errors="replace")
+                               + created.stderr.decode(errors="replace"))
+        # Every node says when it sees the cluster up (gossip spreads the slots' owners).
+        for server in self.nodes:
+            assert server.arrived is not None
+            deadline = time.monotonic() + scaled(20)
+            while True:
+                try:
+                    line = server.arrived.get(timeout=max(deadline - time.monotonic(), 0.001))
+                except queue.Empty:
+                    line = None
+                if line is None:
+                    self.stop()
+                    raise RuntimeError(f"cluster node {server.port} did not see the cluster up")
+                if "cluster state changed: ok" in line.lower():
+                    break
+        return self
+
+    def stop(self) -> None:
+        for server in self.nodes:
+            server.stop()
 
 
 def write_config(path: Path, redis_url: str | None, **extra: Any) -> Path:

@@ -122,6 +122,13 @@ _SCRIPT_ERRORS = {"PARTITIONS ": _partitions_error, "KEYREUSED ": _key_reused_er
 """Errors our scripts reply with, by prefix: the error of ours each one becomes."""
 
 
+_CLUSTER_REFUSALS = (
+    redis.exceptions.ClusterDownError,
+    redis.exceptions.TryAgainError,
+    redis.exceptions.RedisClusterException,
+)
+
+
 class _Translated:
     """`translate_redis_errors`' context: a class rather than a generator-based context manager,
     as every commit enters two and a single commit is a few hundred microseconds."""
@@ -154,6 +161,10 @@ class _Translated:
                     f"{what}: no answer from Redis ({exc}); the commit may have been written", exc
                 ) from exc
             raise BucketUnavailable(f"{what}: Redis unreachable ({exc})", exc) from exc
+        if isinstance(exc, _CLUSTER_REFUSALS):
+            # A Redis Cluster refused before running anything (down, a slot not served, no
+            # node reachable): nothing was written.
+            raise BucketUnavailable(f"{what}: Redis Cluster unavailable ({exc})", exc) from exc
         if isinstance(exc, redis.exceptions.ResponseError):
             for prefix, error in _SCRIPT_ERRORS.items():
                 if str(exc).startswith(prefix):

@@ -1,0 +1,387 @@
+"""A bucket spread over a Redis Cluster: one hash tag per partition.
+
+A bucket of `n` partitions in a cluster is `n` single-partition logs, each under its own hash tag
+``{name/p}`` (``{name/p}:log``, ``:last``, ``:trimmed``, ``:epoch``, ``:idem``,
+``:state:<resource>``, ``:index:<resource>``: the layout of `Keys`), so one partition's commit,
+tail read, trim and page touch one slot, and the partitions land on the cluster's masters by
+their slots. What belongs to the whole bucket stays under ``{name}``: its epoch, its partition
+count, the fleet's reports, the feed's cursor sets and the Spark ledgers.
+
+Every script of the single-instance bucket runs unchanged on a partition (`PartitionBucket` is a
+`ChangeBucket` of one partition whose commits go through the cluster client). What differs:
+
+- a commit whose changes fall in several partitions is one atomic commit per partition (sent
+  concurrently); atomicity and order are per partition, as in every partitioned log. When one
+  fails after another was written, `CommitOutcomeUnknown` (or `BucketUnavailable`) says which
+  partitions were written; retry with the same idempotency key;
+- idempotency keys are remembered per partition (the key names the call's changes of that
+  partition);
+- positions are composite (`changefeed.cursor.CompositeCursor`): a commit returns, for each
+  change, the cursor of its one position in its partition;
+- the bucket's epoch lives in ``{name}:epoch``; each partition holds a copy in
+  ``{name/p}:epoch`` that its scripts check (a partition whose keys were lost gets the bucket's
+  epoch back when it is next written, and its rollback is seen by the tails).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, cast
+
+import redis.exceptions
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from changefeed.cursor import CompositeCursor, StreamId, new_epoch
+from changefeed.errors import (
+    BucketUnavailable,
+    ChangeError,
+    ChangefeedError,
+    CommitOutcomeUnknown,
+)
+from changefeed.protocol import Resource
+from publisher.bucket import scripts
+from publisher.bucket.client import (
+    BATCH,
+    IDEMPOTENCY_KEYS,
+    POOL_SIZE,
+    ChangeBucket,
+    translate_redis_errors,
+)
+from publisher.bucket.cluster_url import parse_cluster_url
+from publisher.bucket.keys import Keys, partition_of
+from publisher.bucket.values import Change, Committed, Piece, Retention, StatePage
+
+CLUSTER_TIMEOUT = 10.0
+"""Seconds any reply is waited for, blocking reads aside."""
+
+
+def connect_cluster(
+    url: str, *, blocking: bool = False, timeout: float | None = None, pool_size: int = POOL_SIZE
+) -> RedisCluster:
+    """A redis-py cluster client for a `redis+cluster://` URL that never sends a command twice
+    on its own (retries 0: a commit without an idempotency key is not idempotent). Redirects
+    (MOVED, ASK) are still followed: the command did not run where it was refused."""
+    parts = parse_cluster_url("redis url", url)
+    return RedisCluster(
+        startup_nodes=[ClusterNode(host, port) for host, port in parts.nodes],
+        username=parts.username,
+        password=parts.password,
+        max_connections=pool_size,
+        retry=Retry(NoBackoff(), 0),
+        socket_connect_timeout=5,
+        socket_timeout=timeout or (20 if blocking else CLUSTER_TIMEOUT),
+    )
+
+
+class PartitionBucket(ChangeBucket):
+    """One partition of a cluster bucket: a single-partition bucket under the tag {name/p},
+    whose new epoch (when its keys are created) is the whole bucket's."""
+
+    def __init__(
+        self, client: RedisCluster, name: str, partition: int,
+        resources: Iterable[Resource] | None, idempotency_keys: int,
+    ) -> None:
+        self._bucket_epoch = new_epoch()
+        super().__init__(
+            cast(Any, client), f"{name}/{partition}", resources, 1,
+            idempotency_keys=idempotency_keys,
+        )
+        self.partition = partition
+        self._commit_script = client.register_script(scripts.COMMIT.text)
+
+    @property  # type: ignore[override]
+    def _candidate(self) -> str:
+        """The epoch commit.lua gives the partition if its keys are missing: the bucket's."""
+        return self._bucket_epoch
+
+    @_candidate.setter
+    def _candidate(self, value: str) -> None:
+        """ChangeBucket draws a fresh candidate after some commits; a partition never does."""
+
+    async def commit_call(self, changes: Sequence[Change], key: str | None) -> Committed:
+        """One atomic commit.lua call of `changes` (validated, all of this partition)."""
+        keys, args = self.commit_arguments(changes, key)
+        async with translate_redis_errors(f"commit (partition {self.partition})", sent=True):
+            reply = await self._commit_script(keys=keys, args=args)
+        return self._answered(reply)
+
+
+def _outcome_error(
+    total: int, written: list[int], failed: dict[int, BaseException]
+) -> ChangefeedError:
+    """What a commit over several partitions tells when some partitions failed."""
+    unknown = sorted(p for p, e in failed.items() if isinstance(e, CommitOutcomeUnknown))
+    refused = sorted(p for p, e in failed.items() if not isinstance(e, CommitOutcomeUnknown))
+    first = next(iter(failed.values()))
+    said = (
+        f"commit over {total} partition(s): written in partition(s) {written or 'none'}"
+        + (f"; outcome unknown in {unknown}" if unknown else "")
+        + (f"; not written in {refused}" if refused else "")
+        + f" ({first}). Atomicity is per partition in a Redis Cluster: retry with the same "
+        "idempotency key to write exactly what is missing"
+    )
+    if isinstance(first, ChangeError) and not written and not unknown:
+        return ChangeError(said)
+    if unknown or written:
+        return CommitOutcomeUnknown(said, first)
+    if isinstance(first, BucketUnavailable):
+        return BucketUnavailable(said, first)
+    return ChangefeedError(said)
+
+
+class ClusterBucket(ChangeBucket):
+    """A bucket whose partitions spread over a Redis Cluster (see the module's docstring).
+
+    Bucket-wide keys ({name}) are used through ChangeBucket's own methods (the fleet, cursor
+    sets, Spark ledgers); the log and the store go to `parts`, one `PartitionBucket` each.
+
+    >>> bucket = ClusterBucket(connect_cluster("redis+cluster://10.0.0.1:7000/"), "cf", rs, 8)
+    >>> cursor = await bucket.commit("vm", vm_uuid, ["nic"], state, key=request_id)
+    """
+
+    def __init__(
+        self,
+        client: RedisCluster,
+        name: str,
+        resources: Iterable[Resource] | None = None,
+        partitions: int | None = None,
+        *,
+        idempotency_keys: int = IDEMPOTENCY_KEYS,
+    ) -> None:
+        super().__init__(
+            cast(Any, client), name, resources, partitions, idempotency_keys=idempotency_keys
+        )
+        self.cluster = client
+        self._resources = list(resources) if resources is not None else None
+        self._parts: list[PartitionBucket] = []
+        self.epoch: str | None = None
+        """The bucket's epoch, as last read or created (`ensure`)."""
+
+    # --- the partitions --------------------------------------------------------------------
+
+    async def parts(self) -> list[PartitionBucket]:
+        """One PartitionBucket per partition (the count is the configured one, else the
+        bucket's stored count, else 1)."""
+        if not self._parts:
+            n = self.partitions or await self._stored_partitions() or 1
+            self._parts = [
+                PartitionBucket(self.cluster, self.name, p, self._resources,
+                                self.idempotency_keys)
+                for p in range(n)
+            ]
+        return self._parts
+
+    async def _stored_partitions(self) -> int | None:
+        async with translate_redis_errors("partitions"):
+            stored = await self.redis.get(self.keys.partitions)
+        return int(stored) if stored is not None else None
+
+    async def partition_count(self) -> int:
+        return len(await self.parts())
+
+    async def streams(self) -> list[str]:
+        return [part.keys.log for part in await self.parts()]
+
+    # --- the epoch -------------------------------------------------------------------------
+
+    async def ensure(self) -> str:
+        """The bucket's epoch, creating the bucket ({name}:epoch, :partitions) if it has none,
+        and each partition's copy of the epoch where it is missing or stale."""
+        parts = await self.parts()
+        async with translate_redis_errors("epoch"):
+            epoch, stored = await self._ensure(
+                keys=self.keys.common, args=[new_epoch(), len(parts)]
+            )
+        epoch = epoch.decode()
+        self._known_partitions = int(stored)
+        await self._adopt(epoch)
+        return str(epoch)
+
+    async def _adopt(self, epoch: str) -> None:
+        """Give every partition the bucket's epoch (created, or replaced after a renewal)."""
+        self.epoch = epoch
+        parts = await self.parts()
+        for part in parts:
+            part._bucket_epoch = epoch
+        async with translate_redis_errors("epoch"):
+            await asyncio.gather(*(self._adopt_one(part, epoch) for part in parts))
+
+    async def _adopt_one(self, part: PartitionBucket, epoch: str) -> None:
+        found, _ = await part._ensure(keys=part.keys.common, args=[epoch, 1])
+        if found.decode() != epoch:
+            await part.redis.set(part.keys.epoch, epoch)
+
+    async def current_epoch(self) -> str | None:
+        async with translate_redis_errors("epoch"):
+            epoch: Any = await self.redis.get(self.keys.epoch)
+        return epoch.decode() if epoch else None
+
+    async def renew_epoch(self, known: str) -> str:
+        """Start a new bucket epoch if it is still `known` (a partition rolled back), and give
+        it to every partition; returns the bucket's epoch after it."""
+        epoch = await super().renew_epoch(known)
+        if epoch:
+            await self._adopt(epoch)
+        return epoch
+
+    async def _epoch(self) -> str:
+        return self.epoch if self.epoch is not None else await self.ensure()
+
+    # --- writing ---------------------------------------------------------------------------
+
+    async def commit_many(self, changes: Iterable[Change], *, key: str | None = None) -> list[str]:
+        """Commit `changes`: one atomic commit per partition (per batch of BATCH changes of a
+        partition), the partitions concurrently; returns each change's cursor, in order.
+
+        With an idempotency `key`, partition p's batch n is committed under `key/p` (n = 0) or
+        `key/p#n`, so a retry with the same key and changes writes only what is missing.
+        """
+        changes = list(changes)
+        for change in changes:
+            self.validate(change)
+        if not changes:
+            return []
+        parts = await self.parts()
+        epoch = await self._epoch()
+        n = len(parts)
+        by_partition: dict[int, list[int]] = {}
+        for number, change in enumerate(changes):
+            by_partition.setdefault(partition_of(change.changed_resource_id, n), []).append(number)
+        cursors: list[str] = [""] * len(changes)
+
+        async def one(p: int, numbers: list[int]) -> list[Committed]:
+            done = []
+            for batch, start in enumerate(range(0, len(numbers), BATCH)):
+                chunk = numbers[start : start + BATCH]
+                batch_key = None if key is None else f"{key}/{p}" + (f"#{batch}" if batch else "")
+                committed = await parts[p].commit_call([changes[i] for i in chunk], batch_key)
+                for offset, i in enumerate(chunk):
+                    cursors[i] = CompositeCursor.at(
+                        committed.epoch, n, p, StreamId(committed.ms, committed.first + offset)
+                    )
+                done.append(committed)
+            return done
+
+        order = sorted(by_partition)
+        results = await asyncio.gather(
+            *(one(p, by_partition[p]) for p in order), return_exceptions=True
+        )
+        failed = {p: r for p, r in zip(order, results, strict=True) if isinstance(r, BaseException)}
+        if failed:
+            for error in failed.values():
+                if not isinstance(error, Exception):
+                    raise error
+            written = [p for p in order if p not in failed]
+            raise _outcome_error(len(order), written, failed) from next(iter(failed.values()))
+        renewed = [c for r in results if not isinstance(r, BaseException) for c in r if c.renewed]
+        if renewed:
+            # A partition's head was behind what this client had been acknowledged: the
+            # bucket (not only the partition) starts a new epoch.
+            await self.renew_epoch(renewed[0].epoch)
+        return cursors
+
+    async def commit_batches(self, batches: Sequence[tuple[Sequence[Change], str | None]]
+                             ) -> list[Committed]:
+        raise ChangefeedError(
+            "commit_batches: a bucket in a Redis Cluster commits per partition; use commit_many"
+        )
+
+    async def commit_replicated(
+        self, changes: Iterable[Change], *, key: str | None = None, replicas: int = 0,
+        timeout: float = 2.0,
+    ) -> list[str]:
+        if replicas > 0:
+            raise ChangefeedError(
+                "commit(..., replicas=N) is not supported for a bucket in a Redis Cluster yet"
+            )
+        return await self.commit_many(changes, key=key)
+
+    # --- reading ---------------------------------------------------------------------------
+
+    async def retentions(self) -> list[Retention]:
+        """What each partition's log retains (its epoch copy, trimmed, head, oldest)."""
+        parts = await self.parts()
+        return list(await asyncio.gather(*(part.retention() for part in parts)))
+
+    async def retention(self) -> Retention:
+        raise ChangefeedError(
+            "a bucket in a Redis Cluster has a retention per partition (retentions())"
+        )
+
+    async def head_cursor(self) -> CompositeCursor | None:  # type: ignore[override]
+        """The bucket's head: each partition's head as a composite cursor."""
+        epoch = await self.current_epoch()
+        if epoch is None:
+            return None
+        retentions = await self.retentions()
+        return CompositeCursor(epoch, tuple(r.head for r in retentions))
+
+    async def page_pieces(self, resource: str, pieces: Sequence[Piece], limit: int) -> StatePage:
+        """Up to `limit` states whose ids are in `pieces`, merged by id over the partitions'
+        indexes; the cursor is each partition's head as it read its part of the page (each
+        partition's part and head are one snapshot)."""
+        parts = await self.parts()
+        pages = await asyncio.gather(
+            *(part.page_pieces(resource, pieces, limit) for part in parts)
+        )
+        rows = sorted(
+            ((id.encode(), id, state) for page in pages
+             for id, state in zip(page.ids, page.states, strict=True)),
+            key=lambda row: row[0],
+        )[:limit]
+        epochs = {page.cursor.epoch for page in pages if page.cursor is not None}
+        cursor = None
+        if len(epochs) == 1 and all(page.cursor is not None for page in pages):
+            cursor = CompositeCursor(
+                epochs.pop(), tuple(cast(Any, page.cursor).position for page in pages)
+            )
+        return StatePage([r[1] for r in rows], [r[2] for r in rows], cast(Any, cursor))
+
+    async def get(self, resource: str, id: str) -> bytes | None:
+        parts = await self.parts()
+        return await parts[partition_of(id, len(parts))].get(resource, id)
+
+    async def states(self, resource: str, ids: Sequence[str]) -> list[bytes | None]:
+        parts = await self.parts()
+        out: list[bytes | None] = []
+        for id in ids:
+            out += await parts[partition_of(id, len(parts))].states(resource, [id])
+        return out
+
+    async def stored_resources(self) -> list[str]:
+        found: set[str] = set()
+        for part in await self.parts():
+            found.update(await part.stored_resources())
+        return sorted(found)
+
+    async def trim(self, max_age: float | None, max_items: int | None = None) -> int:
+        """Trim every partition (concurrently): by age, and each to its share of `max_items`
+        (max_items / partitions, rounded up)."""
+        parts = await self.parts()
+        share = None if max_items is None else -(-max_items // len(parts))
+        removed = await asyncio.gather(*(part.trim(max_age, share) for part in parts))
+        return sum(removed)
+
+    def partition_buckets(self) -> Iterator[PartitionBucket]:
+        """The partitions made so far (after `parts()`), partition 0 first."""
+        return iter(self._parts)
+
+    async def aclose(self) -> None:
+        await self.cluster.aclose()
+
+
+def is_cluster_error(exc: BaseException) -> bool:
+    """A Redis Cluster refusal that ran nothing (the cluster is down, a slot is not served)."""
+    return isinstance(exc, (redis.exceptions.ClusterDownError, redis.exceptions.TryAgainError,
+                            redis.exceptions.SlotNotCoveredError))
+
+
+__all__ = [
+    "ClusterBucket",
+    "PartitionBucket",
+    "connect_cluster",
+    "is_cluster_error",
+]
