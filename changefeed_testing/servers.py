@@ -335,7 +335,7 @@ def write_config(path: Path, redis_url: str | None, **extra: Any) -> Path:
     }
     config.update(extra)
     if redis_url is None:
-        del config["bucket"]["redisUrl"]
+        config["bucket"].pop("redisUrl", None)
     body = orjson.dumps(config, option=orjson.OPT_INDENT_2).decode()
     path.write_text(f"// written by changefeed_testing.servers\nmodule.exports = {body};\n")
     return path

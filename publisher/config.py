@@ -21,9 +21,9 @@ from changefeed import configjs as cj
 from changefeed import feed, longpoll
 from changefeed.errors import ConfigError
 from changefeed.protocol import CHANGEFEEDS, WILDCARD, Resource
+from publisher.bucket.cluster_url import cluster_section
 from publisher.bucket.sentinel import redis_url as any_redis_url
 from publisher.bucket.sentinel import sentinel_section
-from publisher.bucket.cluster_url import cluster_section
 from publisher.security_config import SECURITY_KEYS, Security, parse_security
 
 T = TypeVar("T")

@@ -51,8 +51,8 @@ from publisher.bucket.client import (
     translate_redis_errors,
 )
 from publisher.bucket.cluster_url import parse_cluster_url
-from publisher.bucket.keys import Keys, partition_of
-from publisher.bucket.values import Change, Committed, Piece, Retention, StatePage
+from publisher.bucket.keys import partition_of
+from publisher.bucket.values import Change, Committed, LogRead, Piece, Retention, StatePage
 
 CLUSTER_TIMEOUT = 10.0
 """Seconds any reply is waited for, blocking reads aside."""
@@ -100,6 +100,15 @@ class PartitionBucket(ChangeBucket):
     @_candidate.setter
     def _candidate(self, value: str) -> None:
         """ChangeBucket draws a fresh candidate after some commits; a partition never does."""
+
+    async def tail(self, after: StreamId, block_ms: int | None, count: int = 1000) -> LogRead:
+        """`ChangeBucket.tail` in two steps: a cluster client does not pipeline scripts, so the
+        XREAD BLOCK that waits is sent first, and the tail script, which reads and checks, once
+        it returned (one round trip more per wake than on a single Redis)."""
+        if block_ms is not None:
+            async with translate_redis_errors("tail"):
+                await self.redis.xread({self.keys.log: str(after)}, count=1, block=block_ms)
+        return await super().tail(after, None, count)
 
     async def commit_call(self, changes: Sequence[Change], key: str | None) -> Committed:
         """One atomic commit.lua call of `changes` (validated, all of this partition)."""
@@ -245,7 +254,7 @@ class ClusterBucket(ChangeBucket):
         if not changes:
             return []
         parts = await self.parts()
-        epoch = await self._epoch()
+        await self._epoch()  # the partitions get the bucket's epoch if theirs is missing
         n = len(parts)
         by_partition: dict[int, list[int]] = {}
         for number, change in enumerate(changes):

@@ -81,10 +81,11 @@ def test_malformed_composite_cursors_are_refused(text: str) -> None:
 def test_reached_compares_every_partition() -> None:
     epoch = new_epoch()
     delivered = CompositeCursor(epoch, (StreamId(9, 0), StreamId(3, 0))).encode()
-    assert reached(delivered, CompositeCursor.decode(CompositeCursor.at(epoch, 2, 1, StreamId(3, 0))))
-    assert not reached(
-        delivered, CompositeCursor.decode(CompositeCursor.at(epoch, 2, 1, StreamId(3, 1)))
-    )
+    def at(partition: int, position: StreamId) -> CompositeCursor:
+        return CompositeCursor.decode(CompositeCursor.at(epoch, 2, partition, position))
+
+    assert reached(delivered, at(1, StreamId(3, 0)))
+    assert not reached(delivered, at(1, StreamId(3, 1)))
     assert not reached(None, CompositeCursor(epoch, (ZERO, ZERO)))
     with pytest.raises(CursorGone):
         reached(delivered, CompositeCursor(new_epoch(), (ZERO, ZERO)))
