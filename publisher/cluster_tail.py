@@ -88,7 +88,7 @@ class ClusterTail(Tail):
                 if not await self._follow_all():
                     return
             except _Restart as restart:
-                await self._new_history(restart)
+                await self._restart_all(restart)
             except (BucketUnavailable, PartitionMismatch) as exc:
                 if delays is None:
                     delays = self.backoff.delays()
@@ -136,7 +136,7 @@ class ClusterTail(Tail):
             if isinstance(fault, NewHistory):
                 raise _Restart(p, read, fault)
             if isinstance(fault, Gap):
-                self._skip_gap(p, fault)
+                self._skip_partition_gap(p, fault)
             self._added_of[p] = added_after(read, self._added_of[p], fault)
             hub.heads = hub.heads.advanced(p, read.head)
             added = self._added_of[p]
@@ -149,7 +149,7 @@ class ClusterTail(Tail):
                 self.healthy = True
                 self.faults.reconnects += 1
 
-    def _skip_gap(self, p: int, gap: Gap) -> None:
+    def _skip_partition_gap(self, p: int, gap: Gap) -> None:
         positions = list(self.hub.vector.positions)
         positions[p] = gap.trimmed
         closed = self.hub.skip_all(tuple(positions))
@@ -161,7 +161,7 @@ class ClusterTail(Tail):
             closed=closed,
         )
 
-    async def _new_history(self, restart: _Restart) -> None:
+    async def _restart_all(self, restart: _Restart) -> None:
         hub = self.hub
         old = hub.epoch
         listeners = len(hub.connections)

@@ -83,6 +83,8 @@ class Service:
         self.id = publisher_id or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
         self.redis_url = config.bucket.redis_url
         bucket = config.bucket
+        self.bucket: ChangeBucket
+        self._tail_bucket: ChangeBucket
         self.hub: Hub
         self.tail: Tail
         if is_cluster_url(self.redis_url):

@@ -31,8 +31,8 @@ from typing import Any, cast
 
 import redis.exceptions
 from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from changefeed.cursor import CompositeCursor, StreamId, new_epoch
 from changefeed.errors import (
@@ -92,7 +92,7 @@ class PartitionBucket(ChangeBucket):
         self.partition = partition
         self._commit_script = client.register_script(scripts.COMMIT.text)
 
-    @property  # type: ignore[override]
+    @property
     def _candidate(self) -> str:
         """The epoch commit.lua gives the partition if its keys are missing: the bucket's."""
         return self._bucket_epoch

@@ -12,6 +12,7 @@ import aiohttp
 
 from changefeed.cursor import ZERO, CompositeCursor
 from publisher.bucket import Change, partition_of
+from publisher.bucket.cluster import ClusterBucket
 from publisher.config import Config
 from publisher.service import Service
 from tests.conftest import PublisherFactory
@@ -83,8 +84,8 @@ async def test_fan_out_and_resume_with_composite_cursors(
         assert sorted(ids) == sorted([*missed, *await later]), "no gap, no duplicate"
         check_order(got)
         for p in range(PARTITIONS):  # order within each partition is commit order
-            mine = [i for i in ids if partition_of(i, PARTITIONS) == p]
-            assert mine == sorted(mine, key=lambda i: (i[0], int(i.split("-")[1])))
+            of_p = [i for i in ids if partition_of(i, PARTITIONS) == p]
+            assert of_p == sorted(of_p, key=lambda i: (i[0], int(i.split("-")[1])))
         assert await resumed.quiet()
 
         # Resuming at the head exactly: nothing replayed, then live items.
@@ -141,6 +142,7 @@ async def test_a_trimmed_cursor_is_not_resumed_and_a_lost_partition_is_a_new_epo
         # partition, so a new bucket epoch and every listener told to bootstrap again.
         epoch = service.hub.epoch
         lost = partition_of("t-0", PARTITIONS)
+        assert isinstance(service.bucket, ClusterBucket)
         part = (await service.bucket.parts())[lost]
         await part.redis.delete(part.keys.log, part.keys.epoch, part.keys.last,
                                 part.keys.trimmed)
