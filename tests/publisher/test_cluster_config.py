@@ -23,7 +23,7 @@ def test_bucket_cluster_becomes_a_cluster_url() -> None:
     ))
     assert config.bucket.redis_url == "redis+cluster://:s3cret@10.0.0.1:7000,10.0.0.2:7001/"
     assert config.bucket.partitions == 8
-    assert "s3cret" not in config.bucket.display_url
+    assert "s3cret" not in (config.bucket.display_url or "")
     parts = parse_cluster_url("k", config.bucket.redis_url)
     assert parts.nodes == (("10.0.0.1", 7000), ("10.0.0.2", 7001)) and parts.password == "s3cret"
 
