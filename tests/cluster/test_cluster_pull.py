@@ -9,7 +9,7 @@ import aiohttp
 import orjson
 
 from changefeed.cursor import CompositeCursor, Cursor
-from listener import PullConsumer
+from listener import Change, PullConsumer
 from publisher.bucket import partition_of
 from publisher.config import Config
 from tests.cluster.test_cluster_fanout import PARTITIONS, cluster_config, commit
@@ -29,7 +29,7 @@ async def test_the_pull_consumer_follows_a_cluster_bucket(
             assert len(first) == 12
             saved = consumer.cursor
             assert saved is not None and CompositeCursor.decode(saved).epoch == service.hub.epoch
-        rest = []
+        rest: list[Change] = []
         async with PullConsumer(service.url, resource="vm", after=saved) as resumed:
             while len(rest) < 18:
                 rest += await resumed.fetch(100, expires=5)
@@ -62,7 +62,8 @@ async def test_the_feed_gives_each_partition_its_own_cursor(
         seen: list[str] = []
         checkpoints: dict[int, str] = {}
         for _ in range(10):
-            query = {**params, "pagesizehint": "7", **{f"cursor{p}": c for p, c in checkpoints.items()}}
+            moved = {f"cursor{p}": c for p, c in checkpoints.items()}
+            query = {**params, "pagesizehint": "7", **moved}
             async with http.get(service.url + "/changefeeds/feed/v1", params=query) as r:
                 assert r.status == 200, await r.text()
                 body = await r.read()
@@ -77,7 +78,7 @@ async def test_the_feed_gives_each_partition_its_own_cursor(
             if len(seen) >= 20:
                 break
         assert sorted(seen) == sorted(committed)
-        for p, text in checkpoints.items():
+        for text in checkpoints.values():
             assert Cursor.decode(text).epoch == service.hub.epoch
         # A composite cursor stands for each partition's position in it.
         head = CompositeCursor(
