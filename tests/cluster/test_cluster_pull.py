@@ -9,7 +9,7 @@ import aiohttp
 import orjson
 
 from changefeed.cursor import CompositeCursor, Cursor
-from listener import Change, PullConsumer
+from listener import ChangeItem, PullConsumer
 from publisher.bucket import partition_of
 from publisher.config import Config
 from tests.cluster.test_cluster_fanout import PARTITIONS, cluster_config, commit
@@ -29,7 +29,7 @@ async def test_the_pull_consumer_follows_a_cluster_bucket(
             assert len(first) == 12
             saved = consumer.cursor
             assert saved is not None and CompositeCursor.decode(saved).epoch == service.hub.epoch
-        rest: list[Change] = []
+        rest: list[ChangeItem] = []
         async with PullConsumer(service.url, resource="vm", after=saved) as resumed:
             while len(rest) < 18:
                 rest += await resumed.fetch(100, expires=5)
