@@ -26,7 +26,8 @@ Every script of the single-instance bucket runs unchanged on a partition (`Parti
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Iterator, Sequence
+import time
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from typing import Any, cast
 
 import redis.exceptions
@@ -48,11 +49,25 @@ from publisher.bucket.client import (
     IDEMPOTENCY_KEYS,
     POOL_SIZE,
     ChangeBucket,
+    EncodedBatch,
+    StreamStats,
+    connect,
     translate_redis_errors,
 )
-from publisher.bucket.cluster_url import parse_cluster_url
+from publisher.bucket.cluster_url import is_cluster_url, parse_cluster_url
 from publisher.bucket.keys import partition_of
-from publisher.bucket.values import Change, Committed, LogRead, Piece, Retention, StatePage
+from publisher.bucket.values import (
+    Change,
+    Committed,
+    Encoded,
+    LogRead,
+    PackedChanges,
+    Piece,
+    Retention,
+    StatePage,
+    pack_changes,
+    unpack_bulk,
+)
 
 CLUSTER_TIMEOUT = 10.0
 """Seconds any reply is waited for, blocking reads aside."""
@@ -113,6 +128,19 @@ class PartitionBucket(ChangeBucket):
     async def commit_call(self, changes: Sequence[Change], key: str | None) -> Committed:
         """One atomic commit.lua call of `changes` (validated, all of this partition)."""
         keys, args = self.commit_arguments(changes, key)
+        async with translate_redis_errors(f"commit (partition {self.partition})", sent=True):
+            reply = await self._commit_script(keys=keys, args=args)
+        return self._answered(reply)
+
+    async def commit_packed(self, packed: PackedChanges, key: str) -> Committed:
+        """One atomic commit.lua call of changes packed already (all of this partition)."""
+        keys = [*self.keys.common, *self.keys.idempotency_pair]
+        for resource in packed.resources:
+            keys += [self.keys.state(resource), self.keys.index(resource)]
+        args: list[Any] = [
+            self._candidate, 1, key, packed.digest() if key else "", self.idempotency_keys,
+            self._witness_argument(), *unpack_bulk(packed.args),
+        ]
         async with translate_redis_errors(f"commit (partition {self.partition})", sent=True):
             reply = await self._commit_script(keys=keys, args=args)
         return self._answered(reply)
@@ -292,6 +320,42 @@ class ClusterBucket(ChangeBucket):
             await self.renew_epoch(renewed[0].epoch)
         return cursors
 
+    async def commit_stream(
+        self, batches: Iterator[EncodedBatch], window: int, stats: StreamStats | None = None
+    ) -> AsyncIterator[Committed]:
+        """`ChangeBucket.commit_stream` over partitions: each batch is split by partition and
+        each part committed atomically (the parts of a batch concurrently, the batches in
+        order), under the batch's key followed by `/<partition>`; yields one `Committed` per
+        part, whose cursors are positions of that partition's log. `window` is not used: the
+        parts of a batch are what is in flight."""
+        stats = stats if stats is not None else StreamStats()
+        parts = await self.parts()
+        await self._epoch()
+        n = len(parts)
+        for changes, key_of in batches:
+            whole = pack_changes(changes)
+            key = key_of(whole.digest()) or ""
+            split: dict[int, list[Encoded]] = {}
+            for change in changes:
+                split.setdefault(partition_of(change[2], n), []).append(change)
+            order = sorted(split)
+            started = time.perf_counter()
+            results = await asyncio.gather(
+                *(parts[p].commit_packed(pack_changes(split[p]), f"{key}/{p}" if key else "")
+                  for p in order),
+                return_exceptions=True,
+            )
+            stats.redis_seconds += time.perf_counter() - started
+            stats.batches += len(order)
+            failed = {p: r for p, r in zip(order, results, strict=True)
+                      if isinstance(r, BaseException)}
+            if failed:
+                written = [p for p in order if p not in failed]
+                raise _outcome_error(len(order), written, failed) from next(iter(failed.values()))
+            for result in results:
+                assert isinstance(result, Committed)
+                yield result
+
     async def commit_batches(self, batches: Sequence[tuple[Sequence[Change], str | None]]
                              ) -> list[Committed]:
         raise ChangefeedError(
@@ -393,4 +457,16 @@ __all__ = [
     "PartitionBucket",
     "connect_cluster",
     "is_cluster_error",
+    "open_bucket",
 ]
+
+
+def open_bucket(
+    url: str, name: str, resources: Iterable[Resource] | None = None,
+    partitions: int | None = None,
+) -> ChangeBucket:
+    """A bucket client for any Redis URL: a `ClusterBucket` for `redis+cluster://`, else a
+    `ChangeBucket` (plain Redis or Sentinel). For writers and readers that do not tail."""
+    if is_cluster_url(url):
+        return ClusterBucket(connect_cluster(url), name, resources, partitions)
+    return ChangeBucket(connect(url), name, resources, partitions)

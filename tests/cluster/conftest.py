@@ -1,23 +1,13 @@
-"""One real 3-master Redis Cluster on loopback for the whole session (no test kills it); each
-test uses a bucket of its own name."""
+"""Each test of a bucket in the session's Redis Cluster (tests/conftest.py) uses a bucket name of
+its own."""
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
 
 import pytest
 
-from tests.servers import RedisCluster
-
 _names = itertools.count()
-
-
-@pytest.fixture(scope="session")
-def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
-    cluster = RedisCluster(tmp_path_factory.mktemp("cluster")).start()
-    yield cluster
-    cluster.stop()
 
 
 @pytest.fixture
