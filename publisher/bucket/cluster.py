@@ -38,7 +38,6 @@ from redis.backoff import NoBackoff
 from changefeed.cursor import CompositeCursor, StreamId, new_epoch
 from changefeed.errors import (
     BucketUnavailable,
-    ChangeError,
     ChangefeedError,
     CommitOutcomeUnknown,
 )
@@ -149,23 +148,29 @@ class PartitionBucket(ChangeBucket):
 def _outcome_error(
     total: int, written: list[int], failed: dict[int, BaseException]
 ) -> ChangefeedError:
-    """What a commit over several partitions tells when some partitions failed."""
+    """What a commit over several partitions tells when some partitions failed: which were
+    written, which may have been (CommitOutcomeUnknown), which were not. When every failure is
+    known to have written nothing, the error is of the first failure's kind (ChangeError,
+    PartitionMismatch, BucketUnavailable...), saying what the other partitions did."""
     unknown = sorted(p for p, e in failed.items() if isinstance(e, CommitOutcomeUnknown))
     refused = sorted(p for p, e in failed.items() if not isinstance(e, CommitOutcomeUnknown))
-    first = next(iter(failed.values()))
+    first = failed[unknown[0] if unknown else refused[0]]
     said = (
         f"commit over {total} partition(s): written in partition(s) {written or 'none'}"
         + (f"; outcome unknown in {unknown}" if unknown else "")
         + (f"; not written in {refused}" if refused else "")
-        + f" ({first}). Atomicity is per partition in a Redis Cluster: retry with the same "
-        "idempotency key to write exactly what is missing"
+        + f" ({first}). A commit is atomic per partition in a Redis Cluster: commit again "
+        "with the same idempotency key to write exactly what is missing"
     )
-    if isinstance(first, ChangeError) and not written and not unknown:
-        return ChangeError(said)
-    if unknown or written:
+    if unknown:
         return CommitOutcomeUnknown(said, first)
-    if isinstance(first, BucketUnavailable):
-        return BucketUnavailable(said, first)
+    try:
+        if isinstance(first, BucketUnavailable):
+            return type(first)(said, first.cause)
+        if isinstance(first, ChangefeedError):
+            return type(first)(said)
+    except TypeError:  # an error class that takes other arguments
+        pass
     return ChangefeedError(said)
 
 
@@ -310,7 +315,7 @@ class ClusterBucket(ChangeBucket):
         if failed:
             for error in failed.values():
                 if not isinstance(error, Exception):
-                    raise error
+                    raise error  # cancelled, interrupted: not a commit's outcome
             written = [p for p in order if p not in failed]
             raise _outcome_error(len(order), written, failed) from next(iter(failed.values()))
         renewed = [c for r in results if not isinstance(r, BaseException) for c in r if c.renewed]
