@@ -19,11 +19,12 @@ from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
 import redis.asyncio as aioredis
 import redis.exceptions
 import structlog
+from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
@@ -40,6 +41,7 @@ from changefeed.errors import (
 )
 from changefeed.protocol import Resource
 from publisher.bucket import scripts
+from publisher.bucket.cluster_url import is_cluster_url
 from publisher.bucket.keys import Keys
 from publisher.bucket.sentinel import is_sentinel_url, sentinel_pool
 from publisher.bucket.values import (
@@ -203,7 +205,17 @@ def connect(
     A `redis+sentinel://` URL (`publisher.bucket.sentinel`) gives a client of the master the
     sentinels name, with the same pool: each new connection asks the sentinels, so the client
     follows a failover.
+
+    A `redis+cluster://` URL gives redis-py's `RedisCluster` (`connect_cluster`), and a
+    `ChangeBucket` made with it is a `ClusterBucket` (`publisher.bucket.cluster`): the usual
+    `ChangeBucket(connect(url), name, resources)` works for any URL.
     """
+    if is_cluster_url(url):
+        from publisher.bucket.cluster import connect_cluster
+
+        cluster: Any = connect_cluster(url, blocking=blocking, timeout=timeout,
+                                       pool_size=pool_size)
+        return cast(aioredis.Redis, cluster)
     options: dict[str, Any] = dict(
         max_connections=pool_size,
         timeout=pool_timeout,
@@ -245,6 +257,15 @@ class ChangeBucket:
     >>> bucket = ChangeBucket(connect("redis://127.0.0.1:6379/0"), "changefeed", resources)
     >>> cursor = await bucket.commit("vm", vm_uuid, ["nic"], state, key=request_id)
     """
+
+    def __new__(cls, client: aioredis.Redis, *args: Any, **kwargs: Any) -> ChangeBucket:
+        """A `ClusterBucket` when `client` is a Redis Cluster client (`connect` of a
+        `redis+cluster://` URL)."""
+        if cls is ChangeBucket and isinstance(client, RedisCluster):
+            from publisher.bucket.cluster import ClusterBucket
+
+            return super().__new__(ClusterBucket)
+        return super().__new__(cls)
 
     def __init__(
         self,

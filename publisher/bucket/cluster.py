@@ -53,7 +53,7 @@ from publisher.bucket.client import (
     connect,
     translate_redis_errors,
 )
-from publisher.bucket.cluster_url import is_cluster_url, parse_cluster_url
+from publisher.bucket.cluster_url import parse_cluster_url
 from publisher.bucket.keys import partition_of
 from publisher.bucket.values import (
     Change,
@@ -472,6 +472,4 @@ def open_bucket(
 ) -> ChangeBucket:
     """A bucket client for any Redis URL: a `ClusterBucket` for `redis+cluster://`, else a
     `ChangeBucket` (plain Redis or Sentinel). For writers and readers that do not tail."""
-    if is_cluster_url(url):
-        return ClusterBucket(connect_cluster(url), name, resources, partitions)
     return ChangeBucket(connect(url), name, resources, partitions)

@@ -9,7 +9,7 @@ import redis
 from changefeed.cursor import CompositeCursor, StreamId
 from changefeed.errors import BucketUnavailable, ChangeError
 from changefeed.protocol import Resource
-from publisher.bucket import Change, partition_of
+from publisher.bucket import Change, ChangeBucket, connect, partition_of
 from publisher.bucket.cluster import ClusterBucket, connect_cluster
 from tests.servers import RedisCluster
 
@@ -87,5 +87,19 @@ async def test_an_unreachable_cluster_is_bucket_unavailable(bucket_name: str) ->
     try:
         with pytest.raises(BucketUnavailable):
             await bucket.commit("vm", "vm-1", ["nic"], {})
+    finally:
+        await bucket.aclose()
+
+
+async def test_the_usual_five_lines_work_with_a_cluster_url(
+    redis_cluster: RedisCluster, bucket_name: str
+) -> None:
+    bucket = ChangeBucket(connect(redis_cluster.url), bucket_name, RESOURCES, 4)
+    try:
+        assert isinstance(bucket, ClusterBucket)
+        cursor = await bucket.commit("vm", "vm-1", ["nic"], {"uuid": "vm-1"})
+        assert CompositeCursor.decode(cursor).epoch == await bucket.current_epoch()
+        await bucket.advertise("p-1", b"{}", 10)  # the fleet's keys: one slot, {name}
+        assert [name for name, _, _ in await bucket.publishers()] == ["p-1"]
     finally:
         await bucket.aclose()
