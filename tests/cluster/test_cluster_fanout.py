@@ -96,6 +96,16 @@ async def test_fan_out_and_resume_with_composite_cursors(
         tail = await commit(a, "d", 3)
         assert {i["changedResourceId"] for i in await head.take(3)} == set(tail)
 
+        async with aiohttp.ClientSession() as http:
+            async with http.get(a.url + "/changefeeds/stats") as r:
+                stats = await r.json()
+            assert r.status == 200
+            assert CompositeCursor.decode(stats["tail"]["position"]).covers(
+                CompositeCursor.decode(got[-1]["cursor"])
+            )
+            sent = [s["lastCursorSent"] for s in stats["registrations"]]
+            assert sent and all(c is None or c.count("~") == PARTITIONS for c in sent)
+
         # A single-position cursor, or one of another partition count, is not resumed.
         for foreign in ("k2v9q4xa.0192f3a4b5c6a3", CompositeCursor(b.hub.epoch, (ZERO,)).encode()):
             fresh = await register(b.ws_url, v1("vm", ["nic"], since=foreign))
