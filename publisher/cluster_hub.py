@@ -180,12 +180,23 @@ class ClusterHub(Hub):
                 self.closed["epochChange"] += 1
                 self.close_now(conn, CloseCode.BUCKET_RESET, RECREATED)
                 return
-            until, position = self.vector, self.window.head
-            if not await self._replay_partitions(conn, start, until):
-                return
+            while True:
+                # Replay from Redis up to this process's vector, then go on from the window;
+                # if the window moved past that point meanwhile, replay again up to the new one.
+                until, position = self.vector, self.window.head
+                if not await self._replay_partitions(conn, start, until):
+                    return
+                if self.epoch != start.epoch:
+                    self.closed["epochChange"] += 1
+                    self.close_now(conn, CloseCode.BUCKET_RESET, RECREATED)
+                    return
+                if self.window.covers(position):
+                    break
+                log.debug("resume outrun by the window: replaying again", remote=conn.remote)
+                start = until
             conn.position = position
             conn.replaying = False  # from here it is a lagging connection like any other
-            await self._catch_up(conn)
+            await self._catch_up(conn)  # checks the window before it first awaits
         except (ConnectionError, RuntimeError) as exc:
             log.info("resume ended: connection gone", remote=conn.remote, error=str(exc))
         except BucketBusy as exc:

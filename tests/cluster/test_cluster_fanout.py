@@ -188,3 +188,29 @@ async def test_server_sent_events_carry_and_resume_composite_cursors(
             assert orjson.loads((await feed.next()).data)["resumed"] is True
             again = await feed.changes(5)
             assert {i["changedResourceId"] for i in again} == set(later)
+
+
+async def test_a_resume_outrun_by_the_window_replays_again_and_loses_nothing(
+    redis_cluster: RedisCluster, bucket_name: str, make_config: Callable[..., Config],
+    start_publisher: PublisherFactory,
+) -> None:
+    config = cluster_config(make_config, redis_cluster, bucket_name, limits={"window": 3})
+    async with start_publisher(config) as service:
+        first = await register(service.ws_url, v1("vm", ["nic"]))
+        await commit(service, "x", 1)
+        since = (await first.take(1))[0]["cursor"]
+        await first.close()
+        missed = await commit(service, "y", 300)
+
+        async def trickle() -> list[str]:
+            ids = []
+            for n in range(60):  # one at a time: the window of 3 moves on during the replay
+                ids += list(await commit(service, f"z{n}", 1))
+            return ids
+
+        later = asyncio.create_task(trickle())
+        resumed = await register(service.ws_url, v1("vm", ["nic"], since=since))
+        assert resumed.reply["resumed"] is True
+        got = [i["changedResourceId"] for i in await resumed.take(360, timeout=30)]
+        assert sorted(got) == sorted([*missed, *await later])
+        assert await resumed.quiet()
