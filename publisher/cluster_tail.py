@@ -28,7 +28,8 @@ from changefeed.backoff import Backoff
 from changefeed.cursor import ZERO
 from changefeed.errors import BucketUnavailable, PartitionMismatch
 from publisher.bucket import LogRead
-from publisher.bucket.cluster import ClusterBucket, PartitionBucket, connect_cluster
+from publisher.bucket.cluster import ClusterBucket, PartitionBucket
+from publisher.bucket.cluster_client import connect_cluster
 from publisher.cluster_hub import ClusterHub
 from publisher.config import Config
 from publisher.tail import BATCH, BLOCK_MS, Gap, NewHistory, Tail, added_after, assess

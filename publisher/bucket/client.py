@@ -41,6 +41,7 @@ from changefeed.errors import (
 )
 from changefeed.protocol import Resource
 from publisher.bucket import scripts
+from publisher.bucket.cluster_client import connect_cluster
 from publisher.bucket.cluster_url import is_cluster_url
 from publisher.bucket.keys import Keys
 from publisher.bucket.sentinel import is_sentinel_url, sentinel_pool
@@ -211,8 +212,6 @@ def connect(
     `ChangeBucket(connect(url), name, resources)` works for any URL.
     """
     if is_cluster_url(url):
-        from publisher.bucket.cluster import connect_cluster
-
         cluster: Any = connect_cluster(url, blocking=blocking, timeout=timeout,
                                        pool_size=pool_size)
         return cast(aioredis.Redis, cluster)
@@ -258,13 +257,17 @@ class ChangeBucket:
     >>> cursor = await bucket.commit("vm", vm_uuid, ["nic"], state, key=request_id)
     """
 
+    cluster_class: type[ChangeBucket] | None = None
+    """`publisher.bucket.cluster.ClusterBucket`, set when that module is imported (by the
+    package, `publisher.bucket`): what a `ChangeBucket` over a Redis Cluster client is."""
+
     def __new__(cls, client: aioredis.Redis, *args: Any, **kwargs: Any) -> ChangeBucket:
         """A `ClusterBucket` when `client` is a Redis Cluster client (`connect` of a
         `redis+cluster://` URL)."""
         if cls is ChangeBucket and isinstance(client, RedisCluster):
-            from publisher.bucket.cluster import ClusterBucket
-
-            return super().__new__(ClusterBucket)
+            if ChangeBucket.cluster_class is None:
+                raise ChangefeedError("a Redis Cluster client needs publisher.bucket.cluster")
+            return super().__new__(ChangeBucket.cluster_class)
         return super().__new__(cls)
 
     def __init__(

@@ -31,9 +31,7 @@ from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from typing import Any, cast
 
 import redis.exceptions
-from redis.asyncio.cluster import ClusterNode, RedisCluster
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
+from redis.asyncio.cluster import RedisCluster
 
 from changefeed.cursor import CompositeCursor, StreamId, new_epoch
 from changefeed.errors import (
@@ -46,14 +44,13 @@ from publisher.bucket import scripts
 from publisher.bucket.client import (
     BATCH,
     IDEMPOTENCY_KEYS,
-    POOL_SIZE,
     ChangeBucket,
     EncodedBatch,
     StreamStats,
     connect,
     translate_redis_errors,
 )
-from publisher.bucket.cluster_url import parse_cluster_url
+from publisher.bucket.cluster_client import connect_cluster
 from publisher.bucket.keys import partition_of
 from publisher.bucket.values import (
     Change,
@@ -67,27 +64,6 @@ from publisher.bucket.values import (
     pack_changes,
     unpack_bulk,
 )
-
-CLUSTER_TIMEOUT = 10.0
-"""Seconds any reply is waited for, blocking reads aside."""
-
-
-def connect_cluster(
-    url: str, *, blocking: bool = False, timeout: float | None = None, pool_size: int = POOL_SIZE
-) -> RedisCluster:
-    """A redis-py cluster client for a `redis+cluster://` URL that never sends a command twice
-    on its own (retries 0: a commit without an idempotency key is not idempotent). Redirects
-    (MOVED, ASK) are still followed: the command did not run where it was refused."""
-    parts = parse_cluster_url("redis url", url)
-    return RedisCluster(
-        startup_nodes=[ClusterNode(host, port) for host, port in parts.nodes],
-        username=parts.username,
-        password=parts.password,
-        max_connections=pool_size,
-        retry=Retry(NoBackoff(), 0),
-        socket_connect_timeout=5,
-        socket_timeout=timeout or (20 if blocking else CLUSTER_TIMEOUT),
-    )
 
 
 class PartitionBucket(ChangeBucket):
@@ -473,3 +449,6 @@ def open_bucket(
     """A bucket client for any Redis URL: a `ClusterBucket` for `redis+cluster://`, else a
     `ChangeBucket` (plain Redis or Sentinel). For writers and readers that do not tail."""
     return ChangeBucket(connect(url), name, resources, partitions)
+
+
+ChangeBucket.cluster_class = ClusterBucket

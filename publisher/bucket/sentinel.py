@@ -119,7 +119,7 @@ def redis_url(key: str, value: Any) -> str:
     except ConfigError as exc:
         raise ConfigError(key, exc.value, exc.expected.replace(
             "rediss:// or unix:// URL",
-            "rediss://, unix://, redis+sentinel:// or redis+cluster:// URL")) from None
+            "rediss://, unix:// or redis+sentinel:// URL (or redis+cluster://)")) from None
 
 
 SENTINEL_KEYS = {"master", "nodes", "db", "password", "sentinelPassword"}
