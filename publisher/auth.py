@@ -14,7 +14,7 @@ import hmac
 import os
 import stat
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -41,6 +41,11 @@ class Identity:
     scopes: frozenset[str]
     via: str
     """"token", "certificate", or "none" (the anonymous identity without authentication)."""
+    proof: bytes | frozenset[tuple[str, str]] | None = field(
+        default=None, compare=False, repr=False
+    )
+    """What it was recognised by, to check it again later (`Authenticator.recheck`): the
+    SHA-256 of its token, or its certificate's subject attributes."""
 
     def allows(self, scope: str) -> bool:
         return allows(self.scopes, scope)
@@ -122,22 +127,53 @@ class Authenticator:
             return Denied("unknown token", token_given=True, token_hash=short)
         if found.expires is not None and now >= found.expires:
             return Denied(f"expired token of {found.name!r}", token_given=True, token_hash=short)
-        return Identity(found.name, found.scopes, "token")
+        return Identity(found.name, found.scopes, "token", digest)
 
     def _certificate(self, peercert: Mapping[str, Any], now: datetime) -> Identity | Denied:
-        attributes = {
+        attributes = frozenset(
             (str(name), str(value))
             for rdn in peercert.get("subject", ())
             for name, value in rdn
-        }
+        )
+        return self._subject(attributes, now)
+
+    def _subject(self, attributes: frozenset[tuple[str, str]], now: datetime) -> Identity | Denied:
         for entry in self._certificates:
             if all(pair in attributes for pair in entry.subject):
                 if entry.expires is not None and now >= entry.expires:
                     return Denied(f"expired certificate identity {entry.name!r}", False)
-                return Identity(entry.name, entry.scopes, "certificate")
+                return Identity(entry.name, entry.scopes, "certificate", attributes)
         subject = ",".join(f"{name}={value}" for name, value in sorted(attributes))
         return Denied(f"client certificate {subject!r} is no identity of auth.certificates",
                       token_given=False)
+
+
+    def recheck(self, identity: Identity, now: datetime) -> Identity | Denied:
+        """`identity` as these settings see it now: the same credentials authenticated again
+        (for connections that outlive a reload or an expiry). Denied when its token was removed
+        or has expired, its certificate identity is gone, or authentication became required."""
+        if not self.required:
+            return ANONYMOUS
+        if isinstance(identity.proof, bytes):
+            found: TokenEntry | None = None
+            for known in self._known:
+                if hmac.compare_digest(known.digest, identity.proof):
+                    found = known.entry
+            if found is None:
+                return Denied(f"token of {identity.name!r} revoked", token_given=True)
+            if found.expires is not None and now >= found.expires:
+                return Denied(f"expired token of {found.name!r}", token_given=True)
+            return Identity(found.name, found.scopes, "token", identity.proof)
+        if isinstance(identity.proof, frozenset):
+            return self._subject(identity.proof, now)
+        return Denied("authentication is required now", token_given=False)
+
+    def next_expiry(self, now: datetime) -> datetime | None:
+        """The soonest moment after `now` at which a token or certificate identity expires."""
+        moments = [e.entry.expires for e in self._known if e.entry.expires is not None]
+        moments += [c.expires for c in self._certificates if c.expires is not None]
+        later = [m for m in moments if m > now]
+        return min(later) if later else None
 
 
 def now() -> datetime:

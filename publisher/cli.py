@@ -30,7 +30,7 @@ from publisher.lifecycle import Supervisor
 from publisher.logs import set_level
 from publisher.seen import wait_seen_by_options
 from publisher.service import Service
-from publisher.workers import Workers, free_port
+from publisher.workers import PARENT_ENV, Workers, follow_parent, free_port
 
 log = structlog.get_logger("changefeed")
 
@@ -135,6 +135,7 @@ def serve(
     drain and stop (docs/operations.md#signals). With --workers N, N publisher processes share
     the port, restarted when one dies; the signals go to all of them.
     """
+    follow_parent()
     config = _load(config_path, host=host, port=port, redis_url=redis_url)
     log_level: str | None = (ctx.find_root().obj or {}).get("log_level")
     if workers > 1:
@@ -156,6 +157,8 @@ def serve(
                     again = again.with_overrides(redis_url=running.bucket.redis_url)
                 return again
 
+            # A worker is handed its parent's Redis: say what that one is, not "configured".
+            which = os.environ.get(REDIS_KIND_ENV, which) if os.environ.get(PARENT_ENV) else which
             asyncio.run(
                 _serve(running, which, Supervisor(reread, log_level), reuse_port=reuse_port)
             )
@@ -164,6 +167,10 @@ def serve(
     except OSError as exc:
         raise click.ClickException(f"cannot start: {exc}") from None
 
+
+REDIS_KIND_ENV = "CHANGEFEED_WORKER_REDIS_KIND"
+"""What the parent of `serve --workers N` says its Redis is (configured, embedded...), for the
+workers' `listening` line."""
 
 GC_THRESHOLDS = (700, 10, 100)
 """Full collections ten times rarer than Python's default (700, 10, 10). With a thousand
@@ -189,6 +196,8 @@ def _serve_workers(
             env = dict(os.environ)
             env.pop("NOTIFY_SOCKET", None)  # systemd hears from the parent only
             env.pop("CHANGEFEED_WORKERS", None)
+            env.pop(PARENT_ENV, None)  # Workers sets it to this process
+            env[REDIS_KIND_ENV] = which
             env["CHANGEFEED_PORT"] = str(port)
             env["CHANGEFEED_HOST"] = server.host
             if which != "configured" or "CHANGEFEED_REDIS_URL" in os.environ or (

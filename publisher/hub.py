@@ -22,7 +22,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import chain
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
@@ -40,6 +40,9 @@ from changefeed.sse import change_chunk, close_chunks
 from changefeed.watch import prefixes_of
 from publisher.bucket import ChangeBucket, LogEntry
 from publisher.window import Window, WindowEntry
+
+if TYPE_CHECKING:
+    from publisher.auth import Identity
 
 log = structlog.get_logger(__name__)
 
@@ -90,6 +93,9 @@ class Subscriber:
     sse: bool = False
     """A server-sent events stream (publisher.sse), not a websocket: written `WindowEntry.sse`
     chunks instead of frames, and a `close` event instead of a close frame."""
+    identity: Identity | None = None
+    """Who registered it, checked again when credentials are reloaded or expire
+    (publisher.revocation); None: not checked."""
 
     def __post_init__(self) -> None:
         self.kinds = {kind.resource: kind for kind in self.registration.kinds}

@@ -122,6 +122,11 @@ class _Collector(Collector):
             "changefeed_slow_consumer_closes", "Listeners closed with 4008 (slow consumer).",
             value=hub.closed["slowConsumer"],
         )
+        yield CounterMetricFamily(
+            "changefeed_credentials_revoked_closes",
+            "Listeners closed with 1008: their token or identity was revoked or expired.",
+            value=hub.closed["credentialsRevoked"],
+        )
         resyncs = CounterMetricFamily(
             "changefeed_resyncs", "Listeners closed with 4009 (bootstrap again), by cause.",
             labels=["cause"],

@@ -32,6 +32,7 @@ from publisher.admission import (
     fitting_cap,
 )
 from publisher.app_keys import ACCESS, BUCKET, CONFIG, HUB, LIFECYCLE, LIVE, TAIL, Lifecycle, Live
+from publisher.auth import now
 from publisher.bucket import ChangeBucket, connect
 from publisher.bucket.cluster_url import is_cluster_url
 from publisher.clientaddr import Trusted
@@ -45,6 +46,7 @@ from publisher.hub import Hub
 from publisher.metrics import Metrics
 from publisher.poll_routes import add_poll_routes
 from publisher.reload import fixed_changes, keep_fixed
+from publisher.revocation import expire_forever, revoke
 from publisher.routes import add_routes
 from publisher.security_config import check_exposure
 from publisher.tail import Tail
@@ -159,10 +161,11 @@ class Service:
     def reload_security(self, config: Config) -> None:
         """Serve with `config`'s security from now on (for SIGHUP): its tokens (token files and
         environment variables read again), allowedOrigins and clientLimits, and its TLS
-        certificate and client CA for new connections. Established connections and listeners
-        are untouched. Raises ConfigError, changing nothing, if `config` may not be served
-        (a public address without auth, unreadable token or certificate files, TLS turned on
-        or off)."""
+        certificate and client CA for new connections. Registered listeners whose credentials
+        the new settings refuse are closed with 1008 (publisher.revocation); other established
+        connections are untouched. Raises ConfigError, changing nothing, if `config` may not be
+        served (a public address without auth, unreadable token or certificate files, TLS
+        turned on or off)."""
         security = config.security
         check_exposure(self.config.server.host, security)
         check_reload(self.access.security, security)
@@ -170,6 +173,7 @@ class Service:
             probe = tls.server_context(security.tls)  # every file checked before any swap
             del probe
         self.access.replace(security)
+        revoke(self.hub, self.access.authenticator, now())
         if security.tls is not None and self.ssl is not None:
             tls.load(self.ssl, security.tls)
         log.info("security reloaded", authentication=security.authenticating,
@@ -301,6 +305,7 @@ class Service:
             asyncio.create_task(self.tail.run(), name="tail"),
             asyncio.create_task(self._trim_forever(), name="trim"),
             asyncio.create_task(self.advertiser.run(), name="advertise"),
+            asyncio.create_task(expire_forever(self.hub, self.access), name="expire"),
         ]
         yield
         self.tail.stop()

@@ -124,7 +124,8 @@ async def handle_sse(request: web.Request) -> web.StreamResponse:
         first += sse.event(sse.RESYNC, orjson.dumps({"reason": reason}))
     transport.write(sse.chunk(first))
     transport.set_write_buffer_limits(high=limits.send_buffer)
-    conn = Subscriber(registration, transport, request.protocol, remote, sse=True)
+    conn = Subscriber(registration, transport, request.protocol, remote, sse=True,
+                      identity=identity)
     if isinstance(start, CompositeCursor):
         assert isinstance(hub, ClusterHub)
         hub.add_at(conn, start)

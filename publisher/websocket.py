@@ -101,7 +101,8 @@ async def handle_websocket(request: web.Request) -> web.WebSocketResponse:
     remote = client_address(request, app[CONFIG].server.trusted_proxies)
     lifecycle.unregistered.add(ws)
     try:
-        registered = await _register(ws, version, app, remote, identity_of(request))
+        identity = identity_of(request)
+        registered = await _register(ws, version, app, remote, identity)
     except asyncio.CancelledError:
         if guard is not None and guard.violation is not None:
             lifecycle.refused[PROTOCOL_ERROR] += 1
@@ -129,7 +130,7 @@ async def handle_websocket(request: web.Request) -> web.WebSocketResponse:
     transport.write(text_frame(orjson.dumps(reply)))
     # The protocol pauses (and drains) above the send buffer: what the hub counts as slow.
     transport.set_write_buffer_limits(high=limits.send_buffer)
-    conn = Subscriber(registration, transport, request.protocol, remote)
+    conn = Subscriber(registration, transport, request.protocol, remote, identity=identity)
     if isinstance(start, CompositeCursor):
         assert isinstance(hub, ClusterHub)
         hub.add_at(conn, start)

@@ -12,6 +12,11 @@ the same port with `SO_REUSEPORT`: the kernel spreads new connections across the
   have, with 0 when they stopped on a signal;
 - tells systemd READY once the workers are started, and pings its watchdog.
 
+A worker follows its parent: started with `PARENT_ENV` naming the parent's pid, it asks Linux
+for SIGTERM when the parent dies (`PR_SET_PDEATHSIG`) and checks the parent is still the one
+that started it, so a SIGKILLed parent leaves no worker serving on the port without a
+supervisor; the worker drains as on any SIGTERM (`follow_parent`).
+
 The embedded Redis, when config.js names none, is started by the parent (`cli.serve`) and
 handed to the workers as `CHANGEFEED_REDIS_URL`; port 0 is resolved by the parent to one free
 port first, handed over as `CHANGEFEED_PORT`.
@@ -21,8 +26,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import os
 import signal
 import socket
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -40,6 +48,30 @@ GIVE_UP = 5
 """Young deaths in a row after which the parent stops every worker and exits 1."""
 RESTART = Backoff(initial=0.1, maximum=5.0, factor=2.0, jitter=0.2)
 """Delays before restarting a worker that keeps dying young."""
+
+
+PARENT_ENV = "CHANGEFEED_WORKER_OF"
+"""The environment variable that makes a `serve` a worker: the pid of its supervising parent."""
+_PR_SET_PDEATHSIG = 1
+
+
+def follow_parent(environ: Mapping[str, str] = os.environ) -> None:
+    """In a worker: be sent SIGTERM when the supervising parent dies.
+
+    Linux delivers the signal when the parent exits, however it exits (SIGKILL included). If the
+    parent died before this call, the worker was already adopted by another process: it exits
+    at once. Elsewhere than Linux (no prctl) only that check is made. A process started without
+    `PARENT_ENV` (not a worker) is left alone."""
+    parent = environ.get(PARENT_ENV)
+    if not parent:
+        return
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+            log.warning("cannot follow the parent's death", errno=ctypes.get_errno())
+    if os.getppid() != int(parent):
+        log.error("the supervising parent is gone: not starting", parent=int(parent))
+        raise SystemExit(1)
 
 
 @dataclass(slots=True)
@@ -88,7 +120,7 @@ class Workers:
     ) -> None:
         self.command = list(command)
         self.count = count
-        self.env = dict(env)
+        self.env = {**env, PARENT_ENV: str(os.getpid())}
         self.notifier = notifier or Notifier()
         self.processes: dict[int, asyncio.subprocess.Process] = {}
         """The running worker of each slot."""
@@ -164,4 +196,7 @@ class Workers:
         return 1 if self.failed else 0
 
 
-__all__ = ["GIVE_UP", "RESTART", "YOUNG", "Restarts", "Workers", "free_port"]
+__all__ = [
+    "GIVE_UP", "PARENT_ENV", "RESTART", "YOUNG", "Restarts", "Workers", "follow_parent",
+    "free_port",
+]

@@ -60,10 +60,12 @@ class Feed:
 
 
 async def register(
-    ws_url: str, body: dict[str, Any] | str | bytes, version: str | None = "~1", **kwargs: Any
+    ws_url: str, body: dict[str, Any] | str | bytes, version: str | None = "~1",
+    headers: dict[str, str] | None = None, **kwargs: Any,
 ) -> Feed:
-    headers = {"Accept-Version": version} if version else {}
-    ws = await connect(ws_url, additional_headers=headers, **kwargs)
+    """Register with `body`; `headers` are sent besides Accept-Version (e.g. Authorization)."""
+    sent = {"Accept-Version": version} if version else {}
+    ws = await connect(ws_url, additional_headers={**sent, **(headers or {})}, **kwargs)
     await ws.send(body if isinstance(body, str | bytes) else orjson.dumps(body).decode())
     reply = orjson.loads(await asyncio.wait_for(ws.recv(), scaled(5)))
     return Feed(ws, reply)

@@ -49,3 +49,12 @@ SCENARIOS: dict[str, Scenario] = {
     "proxy_cut": proxy_cut,
     "herd_of_resumes": herd_of_resumes,
 }
+
+ANNOUNCED: frozenset[str] = frozenset({
+    "redis_kill_no_persistence",
+    "redis_rollback",
+    "redis_sentinel_failover_lagging",
+})
+"""The scenarios whose fault destroys acknowledged history (Redis restarted empty, restored from
+an older snapshot, a lagging replica promoted): every listener must be told to bootstrap again
+(a `Resync`), whatever else it received."""

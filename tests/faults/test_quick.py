@@ -3,7 +3,9 @@
 Each test runs one scenario of tests/faults/scenarios.py and fails on what the oracle counts
 as a broken guarantee: an acknowledged change lost without a Resync, a change delivered twice
 (docs/protocol.md and docs/listener.md promise once per listener, across reconnects), out of
-order, or never acknowledged, or an error (an unexpected refusal). `python -m tests.faults`
+order, or never acknowledged, or an error (an unexpected refusal); and where the fault destroys
+acknowledged history (`ANNOUNCED`), on a listener that was never told to bootstrap again.
+`python -m tests.faults`
 runs the full matrix and writes docs/reliability.md.
 """
 
@@ -14,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.faults.harness import QUICK
-from tests.faults.scenarios import SCENARIOS
+from tests.faults.scenarios import ANNOUNCED, SCENARIOS
 
 pytestmark = pytest.mark.faults
 
@@ -30,3 +32,6 @@ async def test_scenario_keeps_every_acknowledged_change_or_announces_the_loss(
     if row.verdict.problems():
         pytest.fail(row.summary())
     assert not any(note.startswith("not caught up") for note in row.notes), row.summary()
+    if name in ANNOUNCED:
+        silent = [who for who, tally in row.verdict.listeners.items() if not tally.resyncs]
+        assert not silent, f"history was lost but {silent} never heard: {row.summary()}"

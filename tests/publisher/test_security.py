@@ -8,6 +8,7 @@ import asyncio
 import ssl
 from collections.abc import AsyncIterator, Callable, Iterator, MutableMapping
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from publisher.service import Service
 from tests.conftest import PublisherFactory
 from tests.pki import Pki, new_token, sha256_hex
 from tests.servers import RedisServer, scaled
-from tests.wsclient import register, v1, v2
+from tests.wsclient import Feed, register, v1, v2
 
 ORIGIN = "https://ops.example.com"
 TOKENS: list[str] = []
@@ -443,3 +444,79 @@ async def test_mode_none_serves_listeners_without_tokens_on_any_address(
         ) as response:
             assert response.status == 200
             assert "registrations" in await response.json()
+
+
+# --- revocation ---------------------------------------------------------------------------
+
+
+async def _closed_with(feed: Feed) -> tuple[int, str]:
+    """The close code and reason the publisher closes `feed` with (no item may come first)."""
+    try:
+        frame = await asyncio.wait_for(feed.ws.recv(), scaled(5))
+    except ConnectionClosed as closed:
+        assert closed.rcvd is not None, "closed without a close frame"
+        return closed.rcvd.code, closed.rcvd.reason
+    raise AssertionError(f"still open, got {frame!r}")
+
+
+async def test_a_reload_closes_the_listeners_whose_credentials_it_revoked(
+    secure: Secure,
+) -> None:
+    """A removed token, and a certificate identity that lost its listen scope: their listeners
+    are closed with 1008 naming the identity; a listener whose credentials stay keeps
+    streaming."""
+    service = secure.service
+    revoked = await register(service.ws_url, v1("vm", ["nic"]), ssl=secure.context(),
+                             headers=secure.headers("tcns"))
+    certified = await register(service.ws_url, v1("network", ["ips"]),
+                               ssl=secure.context("certsvc"))
+    kept = await register(service.ws_url, v1("vm", ["nic"]), ssl=secure.context(),
+                          headers=secure.headers("ops"))
+    assert len(service.hub.connections) == 3
+    old_tcns = secure.tokens["tcns"]
+    secure.tokens["tcns"] = token()
+    auth = auth_section(secure.tokens, secure.token_file)
+    auth["certificates"][0]["scopes"] = ["read:network"]
+    service.reload_security(secure.config_of(auth=auth))
+
+    code, reason = await _closed_with(revoked)
+    assert code == 1008 and reason == "credentials no longer valid: token of 'tcns' revoked"
+    code, reason = await _closed_with(certified)
+    assert code == 1008 and reason == (
+        "credentials no longer valid: identity 'certsvc' lacks listen:network")
+    await service.bucket.publish("vm", "v1", ["nic"])
+    assert (await kept.next())["changedResourceId"] == "v1"
+    assert len(service.hub.connections) == 1
+    assert service.hub.closed["credentialsRevoked"] == 2
+    # The old token is refused from now on; the new one registers.
+    assert (await secure.request("GET", "/vms", old_tcns))[0] == 401
+    again = await register(service.ws_url, v1("vm", ["nic"]), ssl=secure.context(),
+                           headers=secure.headers("tcns"))
+    assert "cursor" in again.reply
+    for feed in (kept, again):
+        await feed.close()
+
+
+async def test_a_listener_is_closed_when_its_token_expires(
+    redis_server: RedisServer, make_config: Callable[..., Config],
+    start_publisher: PublisherFactory,
+) -> None:
+    soon = token()
+    expires = datetime.now(UTC) + timedelta(seconds=scaled(1.5))
+    config = make_config(redis_server.url, auth={"tokens": [
+        {"name": "soon", "sha256": sha256_hex(soon), "scopes": ["listen:vm"],
+         "expires": expires.isoformat()}]})
+    async with start_publisher(config) as service:
+        feed = await register(service.ws_url, v1("vm", ["nic"]),
+                              headers={"Authorization": f"Bearer {soon}"})
+        assert "cursor" in feed.reply
+        try:
+            frame = await asyncio.wait_for(feed.ws.recv(), scaled(10))
+        except ConnectionClosed as closed:
+            assert closed.rcvd is not None
+            assert (closed.rcvd.code, closed.rcvd.reason) == (
+                1008, "credentials no longer valid: expired token of 'soon'")
+        else:
+            raise AssertionError(f"still open, got {frame!r}")
+        assert datetime.now(UTC) >= expires
+        assert service.hub.connections == set()

@@ -8,13 +8,16 @@ resumes with nothing lost (the oracle of tests/faults); SIGTERM drains both and 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import orjson
 import pytest
 
 from publisher.workers import Restarts
@@ -52,6 +55,16 @@ async def _get(url: str) -> Any:
 def _pid(publisher_id: str) -> int:
     """The process id in a publisher id (`<host>-<pid>-<hex>`)."""
     return int(publisher_id.rsplit("-", 2)[1])
+
+
+def _running(pid: int) -> bool:
+    """Whether process `pid` exists and has not exited (an exited one not yet reaped by its
+    new parent is a zombie: state Z)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 async def _until(predicate: Any, what: str, within: float = 15) -> Any:
@@ -132,3 +145,54 @@ async def test_two_workers_share_the_port_survive_a_kill_and_drain_on_sigterm(
             with pytest.raises(ProcessLookupError):
                 os.kill(_pid(publisher_id), 0)
         assert parent.output().count("shutting down") >= 2
+
+
+@pytest.mark.timeout(60)
+async def test_workers_on_the_embedded_redis_stop_when_their_parent_is_sigkilled() -> None:
+    """No supervisor, no workers: a SIGKILLed parent's workers get SIGTERM (PR_SET_PDEATHSIG),
+    drain and exit, so nothing keeps serving the port unsupervised. The workers say which Redis
+    their parent gave them (the embedded one here), not "configured"."""
+    with tempfile.TemporaryDirectory(dir="/tmp", prefix="cfw") as short:
+        directory = Path(short)
+        config = write_config(directory / "config.js", None, stateDir=str(directory / "state"),
+                              server={"host": "127.0.0.1", "port": 0},
+                              fleet={"interval": 0.2, "ttl": 1})
+        parent = PublisherProcess(config, "--workers", "2")
+        await asyncio.to_thread(parent.start)
+        redis_pid: int | None = None
+        try:
+            stats = parent.url + "/changefeeds/stats?scope=cluster"
+
+            async def both_advertised() -> set[str] | None:
+                ids = {p["publisher"] for p in (await _get(stats))["publishers"]}
+                return ids if len(ids) == 2 else None
+
+            ids = await _until(both_advertised, "both workers advertise")
+            workers = {_pid(p) for p in ids}
+
+            async def logged() -> list[dict[str, Any]] | None:
+                records = [orjson.loads(line) for line in parent.output().splitlines()
+                           if line.startswith("{")]
+                listening = [r for r in records if r["event"] == "listening"]
+                return records if len(listening) == 2 else None
+
+            records = await _until(logged, "both workers log that they listen")
+            redis_pid = next(int(r["pid"]) for r in records
+                             if r["event"] == "embedded redis started")
+            kinds = [r["redis_kind"] for r in records if r["event"] == "listening"]
+            assert all(k.startswith("embedded") for k in kinds), kinds
+
+            assert parent.process is not None
+            parent.process.kill()
+            await asyncio.to_thread(parent.process.wait, scaled(10))
+
+            async def all_gone() -> bool:
+                return not any(_running(pid) for pid in workers)
+
+            await _until(all_gone, "every worker exited after its parent's SIGKILL")
+            assert parent.output().count("shutting down") >= 2, parent.output()
+        finally:
+            parent.stop()
+            if redis_pid is not None:  # the parent was to stop it; it was killed instead
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(redis_pid, signal.SIGTERM)
