@@ -7,6 +7,13 @@ it is never compared with positions of the new log.
 
 Encoding: ``<epoch>.<ms as 12 hex digits><one letter giving the length of seq><seq in hex>``, e.g.
 ``k2v9q4xa.0192f3a4b5c6a3`` for stream id ``1730000000454-3``. Clients must treat it as opaque.
+
+A bucket in a Redis Cluster has one log per partition, each with its own sequence, so its
+positions are *composite* (`CompositeCursor`): the epoch and one position per partition,
+``<epoch>~<position of partition 0>~<position of partition 1>...``, each position written as
+above after the epoch's dot (``0192f3a4b5c6a3``) and empty for 0-0 (nothing of that partition).
+The ``~`` tells the two kinds apart; `parse_cursor` reads either. Composite cursors are ordered
+partially: one is at or after another when each of its positions is (`CompositeCursor.covers`).
 """
 
 from __future__ import annotations
@@ -19,6 +26,11 @@ from changefeed.errors import CursorError, CursorGone
 
 _EPOCH_ALPHABET = "abcdefghijklmnopqrstuvwxyz234567"
 _CURSOR_RE = re.compile(r"^([a-z2-7]{8,32})\.([0-9a-f]{12})([a-p])([0-9a-f]+)$")
+_POSITION_RE = re.compile(r"^([0-9a-f]{12})([a-p])([0-9a-f]+)$")
+_EPOCH_RE = re.compile(r"^[a-z2-7]{8,32}$")
+COMPOSITE_SEPARATOR = "~"
+MAX_PARTITIONS = 1024
+"""Most partitions a composite cursor carries (bucket.partitions is bounded by it too)."""
 
 
 @dataclass(frozen=True, order=True, slots=True)
@@ -85,7 +97,92 @@ class Cursor:
         return cls(epoch, StreamId(int(ms, 16), int(seq, 16)))
 
 
-def reached(delivered: str | None, wanted: Cursor) -> bool:
+def _encode_position(position: StreamId) -> str:
+    if position == ZERO:
+        return ""
+    seq = f"{position.seq:x}"
+    return f"{position.ms:012x}{chr(ord('a') + len(seq) - 1)}{seq}"
+
+
+def _decode_position(text: str, whole: str) -> StreamId:
+    if not text:
+        return ZERO
+    match = _POSITION_RE.match(text)
+    if match is None:
+        raise CursorError(whole, "not a cursor issued by this change feed")
+    ms, length, seq = match.groups()
+    if len(seq) != ord(length) - ord("a") + 1:
+        raise CursorError(whole, "sequence length does not match")
+    return StreamId(int(ms, 16), int(seq, 16))
+
+
+@dataclass(frozen=True, slots=True)
+class CompositeCursor:
+    """A position in each partition of a bucket whose partitions have logs of their own (a
+    bucket in a Redis Cluster), with the bucket's epoch: everything up to `positions[p]` of
+    partition p. ZERO: nothing of that partition."""
+
+    epoch: str
+    positions: tuple[StreamId, ...]
+
+    def encode(self) -> str:
+        return COMPOSITE_SEPARATOR.join(
+            [self.epoch, *(_encode_position(p) for p in self.positions)]
+        )
+
+    def __str__(self) -> str:
+        return self.encode()
+
+    @classmethod
+    def decode(cls, text: str) -> CompositeCursor:
+        if not isinstance(text, str):
+            raise CursorError(repr(text), "a cursor is a string")
+        epoch, *positions = text.split(COMPOSITE_SEPARATOR)
+        if not positions or _EPOCH_RE.match(epoch) is None:
+            raise CursorError(text, "not a cursor issued by this change feed")
+        if len(positions) > MAX_PARTITIONS:
+            raise CursorError(text, f"more than {MAX_PARTITIONS} partitions")
+        return cls(epoch, tuple(_decode_position(p, text) for p in positions))
+
+    @classmethod
+    def at(cls, epoch: str, partitions: int, partition: int, position: StreamId) -> str:
+        """The encoded cursor of one position of one partition (nothing of the others): what a
+        commit returns for a change, and what `covers` compares with."""
+        pieces = [""] * partitions
+        pieces[partition] = _encode_position(position)
+        return COMPOSITE_SEPARATOR.join([epoch, *pieces])
+
+    def covers(self, other: CompositeCursor) -> bool:
+        """True when every position of `other` is at or before this one's (same partitions)."""
+        return len(self.positions) == len(other.positions) and all(
+            mine >= theirs for mine, theirs in zip(self.positions, other.positions, strict=True)
+        )
+
+    def advanced(self, partition: int, position: StreamId) -> CompositeCursor:
+        """This cursor with partition `partition` moved to `position` (never back)."""
+        if self.positions[partition] >= position:
+            return self
+        positions = list(self.positions)
+        positions[partition] = position
+        return CompositeCursor(self.epoch, tuple(positions))
+
+
+AnyCursor = Cursor | CompositeCursor
+
+
+def is_composite(text: str) -> bool:
+    """True when `text` is (meant as) a composite cursor rather than a single position."""
+    return isinstance(text, str) and COMPOSITE_SEPARATOR in text
+
+
+def parse_cursor(text: str) -> AnyCursor:
+    """A single-position or a composite cursor; CursorError when `text` is neither."""
+    if is_composite(text):
+        return CompositeCursor.decode(text)
+    return Cursor.decode(text)
+
+
+def reached(delivered: str | None, wanted: AnyCursor) -> bool:
     """True when a listener whose last delivery (a Change, or a complete bootstrap) had cursor
     `delivered` has handed the application the change at `wanted`, or a later state of it.
 
@@ -94,10 +191,20 @@ def reached(delivered: str | None, wanted: Cursor) -> bool:
     """
     if delivered is None:
         return False
-    have = Cursor.decode(delivered)
+    have = parse_cursor(delivered)
     if have.epoch != wanted.epoch:
         raise CursorGone(
             f"cursor {wanted} is of bucket epoch {wanted.epoch}, the listener's is {have.epoch}:"
             " the bucket was recreated; its bootstrap is the state to trust"
         )
-    return have.position >= wanted.position
+    if isinstance(have, CompositeCursor) and isinstance(wanted, CompositeCursor):
+        if len(have.positions) != len(wanted.positions):
+            raise CursorError(
+                str(wanted), f"a cursor of {len(wanted.positions)} partitions, the listener's has "
+                f"{len(have.positions)}"
+            )
+        return have.covers(wanted)
+    if isinstance(have, Cursor) and isinstance(wanted, Cursor):
+        return have.position >= wanted.position
+    raise CursorError(str(wanted), "a cursor of the other kind than the listener's (composite "
+                      "cursors belong to buckets in a Redis Cluster)")

@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from changefeed.cursor import Cursor
+from changefeed.cursor import AnyCursor, parse_cursor
 from changefeed.errors import CursorError, ParamError, ProtocolError
 from changefeed.protocol import WILDCARD, ChangeItem, Resource, decode_item
 from changefeed.watch import EVERYTHING, Watch, parse_watch
@@ -105,8 +105,9 @@ class EventsRequest:
 
     filter: EventFilter
     max_results: int
-    after: Cursor | None
-    before: Cursor | None
+    after: AnyCursor | None
+    """A single-position cursor, or a composite one (a bucket in a Redis Cluster)."""
+    before: AnyCursor | None
     wait: float
     oldest_first: bool = False
 
@@ -226,13 +227,13 @@ def parse_int(name: str, value: Any) -> int:
     raise ParamError(f"{name} must be an integer")
 
 
-def _cursor(name: str, value: Any) -> Cursor | None:
+def _cursor(name: str, value: Any) -> AnyCursor | None:
     if value is None or value == "":
         return None
     if not isinstance(value, str):
         raise ParamError(f"{name} must be a cursor string")
     try:
-        return Cursor.decode(value)
+        return parse_cursor(value)
     except CursorError as exc:
         raise ParamError(f"{name}: {exc}") from None
 

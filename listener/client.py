@@ -25,7 +25,7 @@ import aiohttp
 import orjson
 import structlog
 
-from changefeed.cursor import Cursor, reached
+from changefeed.cursor import parse_cursor, reached
 from changefeed.errors import ChangefeedError, FetchFailed
 from changefeed.watch import Watch
 from listener.buffer import Buffer, make_buffer
@@ -171,10 +171,11 @@ class Listener:
 
         Raises TimeoutError after `timeout` seconds, CursorGone (changefeed.errors) when the
         listener is in another bucket epoch than `cursor` (the bucket was recreated between),
-        CursorError when `cursor` is not a cursor. Cursors of one bucket are single positions;
-        there are no composite cursors yet (a Redis Cluster bucket would bring them).
+        CursorError when `cursor` is not a cursor. A bucket in a Redis Cluster gives composite
+        cursors (a position per partition): the listener has reached one when it has reached
+        each of its positions.
         """
-        wanted = Cursor.decode(cursor)
+        wanted = parse_cursor(cursor)
         async with asyncio.timeout(timeout):
             while not reached(self._delivered, wanted):
                 await self._advanced.wait()

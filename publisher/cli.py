@@ -22,7 +22,8 @@ import structlog
 
 from changefeed.credentials import Credentials, pick_token
 from changefeed.errors import ChangefeedError, ReplicationTimeout
-from publisher.bucket import REPLICAS_TIMEOUT, Change, ChangeBucket, connect
+from publisher.bucket import REPLICAS_TIMEOUT, Change
+from publisher.bucket.cluster import open_bucket
 from publisher.config import Config, load_config
 from publisher.embedded import EmbeddedRedis
 from publisher.lifecycle import Supervisor
@@ -336,11 +337,8 @@ async def _publish(
     replicas_timeout: float = REPLICAS_TIMEOUT,
 ) -> str:
     assert config.bucket.redis_url is not None
-    bucket = ChangeBucket(
-        connect(config.bucket.redis_url),
-        config.bucket.name,
-        config.resources,
-        config.bucket.partitions,
+    bucket = open_bucket(
+        config.bucket.redis_url, config.bucket.name, config.resources, config.bucket.partitions
     )
     try:
         if store or delete:

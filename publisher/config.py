@@ -21,6 +21,7 @@ from changefeed import configjs as cj
 from changefeed import feed, longpoll
 from changefeed.errors import ConfigError
 from changefeed.protocol import CHANGEFEEDS, WILDCARD, Resource
+from publisher.bucket.cluster_url import cluster_section
 from publisher.bucket.sentinel import redis_url as any_redis_url
 from publisher.bucket.sentinel import sentinel_section
 from publisher.scopes import DURABLE_PREFIX
@@ -263,8 +264,15 @@ def parse_config(text: str, base: Path | None = None, source: str | None = None)
                 "bucket.sentinel", "{...}", "no bucket.redisUrl beside it (one or the other)"
             )
         redis_url = sentinel_section("bucket.sentinel", bucket_obj["sentinel"])
+    if bucket_obj.get("cluster") is not None:
+        beside = [k for k in ("redisUrl", "sentinel") if bucket_obj.get(k) is not None]
+        if beside:
+            raise ConfigError(
+                "bucket.cluster", "[...]", f"no bucket.{beside[0]} beside it (one or the other)"
+            )
+        redis_url = cluster_section("bucket.cluster", bucket_obj["cluster"])
     bucket = dataclasses.replace(
-        _keys(obj, "bucket", Bucket, _BUCKET_KEYS, {"redisUrl", "sentinel"}),
+        _keys(obj, "bucket", Bucket, _BUCKET_KEYS, {"redisUrl", "sentinel", "cluster"}),
         redis_url=redis_url,
     )
     return Config(

@@ -69,7 +69,10 @@ def add_poll_routes(app: web.Application) -> None:
             )
         except ParamError as exc:
             return json_error(400, "InvalidParameter", str(exc))
-        reply = await polls.answer(request.app[BUCKET], request.app[HUB], query)
+        try:
+            reply = await polls.answer(request.app[BUCKET], request.app[HUB], query)
+        except ParamError as exc:  # what this bucket cannot answer (a cluster's `before`)
+            return json_error(400, "InvalidParameter", str(exc))
         return json_response(reply.to_wire())
 
     async def rpc(request: web.Request) -> web.Response:
@@ -113,6 +116,8 @@ def add_poll_routes(app: web.Application) -> None:
             return rpc_error(id, INVALID_PARAMS, f"invalid params: {exc}", 400)
         try:
             reply = await polls.answer(request.app[BUCKET], request.app[HUB], query)
+        except ParamError as exc:
+            return rpc_error(id, INVALID_PARAMS, f"invalid params: {exc}", 400)
         except BucketBusy as exc:
             overloaded(request.path, exc)
             return rpc_error(id, SERVER_ERROR, OVERLOADED, 503, retry_after(RETRY_OVERLOADED))

@@ -12,10 +12,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from changefeed import feed
-from changefeed.cursor import ZERO, Cursor, StreamId
+from changefeed.cursor import ZERO, CompositeCursor, Cursor, StreamId
 from changefeed.errors import CursorSetsFull, ParamError
 from changefeed.longpoll import EventFilter, EventsReply, EventsRequest
 from publisher.bucket import LogEntry, Retention, merge_partitions
+from publisher.cluster_hub import ClusterHub
+from publisher.cluster_polls import answer_cluster, respond_feed_cluster
 
 if TYPE_CHECKING:
     from publisher.bucket import ChangeBucket
@@ -87,15 +89,20 @@ async def scan(
 
 async def answer(bucket: ChangeBucket, hub: Hub, request: EventsRequest) -> EventsReply:
     """Run one `events` request: scan, and wait for new items when the ADR says so."""
+    if isinstance(hub, ClusterHub):
+        return await answer_cluster(hub, request)
     loop_time = asyncio.get_running_loop().time
     deadline = loop_time() + request.wait
     retention = await bucket.retention()
     epoch = retention.epoch
     missed = None
-    after = request.after.position if request.after else None
-    before = request.before.position if request.before else None
+    after = request.after.position if isinstance(request.after, Cursor) else None
+    before = request.before.position if isinstance(request.before, Cursor) else None
     for cursor in (request.after, request.before):
-        if cursor is not None and cursor.epoch != epoch:
+        if isinstance(cursor, CompositeCursor):
+            missed = "the cursor is composite (of a bucket in a Redis Cluster), not of this bucket"
+            after = before = None
+        elif cursor is not None and cursor.epoch != epoch:
             missed = "the cursor is of another bucket epoch (the bucket was recreated)"
             after = before = None
     if missed is None and after is not None and after < retention.trimmed:
@@ -136,6 +143,8 @@ async def respond_feed(
 ) -> list[bytes]:
     """The NDJSON lines of one feed request. Its consumer (if any) must be one of
     `cursorsets.consumers` (the caller checks). Raises ParamError, CursorGone, CursorSetsFull."""
+    if isinstance(hub, ClusterHub):
+        return await respond_feed_cluster(hub, request, cursorsets)
     if request.n != partitions:
         raise ParamError(
             f"n={request.n} but this feed has {partitions} partition(s): pass n={partitions} "

@@ -15,12 +15,13 @@ from urllib.parse import quote, urlencode
 import orjson
 from aiohttp import web
 
-from changefeed.cursor import Cursor, StreamId
+from changefeed.cursor import CompositeCursor, Cursor, StreamId
 from changefeed.errors import CursorError
 from changefeed.protocol import CHANGEFEEDS, Resource
 from changefeed.watch import Watch, parse_watch
 from publisher.app_keys import BUCKET, CONFIG, HUB, LIVE
 from publisher.bucket import decode_marker, encode_marker
+from publisher.cluster_hub import ClusterHub
 from publisher.fleet import stats_of_scope
 from publisher.http import bad_request, json_error, json_response
 from publisher.sse import add_sse_routes
@@ -69,8 +70,9 @@ async def at_least(request: web.Request) -> web.Response | None:
     text = request.query.get("min_cursor")
     if text is None:
         return None
+    hub = request.app[HUB]
     try:
-        wanted = Cursor.decode(text)
+        wanted = (CompositeCursor.decode if isinstance(hub, ClusterHub) else Cursor.decode)(text)
     except CursorError as exc:
         return json_error(400, "InvalidCursor", f"min_cursor: {exc}")
     limits = request.app[LIVE].config.limits
@@ -85,7 +87,10 @@ async def at_least(request: web.Request) -> web.Response | None:
                               f"wait must be seconds from 0 to {limits.max_wait:g}")
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait
-    bucket, hub = request.app[BUCKET], request.app[HUB]
+    bucket = request.app[BUCKET]
+    if isinstance(wanted, CompositeCursor):
+        assert isinstance(hub, ClusterHub)
+        return await _cluster_at_least(hub, wanted, text, deadline, wait)
     while True:
         retention = await bucket.retention()
         if retention.epoch != wanted.epoch:
@@ -99,6 +104,32 @@ async def at_least(request: web.Request) -> web.Response | None:
         remaining = deadline - loop.time()
         if remaining <= 0 or not await hub.wait_past(_before(wanted.position), remaining):
             head = Cursor(retention.epoch, retention.head).encode()
+            return json_error(
+                504, "MinCursorTimeout",
+                f"the bucket's head ({head}) did not reach min_cursor {text} within {wait:g} s",
+            )
+
+
+async def _cluster_at_least(
+    hub: ClusterHub, wanted: CompositeCursor, text: str, deadline: float, wait: float
+) -> web.Response | None:
+    """`at_least` for a bucket in a Redis Cluster: every partition's head at or past the
+    composite cursor's position in it."""
+    loop = asyncio.get_running_loop()
+    while True:
+        head = await hub.cluster.head_cursor()
+        if head is None or head.epoch != wanted.epoch or len(head.positions) != len(
+            wanted.positions
+        ):
+            return json_error(
+                409, "CursorGone",
+                f"min_cursor {text} is not of this bucket's epoch and partitions: the bucket was "
+                "recreated; bootstrap without it",
+            )
+        if head.covers(wanted):
+            return None
+        remaining = deadline - loop.time()
+        if remaining <= 0 or not await hub.wait_past(hub.window.head, remaining):
             return json_error(
                 504, "MinCursorTimeout",
                 f"the bucket's head ({head}) did not reach min_cursor {text} within {wait:g} s",

@@ -23,8 +23,8 @@ from typing import Any
 import aiohttp
 import click
 
-from changefeed.cursor import Cursor
-from changefeed.errors import CursorError
+from changefeed.cursor import AnyCursor, parse_cursor, reached
+from changefeed.errors import CursorError, CursorGone
 from changefeed.protocol import ChangeKind
 from changefeed.watch import Watch
 
@@ -47,7 +47,7 @@ def seen_by(
     resource: str,
     subs: Iterable[str],
     changed_id: str,
-    cursor: Cursor,
+    cursor: AnyCursor,
 ) -> tuple[int, int]:
     """(listeners of `service` the item is for, those of them sent it), from /changefeeds/stats
     registrations (one per listener and resource). Pure."""
@@ -67,11 +67,11 @@ def seen_by(
         sent = reg.get("lastCursorSent")
         if sent:
             try:
-                last = Cursor.decode(sent)
-            except CursorError:
+                # Composite cursors (a bucket in a Redis Cluster) too: each partition's.
+                if reached(sent, cursor):
+                    seen.add(who)
+            except (CursorError, CursorGone):
                 continue
-            if last.epoch == cursor.epoch and last.position >= cursor.position:
-                seen.add(who)
     return len(matching), len(seen)
 
 
@@ -81,7 +81,7 @@ async def wait_seen(
 ) -> int:
     """Poll the stats until `count` listeners of `service` were sent the item; returns how many
     were. Raises click.ClickException on time-out or without the `stats` scope."""
-    wanted = Cursor.decode(cursor)
+    wanted = parse_cursor(cursor)
     base = url.rstrip("/")
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout

@@ -35,7 +35,9 @@ from publisher.admission import (
 from publisher.app_keys import ACCESS, BUCKET, CONFIG, HUB, LIFECYCLE, LIVE, TAIL, Lifecycle, Live
 from publisher.auth import now
 from publisher.bucket import ChangeBucket, connect
+from publisher.bucket.cluster_url import is_cluster_url
 from publisher.clientaddr import Trusted
+from publisher.cluster_tail import cluster_parts
 from publisher.config import Config
 from publisher.dashboard import add_dashboard_route
 from publisher.durable import Durables
@@ -88,19 +90,29 @@ class Service:
         self.id = publisher_id or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
         self.redis_url = config.bucket.redis_url
         bucket = config.bucket
-        client = connect(
-            self.redis_url, pool_size=bucket.pool_size, pool_timeout=bucket.pool_timeout
-        )
-        self.bucket = ChangeBucket(client, bucket.name, config.resources, bucket.partitions)
-        # The tail's own connection: a blocking XREAD never waits behind requests, nor they on it.
-        self._tail_bucket = ChangeBucket(
-            connect(self.redis_url, blocking=True, pool_size=2),
-            bucket.name,
-            config.resources,
-            bucket.partitions,
-        )
-        self.hub = Hub(Window(config.limits.window, ZERO), self.bucket, config.limits.send_buffer)
-        self.tail = Tail(self._tail_bucket, self.hub)
+        self.bucket: ChangeBucket
+        self._tail_bucket: ChangeBucket
+        self.hub: Hub
+        self.tail: Tail
+        if is_cluster_url(self.redis_url):
+            self.bucket, self._tail_bucket, self.hub, self.tail = cluster_parts(config)
+        else:
+            client = connect(
+                self.redis_url, pool_size=bucket.pool_size, pool_timeout=bucket.pool_timeout
+            )
+            self.bucket = ChangeBucket(client, bucket.name, config.resources, bucket.partitions)
+            # The tail's own connection: a blocking XREAD never waits behind requests, nor
+            # they on it.
+            self._tail_bucket = ChangeBucket(
+                connect(self.redis_url, blocking=True, pool_size=2),
+                bucket.name,
+                config.resources,
+                bucket.partitions,
+            )
+            self.hub = Hub(
+                Window(config.limits.window, ZERO), self.bucket, config.limits.send_buffer
+            )
+            self.tail = Tail(self._tail_bucket, self.hub)
         self.lifecycle = Lifecycle(self.id)
         self.live = Live(config)
         self.admission = Admission(

@@ -18,12 +18,13 @@ import structlog
 from aiohttp import web
 
 from changefeed import sse
-from changefeed.cursor import Cursor
+from changefeed.cursor import CompositeCursor, Cursor, StreamId
 from changefeed.errors import CursorError, RegistrationError
 from changefeed.protocol import CloseCode, Registration, parse_registration, registration_reply
 from publisher.access import LISTEN, identity_of, requires
 from publisher.app_keys import ACCESS, BUCKET, CONFIG, HUB, LIVE, TAIL
 from publisher.clientaddr import client_address
+from publisher.cluster_hub import ClusterHub
 from publisher.http import UNAVAILABLE, json_error
 from publisher.hub import Subscriber
 from publisher.websocket import start_position
@@ -84,7 +85,7 @@ async def handle_sse(request: web.Request) -> web.StreamResponse:
     except RegistrationError as exc:
         return json_error(400, "InvalidRegistration", exc.reason)
     cursor = None
-    if registration.since is not None:
+    if registration.since is not None and not isinstance(hub, ClusterHub):
         try:
             cursor = Cursor.decode(registration.since)
         except CursorError as exc:
@@ -97,7 +98,11 @@ async def handle_sse(request: web.Request) -> web.StreamResponse:
         return json_error(status, code, refusal[1], headers)
     if not app[TAIL].healthy:
         return json_error(503, "BucketUnavailable", UNAVAILABLE, {"Retry-After": "5"})
-    start, resumed = await start_position(hub, app[BUCKET], cursor)
+    start: StreamId | CompositeCursor
+    if isinstance(hub, ClusterHub):  # a bucket in a Redis Cluster: composite cursors
+        start, resumed = await hub.start_of(registration.since)
+    else:
+        start, resumed = await start_position(hub, app[BUCKET], cursor)
 
     response = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
@@ -108,7 +113,9 @@ async def handle_sse(request: web.Request) -> web.StreamResponse:
     transport = request.transport
     if transport is None or transport.is_closing():
         return response
-    start_cursor = Cursor(hub.epoch, start).encode()
+    start_cursor = (
+        start if isinstance(start, CompositeCursor) else Cursor(hub.epoch, start)
+    ).encode()
     reply = registration_reply(registration, app[CONFIG].resource_map, start_cursor, resumed)
     # From here to hub.add nothing awaits: the registered event's id is where the stream starts.
     first = sse.event(sse.REGISTERED, orjson.dumps(reply), start_cursor)
@@ -119,7 +126,11 @@ async def handle_sse(request: web.Request) -> web.StreamResponse:
     transport.set_write_buffer_limits(high=limits.send_buffer)
     conn = Subscriber(registration, transport, request.protocol, remote, sse=True,
                       identity=identity)
-    hub.add(conn, start)
+    if isinstance(start, CompositeCursor):
+        assert isinstance(hub, ClusterHub)
+        hub.add_at(conn, start)
+    else:
+        hub.add(conn, start)
     bound = _bound(registration, remote)
     bound.info("sse listener registered", resumed=resumed, listeners=len(hub.connections))
     try:

@@ -14,7 +14,7 @@ import orjson
 import structlog
 from aiohttp import WSMsgType, web
 
-from changefeed.cursor import Cursor, StreamId
+from changefeed.cursor import CompositeCursor, Cursor, StreamId
 from changefeed.errors import BucketBusy, BucketUnavailable, CursorError, RegistrationError
 from changefeed.protocol import (
     HEARTBEAT,
@@ -32,6 +32,7 @@ from publisher.app_keys import ACCESS, BUCKET, CONFIG, HUB, LIFECYCLE, LIVE, TAI
 from publisher.auth import Identity
 from publisher.bucket import ChangeBucket
 from publisher.clientaddr import client_address
+from publisher.cluster_hub import ClusterHub
 from publisher.http import OVERLOADED, UNAVAILABLE, bad_request
 from publisher.hub import Hub, Subscriber
 
@@ -122,12 +123,19 @@ async def handle_websocket(request: web.Request) -> web.WebSocketResponse:
     hub = app[HUB]
     resources = app[CONFIG].resource_map
     # From here to hub.add nothing awaits: the reply's cursor is exactly where the stream starts.
-    reply = registration_reply(registration, resources, Cursor(hub.epoch, start).encode(), resumed)
+    cursor = (
+        start if isinstance(start, CompositeCursor) else Cursor(hub.epoch, start)
+    ).encode()
+    reply = registration_reply(registration, resources, cursor, resumed)
     transport.write(text_frame(orjson.dumps(reply)))
     # The protocol pauses (and drains) above the send buffer: what the hub counts as slow.
     transport.set_write_buffer_limits(high=limits.send_buffer)
     conn = Subscriber(registration, transport, request.protocol, remote, identity=identity)
-    hub.add(conn, start)
+    if isinstance(start, CompositeCursor):
+        assert isinstance(hub, ClusterHub)
+        hub.add_at(conn, start)
+    else:
+        hub.add(conn, start)
     bound = log.bind(
         instance=registration.instance,
         service=registration.service,
@@ -188,7 +196,7 @@ async def _refuse(
 async def _register(
     ws: web.WebSocketResponse, version: int, app: web.Application, remote: str,
     identity: Identity,
-) -> tuple[Registration, StreamId, bool] | None:
+) -> tuple[Registration, StreamId | CompositeCursor, bool] | None:
     """Read and check the registration: with where its stream starts and whether that resumes
     its `since`; None when the socket was refused (and closed)."""
     timeout = app[LIVE].config.limits.registration_timeout
@@ -224,15 +232,18 @@ async def _register(
     if not app[TAIL].healthy:
         await _refuse(ws, CloseCode.TRY_AGAIN_LATER, UNAVAILABLE, remote)
         return None
+    hub = app[HUB]
     cursor = None
-    if registration.since is not None:
+    if registration.since is not None and not isinstance(hub, ClusterHub):
         try:
             cursor = Cursor.decode(registration.since)
         except CursorError as exc:
             await _refuse(ws, CloseCode.POLICY_VIOLATION, f"since: {exc}", remote)
             return None
     try:
-        return registration, *await start_position(app[HUB], app[BUCKET], cursor)
+        if isinstance(hub, ClusterHub):  # a bucket in a Redis Cluster: composite cursors
+            return registration, *await hub.start_of(registration.since)
+        return registration, *await start_position(hub, app[BUCKET], cursor)
     except BucketBusy:
         await _refuse(ws, CloseCode.OVERLOADED, OVERLOADED, remote)
         return None

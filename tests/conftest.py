@@ -11,7 +11,7 @@ import pytest
 
 from publisher.config import Config, load_config
 from publisher.service import Service
-from tests.servers import RedisServer, write_config
+from tests.servers import RedisCluster, RedisServer, write_config
 
 
 @pytest.fixture
@@ -28,6 +28,15 @@ def tcp_redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Redis
     server = RedisServer(tmp_path_factory.mktemp("redis"), tcp=True).start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
+    """One real 3-master Redis Cluster on loopback for the whole session (no test kills it);
+    each test uses a bucket name of its own."""
+    cluster = RedisCluster(tmp_path_factory.mktemp("cluster")).start()
+    yield cluster
+    cluster.stop()
 
 
 @pytest.fixture

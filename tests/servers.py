@@ -4,6 +4,7 @@
 from changefeed_testing.servers import (
     TIMEOUT_FACTOR,
     PublisherProcess,
+    RedisCluster,
     RedisServer,
     SentinelServer,
     drain,
@@ -17,6 +18,7 @@ from changefeed_testing.servers import (
 __all__ = [
     "TIMEOUT_FACTOR",
     "PublisherProcess",
+    "RedisCluster",
     "RedisServer",
     "SentinelServer",
     "drain",

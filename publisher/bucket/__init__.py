@@ -23,6 +23,7 @@ from publisher.bucket.client import (
     connect,
     translate_redis_errors,
 )
+from publisher.bucket.cluster import ClusterBucket  # also what ChangeBucket over a cluster is
 from publisher.bucket.keys import Keys, partition_of
 from publisher.bucket.markers import decode_marker, encode_marker
 from publisher.bucket.scripts import COMMIT
@@ -56,6 +57,7 @@ __all__ = [
     "Batch",
     "Change",
     "ChangeBucket",
+    "ClusterBucket",
     "Committed",
     "Encoded",
     "EncodedBatch",

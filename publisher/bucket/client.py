@@ -19,11 +19,12 @@ from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
 import redis.asyncio as aioredis
 import redis.exceptions
 import structlog
+from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
@@ -40,6 +41,8 @@ from changefeed.errors import (
 )
 from changefeed.protocol import Resource
 from publisher.bucket import scripts
+from publisher.bucket.cluster_client import connect_cluster
+from publisher.bucket.cluster_url import is_cluster_url
 from publisher.bucket.keys import Keys
 from publisher.bucket.sentinel import is_sentinel_url, sentinel_pool
 from publisher.bucket.values import (
@@ -122,6 +125,13 @@ _SCRIPT_ERRORS = {"PARTITIONS ": _partitions_error, "KEYREUSED ": _key_reused_er
 """Errors our scripts reply with, by prefix: the error of ours each one becomes."""
 
 
+_CLUSTER_REFUSALS = (
+    redis.exceptions.ClusterDownError,
+    redis.exceptions.TryAgainError,
+    redis.exceptions.RedisClusterException,
+)
+
+
 class _Translated:
     """`translate_redis_errors`' context: a class rather than a generator-based context manager,
     as every commit enters two and a single commit is a few hundred microseconds."""
@@ -154,6 +164,10 @@ class _Translated:
                     f"{what}: no answer from Redis ({exc}); the commit may have been written", exc
                 ) from exc
             raise BucketUnavailable(f"{what}: Redis unreachable ({exc})", exc) from exc
+        if isinstance(exc, _CLUSTER_REFUSALS):
+            # A Redis Cluster refused before running anything (down, a slot not served, no
+            # node reachable): nothing was written.
+            raise BucketUnavailable(f"{what}: Redis Cluster unavailable ({exc})", exc) from exc
         if isinstance(exc, redis.exceptions.ResponseError):
             for prefix, error in _SCRIPT_ERRORS.items():
                 if str(exc).startswith(prefix):
@@ -192,7 +206,15 @@ def connect(
     A `redis+sentinel://` URL (`publisher.bucket.sentinel`) gives a client of the master the
     sentinels name, with the same pool: each new connection asks the sentinels, so the client
     follows a failover.
+
+    A `redis+cluster://` URL gives redis-py's `RedisCluster` (`connect_cluster`), and a
+    `ChangeBucket` made with it is a `ClusterBucket` (`publisher.bucket.cluster`): the usual
+    `ChangeBucket(connect(url), name, resources)` works for any URL.
     """
+    if is_cluster_url(url):
+        cluster: Any = connect_cluster(url, blocking=blocking, timeout=timeout,
+                                       pool_size=pool_size)
+        return cast(aioredis.Redis, cluster)
     options: dict[str, Any] = dict(
         max_connections=pool_size,
         timeout=pool_timeout,
@@ -234,6 +256,19 @@ class ChangeBucket:
     >>> bucket = ChangeBucket(connect("redis://127.0.0.1:6379/0"), "changefeed", resources)
     >>> cursor = await bucket.commit("vm", vm_uuid, ["nic"], state, key=request_id)
     """
+
+    cluster_class: type[ChangeBucket] | None = None
+    """`publisher.bucket.cluster.ClusterBucket`, set when that module is imported (by the
+    package, `publisher.bucket`): what a `ChangeBucket` over a Redis Cluster client is."""
+
+    def __new__(cls, client: aioredis.Redis, *args: Any, **kwargs: Any) -> ChangeBucket:
+        """A `ClusterBucket` when `client` is a Redis Cluster client (`connect` of a
+        `redis+cluster://` URL)."""
+        if cls is ChangeBucket and isinstance(client, RedisCluster):
+            if ChangeBucket.cluster_class is None:
+                raise ChangefeedError("a Redis Cluster client needs publisher.bucket.cluster")
+            return super().__new__(ChangeBucket.cluster_class)
+        return super().__new__(cls)
 
     def __init__(
         self,

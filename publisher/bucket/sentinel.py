@@ -24,6 +24,7 @@ from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 
 from changefeed import configjs as cj
 from changefeed.errors import ConfigError
+from publisher.bucket.cluster_url import is_cluster_url, parse_cluster_url
 
 SCHEME = "redis+sentinel"
 EXPECTED = (
@@ -105,15 +106,20 @@ def parse_sentinel_url(key: str, url: str) -> SentinelUrl:
 
 
 def redis_url(key: str, value: Any) -> str:
-    """A Redis URL as `changefeed.configjs.redis_url` checks it, or a `redis+sentinel://` one."""
+    """A Redis URL as `changefeed.configjs.redis_url` checks it, or a `redis+sentinel://` or
+    `redis+cluster://` one."""
     if isinstance(value, str) and is_sentinel_url(value):
         parse_sentinel_url(key, value)
+        return value
+    if isinstance(value, str) and is_cluster_url(value):
+        parse_cluster_url(key, value)
         return value
     try:
         return cj.redis_url(key, value)
     except ConfigError as exc:
         raise ConfigError(key, exc.value, exc.expected.replace(
-            "rediss:// or unix:// URL", "rediss://, unix:// or redis+sentinel:// URL")) from None
+            "rediss:// or unix:// URL",
+            "rediss://, unix:// or redis+sentinel:// URL (or redis+cluster://)")) from None
 
 
 SENTINEL_KEYS = {"master", "nodes", "db", "password", "sentinelPassword"}

@@ -234,7 +234,7 @@ class ChangefeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
     def prepareForTriggerAvailableNow(self) -> None:
         head = changelog.head(self.options)
         if head is not None:
-            self.bound = head.position if self.bound is None else min(self.bound, head.position)
+            self.bound = changelog.bounded(self.bound, head)
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, str]:
         max_items = limit.max_rows if isinstance(limit, ReadMaxRows) else None
@@ -247,7 +247,7 @@ class ChangefeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         first, last = changelog.cursor_of(start), changelog.cursor_of(end)
-        return changelog.split(first.epoch, first.position, last.position, self.options.partitions)
+        return changelog.ranges(first, last, self.options.partitions)
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
         assert isinstance(partition, changelog.LogRange)

@@ -21,9 +21,12 @@ from typing import Any, TypeVar
 
 from pyspark.sql.datasource import InputPartition
 
-from changefeed.cursor import ZERO, Cursor, StreamId
+from changefeed.cursor import ZERO, AnyCursor, CompositeCursor, Cursor, StreamId, parse_cursor
 from changefeed.errors import ChangefeedError, CursorError
-from publisher.bucket import ChangeBucket, LogEntry, Retention, connect
+from publisher.bucket import ChangeBucket, LogEntry, Retention
+from publisher.bucket.cluster import ClusterBucket, open_bucket
+from publisher.bucket.cluster_url import is_cluster_url
+from publisher.spark import cluster_log
 from publisher.spark.options import Options, SourceOptions, Target
 
 T = TypeVar("T")
@@ -41,13 +44,19 @@ _LAST_SEQ = 2**64 - 1
 
 
 class LogRange(InputPartition):
-    """Items after `after` up to `until` (inclusive) of the log of epoch `epoch`."""
+    """Items after `after` up to `until` (inclusive) of the log of epoch `epoch`: of partition
+    `partition` of `partitions` for a bucket in a Redis Cluster (None: the bucket's one log)."""
 
-    def __init__(self, epoch: str, after: StreamId, until: StreamId) -> None:
-        super().__init__((epoch, str(after), str(until)))
+    def __init__(
+        self, epoch: str, after: StreamId, until: StreamId, partition: int | None = None,
+        partitions: int = 1,
+    ) -> None:
+        super().__init__((epoch, str(after), str(until), partition))
         self.epoch = epoch
         self.after = after
         self.until = until
+        self.partition = partition
+        self.partitions = partitions
 
 
 class StoreRange(InputPartition):
@@ -71,9 +80,7 @@ def with_bucket(target: Target, use: Callable[[ChangeBucket], Awaitable[T]]) -> 
     """Run `use` on a ChangeBucket of `target` (driver side), closing its client after."""
 
     async def run() -> T:
-        bucket = ChangeBucket(
-            connect(target.redis_url), target.name, target.resources, target.partitions
-        )
+        bucket = open_bucket(target.redis_url, target.name, target.resources, target.partitions)
         try:
             return await use(bucket)
         finally:
@@ -82,7 +89,10 @@ def with_bucket(target: Target, use: Callable[[ChangeBucket], Awaitable[T]]) -> 
     return asyncio.run(run())
 
 
-def split(epoch: str, after: StreamId, until: StreamId, parts: int) -> list[LogRange]:
+def split(
+    epoch: str, after: StreamId, until: StreamId, parts: int, partition: int | None = None,
+    partitions: int = 1,
+) -> list[LogRange]:
     """(after, until] cut into at most `parts` ranges of equal time."""
     if until <= after:
         return []
@@ -91,29 +101,53 @@ def split(epoch: str, after: StreamId, until: StreamId, parts: int) -> list[LogR
     bounds = [StreamId(after.ms + span * k // parts, _LAST_SEQ) for k in range(1, parts)]
     starts = [after, *bounds]
     ends = [*bounds, until]
-    return [LogRange(epoch, a, b) for a, b in zip(starts, ends, strict=True)]
+    return [LogRange(epoch, a, b, partition, partitions)
+            for a, b in zip(starts, ends, strict=True)]
+
+
+def ranges(first: AnyCursor, last: AnyCursor, parts: int) -> list[LogRange]:
+    """The ranges of (first, last]: cut in time, and per partition for composite cursors (a
+    bucket in a Redis Cluster), about `parts` in all."""
+    if isinstance(first, CompositeCursor) and isinstance(last, CompositeCursor):
+        n = len(first.positions)
+        each = max(1, parts // n)
+        return [
+            r for p in range(n)
+            for r in split(first.epoch, first.positions[p], last.positions[p], each, p, n)
+        ]
+    if isinstance(first, Cursor) and isinstance(last, Cursor):
+        return split(first.epoch, first.position, last.position, parts)
+    raise ChangefeedError(f"offsets of two kinds: {first} and {last}")
 
 
 def _executor_bucket(target: Target) -> ChangeBucket:
-    return ChangeBucket(
-        connect(target.redis_url), target.name, target.resources, target.partitions
-    )
+    return open_bucket(target.redis_url, target.name, target.resources, target.partitions)
 
 
 def read_range(
     target: Target, part: LogRange, include_state: bool = False
 ) -> Iterator[tuple[Any, ...]]:
     """The rows of the items in `part`, oldest first (executor side)."""
-    bucket = _executor_bucket(target)
+    owner = _executor_bucket(target)
     with asyncio.Runner() as runner:
         try:
+            bucket = owner
+            if part.partition is not None:  # a partition of a bucket in a Redis Cluster
+                assert isinstance(owner, ClusterBucket)
+                bucket = runner.run(owner.parts())[part.partition]
             after = part.after
             while True:
                 entries = runner.run(bucket.read(after, part.until, PAGE))
                 states = runner.run(_states(bucket, entries)) if include_state else None
                 for n, entry in enumerate(entries):
+                    cursor = (
+                        Cursor(part.epoch, entry.position).encode() if part.partition is None
+                        else CompositeCursor.at(
+                            part.epoch, part.partitions, part.partition, entry.position
+                        )
+                    )
                     row: tuple[Any, ...] = (
-                        Cursor(part.epoch, entry.position).encode(),
+                        cursor,
                         datetime.fromtimestamp(entry.position.ms / 1000, tz=UTC),
                         entry.resource,
                         list(entry.sub_resources),
@@ -124,7 +158,7 @@ def read_range(
                     return
                 after = entries[-1].position
         finally:
-            runner.run(bucket.aclose())
+            runner.run(owner.aclose())
 
 
 async def _states(bucket: ChangeBucket, entries: list[LogEntry]) -> list[str | None]:
@@ -207,8 +241,13 @@ def _end(options: SourceOptions, retention: Retention) -> StreamId | None:
     return cursor.position
 
 
-def starting_cursor(options: SourceOptions) -> Cursor:
+def starting_cursor(options: SourceOptions) -> AnyCursor:
     """The cursor a new stream starts after: earliest, latest, the one given or the time."""
+    if is_cluster_url(options.target.redis_url):
+        return with_bucket(
+            options.target, lambda b: cluster_log.with_cluster(
+                b, lambda c: cluster_log.starting_cursor(c, options))
+        )
 
     async def start(bucket: ChangeBucket) -> Cursor:
         retention = await bucket.retention()
@@ -225,6 +264,12 @@ def starting_cursor(options: SourceOptions) -> Cursor:
 def plan_batch_read(options: SourceOptions) -> list[LogRange]:
     """The ranges of a batch read: from the start given (exclusive) to the end given
     (inclusive), or to the head when the read is planned."""
+    if is_cluster_url(options.target.redis_url):
+        bounds = with_bucket(
+            options.target, lambda b: cluster_log.with_cluster(
+                b, lambda c: cluster_log.batch_bounds(c, options))
+        )
+        return [] if bounds is None else ranges(*bounds, options.partitions)
     retention = with_bucket(options.target, lambda bucket: bucket.retention())
     if retention.epoch is None:
         return []
@@ -236,22 +281,38 @@ def plan_batch_read(options: SourceOptions) -> list[LogRange]:
                  options.partitions)
 
 
-def stream_bound(options: SourceOptions) -> StreamId | None:
+def stream_bound(options: SourceOptions) -> StreamId | CompositeCursor | None:
     """Where a stream stops (endingCursor or endingTimestamp), or None."""
+    if is_cluster_url(options.target.redis_url):
+        return with_bucket(
+            options.target, lambda b: cluster_log.with_cluster(
+                b, lambda c: cluster_log.stream_bound(c, options))
+        )
     retention = with_bucket(options.target, lambda bucket: bucket.retention())
     return _end(options, retention)
 
 
-def head(options: SourceOptions) -> Cursor | None:
-    """The bucket's head (None before it has an epoch)."""
-    return with_bucket(options.target, lambda bucket: bucket.head_cursor())
+def head(options: SourceOptions) -> AnyCursor | None:
+    """The bucket's head (None before it has an epoch): composite for a Redis Cluster."""
+    async def head_of(bucket: ChangeBucket) -> AnyCursor | None:
+        return await bucket.head_cursor()
+
+    return with_bucket(options.target, head_of)
 
 
 def latest(
-    options: SourceOptions, start: Cursor, max_items: int | None, bound: StreamId | None = None
-) -> Cursor:
+    options: SourceOptions, start: AnyCursor, max_items: int | None,
+    bound: StreamId | CompositeCursor | None = None,
+) -> AnyCursor:
     """The end of the next micro-batch after `start`: the log's head, or `max_items` further,
     never past `bound`."""
+    if isinstance(start, CompositeCursor):
+        assert bound is None or isinstance(bound, CompositeCursor)
+        return with_bucket(
+            options.target, lambda b: cluster_log.with_cluster(
+                b, lambda c: cluster_log.latest(c, options, start, max_items, bound))
+        )
+    assert not isinstance(bound, CompositeCursor)
 
     async def end_of(bucket: ChangeBucket) -> Cursor:
         retention = await bucket.retention()
@@ -267,12 +328,27 @@ def latest(
     return with_bucket(options.target, end_of)
 
 
-def offset(cursor: Cursor) -> dict[str, str]:
+def bounded(
+    bound: StreamId | CompositeCursor | None, head: AnyCursor
+) -> StreamId | CompositeCursor:
+    """The nearer of a stream's bound and the head (each partition's, for composite ones)."""
+    if isinstance(head, CompositeCursor):
+        if not isinstance(bound, CompositeCursor):
+            return head
+        return CompositeCursor(head.epoch, tuple(
+            min(a, b) for a, b in zip(head.positions, bound.positions, strict=True)
+        ))
+    if isinstance(bound, CompositeCursor):
+        raise ChangefeedError(f"a composite bound {bound} for a single log's head {head}")
+    return head.position if bound is None else min(bound, head.position)
+
+
+def offset(cursor: AnyCursor) -> dict[str, str]:
     return {"cursor": cursor.encode()}
 
 
-def cursor_of(offset: dict[str, Any]) -> Cursor:
+def cursor_of(offset: dict[str, Any]) -> AnyCursor:
     try:
-        return Cursor.decode(offset["cursor"])
+        return parse_cursor(offset["cursor"])
     except (KeyError, TypeError):
         raise ChangefeedError(f"not an offset of the changefeed source: {offset!r}") from None

@@ -41,8 +41,8 @@ from publisher.bucket import (
     Encoded,
     EncodedBatch,
     StreamStats,
-    connect,
 )
+from publisher.bucket.cluster import open_bucket
 from publisher.spark.options import SinkOptions, Target
 from publisher.spark.rows import RowEncoder, by_id, canonical, chunks
 
@@ -118,9 +118,7 @@ def keyed_chunks(
 
 
 def _bucket(target: Target) -> ChangeBucket:
-    return ChangeBucket(
-        connect(target.redis_url), target.name, target.resources, target.partitions
-    )
+    return open_bucket(target.redis_url, target.name, target.resources, target.partitions)
 
 
 def write_task(
