@@ -94,7 +94,15 @@ class Service:
         self._tail_bucket: ChangeBucket
         self.hub: Hub
         self.tail: Tail
-        if is_cluster_url(self.redis_url):
+        self.cluster = is_cluster_url(self.redis_url)
+        """A Redis Cluster bucket: no durable consumers and no delivery trace (yet)."""
+        if self.cluster and config.durable.consumers:
+            raise ConfigError(
+                "durable.consumers", sorted(config.durable.consumers),
+                "none with a Redis Cluster bucket (durable consumers need a single Redis or "
+                "Sentinel bucket: docs/scaling.md#redis-cluster)",
+            )
+        if self.cluster:
             self.bucket, self._tail_bucket, self.hub, self.tail = cluster_parts(config)
         else:
             client = connect(
@@ -288,7 +296,7 @@ class Service:
     def _trace(self, config: Config) -> None:
         """Record the delivery trace as `config.trace` says (started, resized or stopped)."""
         trace = config.trace
-        if not trace.enabled:
+        if not trace.enabled or self.cluster:
             self.hub.trace = None
         elif self.hub.trace is None:
             self.hub.trace = TraceLog(trace.items, trace.max_age)

@@ -3,7 +3,8 @@
 It needs the `stats` scope (or `admin`): like `/changefeeds/stats` it tells who listens and when
 they were sent what. A malformed cursor is 400 `InvalidCursor`; a change this publisher has no
 record of is 404 with the reason's code (`NotTraced`: outside the trace window, `NotReadYet`,
-`OtherEpoch`, `NoSuchChange`; `TraceDisabled` when `trace.items` is 0). Every answer names the
+`OtherEpoch`, `NoSuchChange`; `TraceDisabled` when `trace.items` is 0 or the bucket is a
+Redis Cluster). Every answer names the
 publisher and its trace window. docs/http.md documents the shape; `changefeed trace` asks every
 publisher of the fleet.
 """
@@ -33,19 +34,20 @@ async def handle_trace(request: web.Request) -> web.Response:
         return json_error(400, "InvalidQuery", f"unknown parameter(s): {names}")
     if not text:
         return json_error(400, "InvalidCursor", f"name a cursor: {TRACE_ROUTE}/<cursor>")
+    hub = request.app[HUB]
+    publisher_id = request.app[LIFECYCLE].publisher_id
+    trace = hub.trace
+    if trace is None:  # before the cursor: a cluster bucket's cursors are composite
+        return json_response(
+            {"code": "TraceDisabled", "publisher": publisher_id,
+             "message": "this publisher records no trace (trace.items is 0 in its config, or "
+                        "its bucket is a Redis Cluster)"},
+            404,
+        )
     try:
         cursor = Cursor.decode(text)
     except CursorError as exc:
         return json_error(400, "InvalidCursor", f"cursor: {exc}")
-    hub = request.app[HUB]
-    publisher_id = request.app[LIFECYCLE].publisher_id
-    trace = hub.trace
-    if trace is None:
-        return json_response(
-            {"code": "TraceDisabled", "publisher": publisher_id,
-             "message": "this publisher records no trace (trace.items is 0 in its config)"},
-            404,
-        )
     window = trace.describe(hub.epoch)
     found = trace.find(cursor, hub.epoch, hub.window.head, time.time())
     if isinstance(found, NotTraced):

@@ -10,8 +10,10 @@ from typing import Any
 
 import aiohttp
 import orjson
+import pytest
 
 from changefeed.cursor import ZERO, CompositeCursor
+from changefeed.errors import ConfigError
 from publisher.bucket import Change, partition_of
 from publisher.bucket.cluster import ClusterBucket
 from publisher.config import Config
@@ -214,3 +216,23 @@ async def test_a_resume_outrun_by_the_window_replays_again_and_loses_nothing(
         got = [i["changedResourceId"] for i in await resumed.take(360, timeout=30)]
         assert sorted(got) == sorted([*missed, *await later])
         assert await resumed.quiet()
+
+
+async def test_durable_consumers_and_the_trace_say_they_need_a_single_redis(
+    redis_cluster: RedisCluster, bucket_name: str, make_config: Callable[..., Config],
+    start_publisher: PublisherFactory,
+) -> None:
+    """Not built for a cluster bucket yet: a config asking for durable consumers is refused at
+    start naming the key, and the trace route says it keeps no trace."""
+    asking = cluster_config(make_config, redis_cluster, bucket_name,
+                            durable={"consumers": ["billing"]})
+    with pytest.raises(ConfigError) as error:
+        Service(asking)
+    assert error.value.key == "durable.consumers" and "Redis Cluster" in str(error.value)
+    async with start_publisher(cluster_config(make_config, redis_cluster, bucket_name)) as a:
+        cursors = await commit(a, "t", 1)
+        url = f"{a.url}/changefeeds/trace/{next(iter(cursors.values()))}"
+        async with aiohttp.ClientSession() as http, http.get(url) as response:
+            assert response.status == 404
+            body = await response.json()
+        assert body["code"] == "TraceDisabled" and "Redis Cluster" in body["message"]
