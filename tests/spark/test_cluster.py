@@ -43,8 +43,10 @@ SUBMIT_CONF = {
 
 @pytest.fixture
 def bucket_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The Redis of the bucket the job writes and the publisher serves (TCP, as executors on
-    other machines would reach it)."""
+    """The Redis URL of the bucket the job writes and the publisher serves: a redis-server on
+    TCP, as executors on other machines would reach it. The test's one parameter: override this
+    fixture (or parametrize it indirectly) to run the same job against another bucket, such as
+    a Redis Cluster's URL."""
     server = RedisServer(tmp_path_factory.mktemp("redis"), tcp=True, persist=False).start()
     yield server.url
     server.stop()
