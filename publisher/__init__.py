@@ -4,6 +4,7 @@ The public surface is what `__all__` lists; tests/publisher/test_exported_member
 """
 
 from importlib.metadata import version as _distribution_version
+from typing import TYPE_CHECKING
 
 from changefeed.backoff import Backoff
 from changefeed.cursor import Cursor
@@ -23,7 +24,9 @@ from changefeed.protocol import ChangeItem, ChangeKind, CloseCode, Registration,
 from changefeed.watch import Watch
 from publisher.bucket import Change, ChangeBucket, connect
 from publisher.config import Config, load_config, parse_config
-from publisher.service import Service
+
+if TYPE_CHECKING:
+    from publisher.service import Service
 
 __version__ = _distribution_version("changefeed")
 
@@ -54,3 +57,13 @@ __all__ = [
     "load_config",
     "parse_config",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """`Service` (the HTTP server and all it needs) is imported when first asked for: the Python
+    workers of a Spark job import `publisher.spark` and the bucket, and never serve."""
+    if name == "Service":
+        from publisher.service import Service
+
+        return Service
+    raise AttributeError(f"module 'publisher' has no attribute {name!r}")

@@ -931,6 +931,12 @@ class ChangeBucket:
             summary: Any = await self.redis.hget(self.keys.ledger(writer), str(batch))
         return summary.decode() if summary is not None else None
 
+    async def ledger(self, writer: str) -> dict[int, str]:
+        """Every micro-batch `writer` recorded (batch id -> what it recorded)."""
+        async with translate_redis_errors("spark ledger"):
+            entries: Any = await self.redis.hgetall(self.keys.ledger(writer))
+        return {int(batch): summary.decode() for batch, summary in entries.items()}
+
     async def record_batch(
         self, writer: str, batch: int, summary: str, retain: int, ttl_ms: int | None = None
     ) -> None:

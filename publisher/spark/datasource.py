@@ -152,7 +152,7 @@ class ChangefeedWriter(DataSourceArrowWriter):
                      "recorded_version": asyncio.run(sink.record_version(options, span))}
         logger.info(
             "spark write committed", resource=options.resource, written=str(span),
-            retried=sink.skipped(found), **sink.metrics(found), **extra,
+            retried=sink.skipped(found), **sink.figures(found).log_fields(), **extra,
         )
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
@@ -183,7 +183,7 @@ class ChangefeedStreamWriter(DataSourceStreamArrowWriter):
         logger.info(
             "spark micro-batch committed", resource=self.options.resource, batch=batchId,
             query=self.options.query, written=str(span), retried=sink.skipped(found),
-            **sink.metrics(found),
+            **sink.figures(found).log_fields(),
         )
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:

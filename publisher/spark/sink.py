@@ -19,9 +19,10 @@ another order or with their rows in another order, and the bucket writes none of
 answers with their original cursors.
 
 A streaming query also keeps a ledger of the micro-batches it committed,
-``{name}:spark:<query>`` (batch id -> ``"<count> <first cursor> <last cursor>"``, the last
-`RETAIN_BATCHES`): a task of a recorded micro-batch sends nothing, even once the keys of its
-chunks were forgotten (the bucket keeps idempotency keys for maxAge).
+``{name}:spark:<query>`` (batch id -> ``"<count> <first cursor> <last cursor> <figures>"``,
+`progress.ledger_entry`, the last `RETAIN_BATCHES`): a task of a recorded micro-batch sends
+nothing, even once the keys of its chunks were forgotten (the bucket keeps idempotency keys for
+maxAge).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from publisher.bucket import (
 )
 from publisher.bucket.cluster import open_bucket
 from publisher.spark.options import SinkOptions, Target
+from publisher.spark.progress import Figures, ledger_entry
 from publisher.spark.rows import RowEncoder, by_id, canonical, chunks
 
 log = structlog.get_logger(__name__)
@@ -182,17 +184,17 @@ def skipped(messages: Sequence[TaskWritten | None]) -> int:
     return sum(m.skipped for m in messages if m is not None)
 
 
-def metrics(messages: Sequence[TaskWritten | None]) -> dict[str, object]:
-    """The write's figures, for its log line: changes written now, chunks and changes skipped
-    as already committed, seconds the tasks waited for Redis."""
+def figures(messages: Sequence[TaskWritten | None]) -> Figures:
+    """The write's figures: changes and chunks written now, chunks and changes skipped as
+    already committed, seconds the tasks waited for Redis."""
     found = [m for m in messages if m is not None]
-    return {
-        "changes_written": sum(m.written.count - m.skipped for m in found),
-        "chunks_written": sum(m.chunks - m.chunks_skipped for m in found),
-        "chunks_skipped": sum(m.chunks_skipped for m in found),
-        "changes_skipped": sum(m.skipped for m in found),
-        "redis_seconds": round(sum(m.redis_seconds for m in found), 3),
-    }
+    return Figures(
+        changes_written=sum(m.written.count - m.skipped for m in found),
+        chunks_written=sum(m.chunks - m.chunks_skipped for m in found),
+        chunks_skipped=sum(m.chunks_skipped for m in found),
+        changes_skipped=sum(m.skipped for m in found),
+        redis_seconds=round(sum(m.redis_seconds for m in found), 3),
+    )
 
 
 def abort_report(messages: Sequence[TaskWritten | None]) -> dict[str, object]:
@@ -210,15 +212,15 @@ def abort_report(messages: Sequence[TaskWritten | None]) -> dict[str, object]:
 async def finish_batch(
     options: SinkOptions, writer: str, batch_id: int, messages: Sequence[TaskWritten | None]
 ) -> Span:
-    """Record micro-batch `batch_id` of streaming query `writer` as committed (once) and forget
-    the one RETAIN_BATCHES older; the ledger expires `record_retention` after its last batch.
-    Returns what the micro-batch's tasks committed."""
+    """Record micro-batch `batch_id` of streaming query `writer` as committed (once), with its
+    figures, and forget the one RETAIN_BATCHES older; the ledger expires `record_retention`
+    after its last batch. Returns what the micro-batch's tasks committed."""
     span = total(messages)
+    entry = ledger_entry(span.count, span.first, span.last, figures(messages))
     bucket = _bucket(options.target)
     try:
         await bucket.record_batch(
-            writer, batch_id, f"{span.count} {span.first} {span.last}", RETAIN_BATCHES,
-            options.record_retention * 1000,
+            writer, batch_id, entry, RETAIN_BATCHES, options.record_retention * 1000
         )
     finally:
         await bucket.aclose()

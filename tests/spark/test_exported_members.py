@@ -8,8 +8,11 @@ def test_exported_members() -> None:
         "CREATED",
         "DELETED",
         "ChangefeedDataSource",
+        "CommittedBatch",
         "DiffCounts",
+        "Figures",
         "OptionError",
+        "committed_batches",
         "publish_dataset_changes",
         "register",
     ]

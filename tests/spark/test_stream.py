@@ -4,14 +4,19 @@ checkpoint with nothing lost and nothing repeated."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 
 import orjson
+import pytest
 import redis
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 
+from changefeed.errors import OptionError
 from publisher.bucket import Change, ChangeBucket, connect
+from publisher.spark import Figures, committed_batches
 from tests.servers import RedisServer
 from tests.spark.test_sink import log_of
 
@@ -112,3 +117,66 @@ def test_the_stream_reader_resumes_from_its_checkpoint(
     assert sorted(r.cursor for r in rows) == cursors  # nothing lost, nothing twice
     assert sorted(r.id for r in rows) == sorted(f"vm-{n}" for n in range(55))
     assert {(r.resource, tuple(r.subResources)) for r in rows} == {("vm", ("nic",))}
+
+
+def test_each_micro_batch_keeps_its_figures_readable_by_batch_id(
+    spark: SparkSession, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """The sink's metrics, which a query's progress has no place for (docs/spark.md): the task
+    of the micro-batch of 50 rows fails after 3 chunks of 10 and its retry skips them; the one
+    of 5 rows writes once."""
+
+    @F.udf("string", useArrow=False)
+    def op(id: str) -> str:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        first = context is not None and context.attemptNumber() == 0
+        return "upsert" if first and id == "net-35" else "publish"  # upsert: a bad op
+
+    source, checkpoint = tmp_path / "source", tmp_path / "checkpoint"
+    source.mkdir()
+    for name, ids in (("0.json", range(50)), ("1.json", range(50, 55))):
+        (source / name).write_text("".join(
+            orjson.dumps({"id": f"net-{n}", "name": f"n{n}"}).decode() + "\n" for n in ids
+        ))
+    options = {"redisUrl": redis_server.url, "bucket": "test"}
+    query = (
+        spark.readStream.schema("id string, name string").option("maxFilesPerTrigger", 1)
+        .json(str(source)).withColumn("op", op("id"))
+        .writeStream.format("changefeed").options(**options)
+        .option("resource", "network").option("subResources", "name").option("opColumn", "op")
+        .option("batchSize", "10").option("pipeline", "1")
+        .option("checkpointLocation", str(checkpoint)).queryName("figures")
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    assert query.exception() is None
+
+    batches = committed_batches(query, **options)
+    progress = {p["batchId"]: p for p in query.recentProgress if p["numInputRows"]}
+    assert sorted(batches) == sorted(progress) == [0, 1]
+    for batch, committed in batches.items():
+        assert committed.count == progress[batch]["sink"]["numOutputRows"]
+        assert committed.first is not None and committed.last is not None
+        assert committed.figures is not None and committed.figures.redis_seconds > 0
+    # One micro-batch per file, in an order Spark picks (files of the same modification time).
+    by_count = {committed.count: committed.figures for committed in batches.values()}
+    retried, once = by_count[50], by_count[5]
+    assert retried is not None and once is not None
+    assert replace(retried, redis_seconds=0) == Figures(
+        changes_written=20, chunks_written=2, chunks_skipped=3, changes_skipped=30
+    )
+    assert replace(once, redis_seconds=0) == Figures(changes_written=5, chunks_written=1)
+    assert sorted(id for _, _, id in log_of(redis_server.url)) == sorted(
+        f"net-{n}" for n in range(55)
+    )
+    # What Spark itself shows of the sink: the JVM class's name, no metrics of its own.
+    sink = progress[1]["sink"]
+    assert sink["description"].startswith(
+        "org.apache.spark.sql.execution.datasources.v2.python.PythonTable@"
+    )
+    assert sink["metrics"] == {}
+    with pytest.raises(OptionError, match="option 'queryName'"):
+        committed_batches("", **options)
