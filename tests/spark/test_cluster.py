@@ -2,7 +2,8 @@
 `spark-submit --py-files`, whose executors publish through `format("changefeed")` into a bucket;
 a listener on a real publisher hears each row once.
 
-The bucket's Redis is one fixture, `bucket_url`: the same test runs against any bucket the data
+The bucket is in the session's 3-master Redis Cluster, spread over its masters in eight
+partitions. Its URL is one fixture, `bucket_url`: the same test runs against any bucket the data
 source and the publisher can reach by URL.
 """
 
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,7 +18,9 @@ import pytest
 from changefeed.cursor import StreamId
 from changefeed_testing.running import RunningPublisher
 from listener import BootstrapDone, Change, Listener
-from tests.servers import RedisServer, scaled
+from publisher.bucket import ChangeBucket
+from publisher.bucket.cluster import ClusterBucket
+from tests.servers import RedisCluster, scaled
 from tests.spark.standalone import (
     StandaloneCluster,
     package_zip,
@@ -41,25 +43,33 @@ SUBMIT_CONF = {
 """The job's settings: one executor of two cores on the worker, small heaps."""
 
 
+BUCKET = "sparkjob"
+"""A bucket name no other test of the session uses in the shared cluster."""
+PARTITIONS = 8
+"""The bucket's partitions: spread over the Redis Cluster's three masters."""
+
+
 @pytest.fixture
-def bucket_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The Redis URL of the bucket the job writes and the publisher serves: a redis-server on
-    TCP, as executors on other machines would reach it. The test's one parameter: override this
-    fixture (or parametrize it indirectly) to run the same job against another bucket, such as
-    a Redis Cluster's URL."""
-    server = RedisServer(tmp_path_factory.mktemp("redis"), tcp=True, persist=False).start()
-    yield server.url
-    server.stop()
+def bucket_url(redis_cluster: RedisCluster) -> str:
+    """The Redis URL of the bucket the job writes and the publisher serves: the session's
+    3-master Redis Cluster (`redis+cluster://`), as executors on other machines would reach it.
+    The test's one parameter: override this fixture to run the same job against another bucket
+    (a single redis-server's `redis://` URL works the same)."""
+    return redis_cluster.url
 
 
 async def logged_ids(publisher: RunningPublisher) -> Counter[str]:
     """The changed ids of every item in the bucket's log, as the bucket reads it."""
     ids: Counter[str] = Counter()
-    after = StreamId(0, 0)
     async with publisher.bucket() as bucket:
-        while entries := await bucket.read(after, count=10_000):
-            ids.update(entry.changed_resource_id for entry in entries)
-            after = entries[-1].position
+        logs: list[ChangeBucket] = (
+            list(await bucket.parts()) if isinstance(bucket, ClusterBucket) else [bucket]
+        )
+        for log in logs:  # a cluster bucket's partitions each have their own positions
+            after = StreamId(0, 0)
+            while entries := await log.read(after, count=10_000):
+                ids.update(entry.changed_resource_id for entry in entries)
+                after = entries[-1].position
     return ids
 
 
@@ -89,7 +99,8 @@ async def test_a_job_on_a_standalone_cluster_publishes_each_row_once(
     starting = asyncio.create_task(asyncio.to_thread(cluster.start))  # while the rest starts
     publisher: RunningPublisher | None = None
     try:
-        publisher = RunningPublisher.start(tmp_path / "publisher", bucket_url)
+        publisher = RunningPublisher.start(tmp_path / "publisher", bucket_url, {
+            "bucket": {"name": BUCKET, "partitions": PARTITIONS}})
         async with Listener(publisher.url, instance="spark-cluster", service="test",
                             resources={"vm": ["nic"]}) as feed:
             listening = asyncio.create_task(listen(feed))
@@ -100,7 +111,7 @@ async def test_a_job_on_a_standalone_cluster_publishes_each_row_once(
             # In threads: the listener goes on reading (and answering pings) meanwhile.
             await starting
             job = await asyncio.to_thread(
-                cluster.submit, JOB, [bucket_url, "test", str(ROWS), "2"],
+                cluster.submit, JOB, [bucket_url, BUCKET, str(ROWS), "2"],
                 py_files=[shipped], python=python, conf=SUBMIT_CONF, seconds=180,
             )
             (tmp_path / "job.log").write_text(job.stdout)  # kept for a failure's post-mortem
