@@ -122,6 +122,16 @@ class _Collector(Collector):
             "changefeed_slow_consumer_closes", "Listeners closed with 4008 (slow consumer).",
             value=hub.closed["slowConsumer"],
         )
+        yield CounterMetricFamily(
+            "changefeed_coalesced_catch_ups",
+            "Coalesced catch-ups of slow listeners (registered with coalesce) that ended live.",
+            value=hub.coalesced["finished"],
+        )
+        yield CounterMetricFamily(
+            "changefeed_coalesced_items",
+            "Change items folded into coalesced catch-ups (sent as one item per id).",
+            value=hub.coalesced["items"],
+        )
         resyncs = CounterMetricFamily(
             "changefeed_resyncs", "Listeners closed with 4009 (bootstrap again), by cause.",
             labels=["cause"],

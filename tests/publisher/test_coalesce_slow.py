@@ -162,6 +162,11 @@ async def test_a_coalescing_listener_is_not_closed_and_gets_each_id_once_then_li
 
         # The newest state of each id is what its bootstrap route serves.
         async with aiohttp.ClientSession() as http:
+            async with http.get(f"{service.url}/changefeeds/stats") as response:
+                stats = await response.json()
+            assert stats["coalesced"] == {"started": 1, "finished": 1, "sent": len(coalesced),
+                                          "items": len(wanted) - len(exact)}
+            assert stats["closed"] == {"slowConsumer": 1}, "only the one without the flag"
             for id_ in list(newest)[:5]:
                 n = max(k for k in range(len(committed)) if committed[k][0] == id_)
                 async with http.get(f"{service.url}/vms/{id_}") as response:
