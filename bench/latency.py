@@ -17,6 +17,7 @@ import redis.asyncio as aioredis
 
 from bench import items
 from bench.clients import ClientPool
+from bench.coalesce import coalescing, transfer
 from bench.drive import CpuWatch, Measured, pace, paced, passive
 from bench.histogram import Histogram
 from bench.profiling import Recording
@@ -99,7 +100,8 @@ async def _paused_state(stack: Stack, paused: int) -> dict[str, Any]:
         stats = await response.json()
     behind = [r["itemsBehindHead"] for r in stats["registrations"] if r["itemsBehindHead"]]
     return {"paused": paused, "registered_at_end": stats["listeners"],
-            "lagging_at_end": len(behind), "max_items_behind": max(behind, default=0)}
+            "lagging_at_end": len(behind), "max_items_behind": max(behind, default=0),
+            "closed": stats.get("closed", {}), "coalesced": stats.get("coalesced", {})}
 
 
 async def bare_latency(ctx: Context, registrations: list[bytes]) -> tuple[Measured, str]:
@@ -224,21 +226,33 @@ async def p7(ctx: Context) -> Result:
         run, run_rss, extra = await commit_latency(ctx, stack, healthy, paused=stuck,
                                                    duration=duration, rate=rate,
                                                    profile="p7-publisher")
+    # The variant: the paused listeners registered with "coalesce": true (bench.coalesce).
+    async with ours(ctx, "p7-coalesce", limits=P7_LIMITS) as stack:
+        merged, merged_rss, merged_extra = await commit_latency(
+            ctx, stack, healthy, paused=coalescing(stuck), duration=duration, rate=rate)
     steady_h, run_h = steady.report.histogram, run.report.histogram
+    merged_h = merged.report.histogram
     # The window and the healthy listeners' buffers grow in both runs; what the paused ones
     # may add is their send buffers.
     memory_bound = paused * P7_LIMITS["sendBuffer"] + 4 * 2**20
     steady_growth = (steady_rss[-1][1] - steady_rss[0][1]) if steady_rss else 0
     growth = (run_rss[-1][1] - run_rss[0][1]) if run_rss else 0
+    merged_growth = (merged_rss[-1][1] - merged_rss[0][1]) if merged_rss else 0
+    moved = await transfer(ctx)
     result.details = {
         "listeners": count, "paused": paused, "rate": rate, "seconds": duration,
         "limits": P7_LIMITS,
         "without pauses": {**_latency("all listeners", steady_h), **_memory(steady_rss)},
         "with pauses": {**_latency("healthy listeners", run_h), **_memory(run_rss)},
-        "rss_series": {"without pauses": steady_rss, "with pauses": run_rss},
+        "with pauses, coalescing": {**_latency("healthy listeners", merged_h),
+                                    **_memory(merged_rss), **merged_extra},
+        "catch-up transfer": moved,
+        "rss_series": {"without pauses": steady_rss, "with pauses": run_rss,
+                       "with pauses, coalescing": merged_rss},
         **extra,
     }
-    result.cpu = {"without pauses": steady.cpu, "with pauses": run.cpu}
+    result.cpu = {"without pauses": steady.cpu, "with pauses": run.cpu,
+                  "with pauses, coalescing": merged.cpu}
     p99, base_p99 = run_h.percentile(99), steady_h.percentile(99)
     result.checks.append(Check(
         "healthy listeners' p99",
@@ -255,6 +269,44 @@ async def p7(ctx: Context) -> Result:
         "flat: within the bound", extra_growth <= memory_bound,
     ))
     result.notes.append(f"ratio of healthy p99: {ratio(p99, base_p99)}")
+    _coalescing_checks(result, paused, (run_h, growth), (merged_h, merged_growth), steady_growth,
+                       moved)
     return result
+
+
+def _coalescing_checks(
+    result: Result, paused: int, closing: tuple[Histogram, int], merged: tuple[Histogram, int],
+    steady_growth: int, moved: dict[str, Any],
+) -> None:
+    """P7's coalescing variant against today's close-and-resume, measured in the same run:
+    the healthy listeners' p99, the memory each paused listener costs, and what a slow listener
+    has to receive to catch up (on `moved`'s hot ids)."""
+    (close_h, close_growth), (merged_h, merged_growth) = closing, merged
+    p99, close_p99 = merged_h.percentile(99), close_h.percentile(99)
+    result.checks.append(Check(
+        "healthy listeners' p99, paused ones coalescing",
+        Figure(f"p99 of the healthy listeners, {paused} paused with coalesce", p99, "ms"),
+        Figure("p99, the same with the paused ones closed (4008)", close_p99, "ms"),
+        "<= 1.2x", p99 <= 1.2 * close_p99,
+    ))
+    per = (merged_growth - steady_growth) / paused / 1024
+    close_per = (close_growth - steady_growth) / paused / 1024
+    result.checks.append(Check(
+        "memory per paused listener",
+        Figure("RSS growth over the run without pauses, per paused listener, coalescing",
+               round(per, 1), "KiB"),
+        Figure("the same, closed with 4008", round(close_per, 1), "KiB"), "(information)", None,
+    ))
+    plain, merged_catch = moved["close and resume"], moved["coalesce"]
+    plain_bytes = plain["bytes"] + plain["resumed_bytes"]
+    result.checks.append(Check(
+        "bytes to catch up",
+        Figure(f"coalescing: {merged_catch['items']:,} items ({merged_catch['coalesced_items']:,}"
+               f" coalesced), {moved['changes']:,} changes to {moved['ids']:,} ids",
+               merged_catch["bytes"], "bytes"),
+        Figure(f"close (code {plain['closed']}) and resume: {plain['items']:,} + "
+               f"{plain['resumed_items']:,} replayed items", plain_bytes, "bytes"),
+        "< 1x", merged_catch["bytes"] < plain_bytes,
+    ))
 
 
