@@ -16,11 +16,12 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 import orjson
 
 from bench import wire
 from bench.clients import HEADERS, PATH
-from bench.scenario import Context
+from bench.scenario import Context, ScenarioError
 from bench.stack import ours
 from changefeed.cursor import Cursor
 from publisher.bucket import Change
@@ -30,7 +31,11 @@ RCVBUF = 4096
 READ_TIMEOUT = 10.0
 HOT_IDS = 1000
 HOT_CHANGES = 20_000
-TRANSFER_LIMITS = {"sendBuffer": 262144, "window": 1000}
+"""Changes committed after both probes fell out of the window."""
+MAX_CHANGES = 500_000
+TRANSFER_LIMITS = {"sendBuffer": 262144, "window": 1000, "pingInterval": 600}
+"""P7's limits; pings far apart, as the probes do not answer them while paused (aiohttp would
+drop them after a missed pong, which is not what is measured)."""
 
 
 def coalescing(registrations: list[bytes]) -> list[bytes]:
@@ -176,24 +181,35 @@ async def _register(
 
 
 async def transfer(ctx: Context) -> dict[str, Any]:
-    """Two paused probes, one of each kind, while `HOT_CHANGES` changes go to `HOT_IDS` ids
-    (as fast as commit_many goes); then what each had to receive to catch up."""
-    changes = ctx.size(HOT_CHANGES, 4000)
+    """Two paused probes, one of each kind, while changes go to `HOT_IDS` ids (as fast as
+    commit_many goes) until both fell out of the window, then `HOT_CHANGES` more; then what
+    each had to receive to catch up."""
+    more = ctx.size(HOT_CHANGES, 4000)
     hot = ctx.size(HOT_IDS, 200)
     async with ours(ctx, "p7-transfer", limits=TRANSFER_LIMITS) as stack:
         probes = [Probe(stack.port, False), Probe(stack.port, True)]
         for n, probe in enumerate(probes):
             await probe.open(f"probe-{n}")
         bucket = stack.bucket()
-        head = ""
-        for start in range(0, changes, 500):
-            cursors = await bucket.commit_many(
-                Change.put("vm", f"vm-{n % hot:05d}", ["nic"], {"n": n})
-                for n in range(start, min(start + 500, changes))
-            )
-            head = cursors[-1]
+        url = f"http://127.0.0.1:{stack.port}/changefeeds/stats"
+        head, committed, behind_at = "", 0, None
+        async with aiohttp.ClientSession() as http:
+            while behind_at is None or committed < behind_at + more:
+                if committed >= MAX_CHANGES:
+                    raise ScenarioError(f"the paused probes never fell behind ({committed:,})")
+                cursors = await bucket.commit_many(
+                    Change.put("vm", f"vm-{n % hot:05d}", ["nic"], {"n": n})
+                    for n in range(committed, committed + 500)
+                )
+                head, committed = cursors[-1], committed + 500
+                if behind_at is None:
+                    async with http.get(url) as response:
+                        stats = await response.json()
+                    if stats["closed"].get("slowConsumer") and stats["coalesced"].get("started"):
+                        behind_at = committed
         await bucket.aclose()
         results = [await probe.catch_up(head) for probe in probes]
     plain, merged = results
-    return {"changes": changes, "ids": hot, "limits": TRANSFER_LIMITS,
-            "close and resume": plain.to_json(), "coalesce": merged.to_json()}
+    return {"changes": committed, "changes_after_both_fell_behind": more, "ids": hot,
+            "limits": TRANSFER_LIMITS, "close and resume": plain.to_json(),
+            "coalesce": merged.to_json()}
