@@ -291,7 +291,7 @@ class Hub:
         send_buffer = self.send_buffer
         pending: dict[Subscriber, _Pending] = {}
         written: list[WindowEntry] = []
-        overflowed: list[Subscriber] = []
+        overflowed: set[Subscriber] = set()
         for raw in entries:
             if raw.position <= window.head:
                 continue  # already seen (a re-read after a Redis reconnect)
@@ -312,7 +312,7 @@ class Hub:
                             coalesced.fold(entry.resource, entry.sub_resources,
                                            entry.changed_resource_id, entry.position)
                         except CoalesceOverflow:
-                            overflowed.append(conn)
+                            overflowed.add(conn)
                     continue
                 queued = pending.get(conn)
                 if queued is None:

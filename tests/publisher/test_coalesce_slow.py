@@ -199,6 +199,7 @@ async def test_past_coalesce_ids_the_listener_is_closed_with_4008(
             committed += batch
             await healthy.take(BATCH)
         assert service.hub.coalesced["started"] == 1 and service.hub.coalesced["finished"] == 0
+        assert service.hub.closed == {"slowConsumer": 1}, "closed once, counted once"
         *texts, close = await slow.read_to_end()
         assert close[0] == 0x8, close
         code, reason = struct.unpack("!H", close[1][:2])[0], close[1][2:].decode()
