@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import tracemalloc
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,8 +24,9 @@ from bench import wire
 from bench.clients import HEADERS, PATH
 from bench.scenario import Context, ScenarioError
 from bench.stack import ours
-from changefeed.cursor import Cursor
+from changefeed.cursor import Cursor, StreamId
 from publisher.bucket import Change
+from publisher.coalesce import Coalesced
 
 RCVBUF = 4096
 """The probes' receive buffers, as P7's paused listeners'."""
@@ -136,6 +138,24 @@ class Probe:
         return result
 
 
+def bytes_per_id(ids: int = 10_000) -> float:
+    """What one pending id costs a coalescing listener's set, measured with tracemalloc on the
+    publisher's own `Coalesced` for `ids` distinct 36-character ids (UUIDs, as Triton's), each
+    changed twice (its two sub-resources merged)."""
+    names = [f"{n:08x}-0000-4000-8000-{n:012x}" for n in range(ids)]  # allocated before
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        coalesced = Coalesced(ids)
+        for round_, sub in enumerate(("nic", "alias")):
+            for n, name in enumerate(names):
+                coalesced.fold("vm", (sub,), name, StreamId(1 + round_, n))
+        used = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    return round(used / ids, 1)
+
+
 def _reached(cursor: str, head: str) -> bool:
     return Cursor.decode(cursor).position >= Cursor.decode(head).position
 
@@ -210,6 +230,6 @@ async def transfer(ctx: Context) -> dict[str, Any]:
         await bucket.aclose()
         results = [await probe.catch_up(head) for probe in probes]
     plain, merged = results
-    return {"changes": committed, "changes_after_both_fell_behind": more, "ids": hot,
-            "limits": TRANSFER_LIMITS, "close and resume": plain.to_json(),
-            "coalesce": merged.to_json()}
+    return {"bytes_per_id": bytes_per_id(), "changes": committed,
+            "changes_after_both_fell_behind": more, "ids": hot, "limits": TRANSFER_LIMITS,
+            "close and resume": plain.to_json(), "coalesce": merged.to_json()}
