@@ -175,13 +175,17 @@ def redis_url(directory: Path) -> str:
     return f"unix://{directory / 'redis.sock'}"
 
 
-def write_config(path: Path, url: str, **limits: Any) -> Path:
+def write_config(
+    path: Path, url: str, server: dict[str, Any] | None = None, **limits: Any
+) -> Path:
     """A config.js for the benchmarks: bucket `bench`, resource `vm` with nic/alias/state and
-    P6's k00..k99, and `limits` when given."""
+    P6's k00..k99, and `limits` (and `server` settings) when given."""
     extra: dict[str, Any] = {"bucket": {"redisUrl": url, "name": "bench"},
                              "resources": [RESOURCE.to_wire()]}
     if limits:
         extra["limits"] = limits
+    if server:
+        extra["server"] = {"host": "127.0.0.1", "port": 0, **server}
     return test_servers.write_config(path, url, **extra)
 
 
