@@ -12,6 +12,7 @@ closed). `transfer` runs that on a bounded set of hot ids, where coalescing pays
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import tracemalloc
 from dataclasses import dataclass
@@ -40,9 +41,50 @@ TRANSFER_LIMITS = {"sendBuffer": 262144, "window": 1000, "pingInterval": 600}
 drop them after a missed pong, which is not what is measured)."""
 
 
+HOT_STREAM_IDS = 1000
+HOT_STREAM_RATE = 2000.0
+"""P7's second stream: `alias` changes to a hot set of ids, which only the paused listeners
+(and, in the run without pauses, the same listeners reading) registered for. At 100 stamped
+`nic` changes/s alone a paused listener never fills the kernel's socket buffers within the
+run, so it never lags; with this stream it falls out of the window within seconds."""
+
+
 def coalescing(registrations: list[bytes]) -> list[bytes]:
     """The same registrations, asking for a coalesced catch-up."""
     return [orjson.dumps({**orjson.loads(r), "coalesce": True}) for r in registrations]
+
+
+def with_hot_stream(registrations: list[bytes]) -> list[bytes]:
+    """The same registrations, for `alias` too: the hot stream's sub-resource."""
+    out = []
+    for raw in registrations:
+        body = orjson.loads(raw)
+        body["changeKind"]["subResources"] = ["nic", "alias"]
+        out.append(orjson.dumps(body))
+    return out
+
+
+async def hot_stream(bucket: Any, stop: asyncio.Event, ids: int, rate: float) -> int:
+    """Commit `rate` `alias` changes a second, in batches every 0.1 s, to `ids` hot ids until
+    `stop` is set; returns how many were committed."""
+    per_batch = max(1, round(rate / 10))
+    committed = 0
+    loop = asyncio.get_running_loop()
+    next_at = loop.time()
+    try:
+        while not stop.is_set():
+            await bucket.commit_many(
+                Change.put("vm", f"hot-{(committed + n) % ids:05d}", ["alias"],
+                           {"n": committed + n})
+                for n in range(per_batch)
+            )
+            committed += per_batch
+            next_at += 0.1
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), max(0.0, next_at - loop.time()))  # the pace
+    finally:
+        await bucket.aclose()
+    return committed
 
 
 @dataclass

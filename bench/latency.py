@@ -17,7 +17,14 @@ import redis.asyncio as aioredis
 
 from bench import items
 from bench.clients import ClientPool
-from bench.coalesce import coalescing, transfer
+from bench.coalesce import (
+    HOT_STREAM_IDS,
+    HOT_STREAM_RATE,
+    coalescing,
+    hot_stream,
+    transfer,
+    with_hot_stream,
+)
 from bench.drive import CpuWatch, Measured, pace, paced, passive
 from bench.histogram import Histogram
 from bench.profiling import Recording
@@ -51,9 +58,11 @@ def latency_timing(ctx: Context) -> dict[str, float]:
 async def commit_latency(
     ctx: Context, stack: Stack, registrations: list[bytes], *, paused: list[bytes] | None = None,
     profile: str | None = None, duration: float | None = None, rate: float | None = None,
+    hot: tuple[int, float] | None = None,
 ) -> tuple[Measured, list[tuple[float, int]], dict[str, Any]]:
-    """Commit stamped changes at the run's rate; the clients' histogram, the publisher's RSS
-    over the measured interval, and what else was seen."""
+    """Commit stamped changes at the run's rate (and, with `hot` = (ids, rate), a second stream
+    of `alias` changes to that many hot ids, `bench.coalesce.hot_stream`); the clients'
+    histogram, the publisher's RSS over the measured interval, and what else was seen."""
     timing = latency_timing(ctx)
     if duration is not None:
         timing["duration"] = duration
@@ -86,10 +95,20 @@ async def commit_latency(
         if profile and ctx.profile:
             recording = Recording(stack.server.pid, timing["warmup"] + timing["duration"],
                                   ctx.work / "profiles" / f"{profile}.txt")
-        measured = await paced(
-            send, pool, CpuWatch(stack.pids()), rate=timing["rate"], warmup=timing["warmup"],
-            duration=timing["duration"], origin_ns=origin, on_tick=tick,
-        )
+        stop = asyncio.Event()
+        background = None
+        if hot is not None:
+            background = asyncio.create_task(hot_stream(stack.bucket(), stop, *hot))
+        try:
+            measured = await paced(
+                send, pool, CpuWatch(stack.pids()), rate=timing["rate"],
+                warmup=timing["warmup"], duration=timing["duration"], origin_ns=origin,
+                on_tick=tick,
+            )
+        finally:
+            stop.set()
+            if background is not None:
+                extra["hot_stream_changes"] = await background
         if recording:
             extra["profile"] = recording.summary()
         if paused:
@@ -223,18 +242,21 @@ async def p7(ctx: Context) -> Result:
     duration = ctx.size(30.0, 3.0)
     result = Result("P7", f"{paused} of {count:,} listeners paused ({rate:g} changes/s)")
     everyone = listeners(count)
-    healthy, stuck = everyone[: count - paused], everyone[count - paused :]
+    healthy, stuck = everyone[: count - paused], with_hot_stream(everyone[count - paused :])
+    everyone = healthy + stuck
+    hot = (ctx.size(HOT_STREAM_IDS, 200), ctx.size(HOT_STREAM_RATE, 500.0))
     async with ours(ctx, "p7-steady", limits=P7_LIMITS, server=P7_SERVER) as stack:
         steady, steady_rss, _ = await commit_latency(ctx, stack, everyone, duration=duration,
-                                                     rate=rate)
+                                                     rate=rate, hot=hot)
     async with ours(ctx, "p7-paused", limits=P7_LIMITS, server=P7_SERVER) as stack:
-        run, run_rss, extra = await commit_latency(ctx, stack, healthy, paused=stuck,
+        run, run_rss, extra = await commit_latency(ctx, stack, healthy, paused=stuck, hot=hot,
                                                    duration=duration, rate=rate,
                                                    profile="p7-publisher")
     # The variant: the paused listeners registered with "coalesce": true (bench.coalesce).
     async with ours(ctx, "p7-coalesce", limits=P7_LIMITS, server=P7_SERVER) as stack:
         merged, merged_rss, merged_extra = await commit_latency(
-            ctx, stack, healthy, paused=coalescing(stuck), duration=duration, rate=rate)
+            ctx, stack, healthy, paused=coalescing(stuck), duration=duration, rate=rate,
+            hot=hot)
     steady_h, run_h = steady.report.histogram, run.report.histogram
     merged_h = merged.report.histogram
     # The window and the healthy listeners' buffers grow in both runs; what the paused ones
