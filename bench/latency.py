@@ -125,6 +125,7 @@ async def _paused_state(stack: Stack, paused: int) -> dict[str, Any]:
     behind = [r["itemsBehindHead"] for r in stats["registrations"] if r["itemsBehindHead"]]
     return {"paused": paused, "registered_at_end": stats["listeners"],
             "lagging_at_end": len(behind), "max_items_behind": max(behind, default=0),
+            "items_behind_total": sum(behind),
             "closed": stats.get("closed", {}), "coalesced": stats.get("coalesced", {})}
 
 
@@ -296,14 +297,14 @@ async def p7(ctx: Context) -> Result:
         "flat: within the bound", extra_growth <= memory_bound,
     ))
     result.notes.append(f"ratio of healthy p99: {ratio(p99, base_p99)}")
-    _coalescing_checks(result, paused, (run_h, growth), (merged_h, merged_growth), steady_growth,
-                       moved)
+    pending = merged_extra.get("paused", {}).get("items_behind_total", 0)
+    _coalescing_checks(result, paused, (run_h, growth), (merged_h, merged_growth), pending, moved)
     return result
 
 
 def _coalescing_checks(
     result: Result, paused: int, closing: tuple[Histogram, int], merged: tuple[Histogram, int],
-    steady_growth: int, moved: dict[str, Any],
+    pending: int, moved: dict[str, Any],
 ) -> None:
     """P7's coalescing variant against today's close-and-resume, measured in the same run:
     the healthy listeners' p99, the memory each paused listener costs, and what a slow listener
@@ -316,14 +317,15 @@ def _coalescing_checks(
         Figure("p99, the same with the paused ones closed (4008)", close_p99, "ms"),
         "<= 1.2x", p99 <= 1.2 * close_p99,
     ))
-    per = (merged_growth - steady_growth) / paused / 1024
-    close_per = (close_growth - steady_growth) / paused / 1024
+    per = (merged_growth - close_growth) / paused / 1024
+    ids = pending / paused
     result.checks.append(Check(
         "memory per paused listener",
-        Figure("RSS growth over the run without pauses, per paused listener, coalescing",
+        Figure("RSS growth coalescing minus closing (4008), per paused listener",
                round(per, 1), "KiB"),
-        Figure("the same, closed with 4008", round(close_per, 1), "KiB"), "(information)", None,
-        note=f"a pending id costs {moved['bytes_per_id']:g} bytes (tracemalloc, 36-byte ids)",
+        Figure(f"its {ids:,.0f} pending ids at the end x {moved['bytes_per_id']:g} bytes "
+               "(tracemalloc)", round(ids * moved["bytes_per_id"] / 1024, 1), "KiB"),
+        "(information)", None,
     ))
     plain, merged_catch = moved["close and resume"], moved["coalesce"]
     plain_bytes = plain["bytes"] + plain["resumed_bytes"]
