@@ -297,7 +297,7 @@ async def p7(ctx: Context) -> Result:
         "flat: within the bound", extra_growth <= memory_bound,
     ))
     result.notes.append(f"ratio of healthy p99: {ratio(p99, base_p99)}")
-    pending = merged_extra.get("paused", {}).get("items_behind_total", 0)
+    pending = merged_extra.get("paused", {}).get("coalesced", {}).get("pending", 0)
     _coalescing_checks(result, paused, (run_h, growth), (merged_h, merged_growth), pending, moved)
     return result
 

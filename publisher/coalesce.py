@@ -84,17 +84,20 @@ class Coalesced:
         Raises CoalesceOverflow when it is a new id and `limit` ids are pending already.
         """
         key = (resource, changed_resource_id)
-        pending = self._pending.pop(key, None)
+        pending_ids = self._pending
+        pending = pending_ids.pop(key, None)
         if pending is None:
-            if len(self._pending) >= self.limit:
+            if len(pending_ids) >= self.limit:
                 raise CoalesceOverflow(self.limit)
-            pending = Pending(list(dict.fromkeys(sub_resources)), position, 0)
+            pending = Pending(list(dict.fromkeys(sub_resources)), position)
         else:
             known = pending.sub_resources
-            known.extend(s for s in sub_resources if s not in known)
+            for sub in sub_resources:
+                if sub not in known:
+                    known.append(sub)
             pending.position = position
-        pending.items += 1
-        self._pending[key] = pending  # re-inserted: last in the order of newest changes
+            pending.items += 1
+        pending_ids[key] = pending  # re-inserted: last in the order of newest changes
         self.folded += 1
 
     def pop(self, epoch: str) -> tuple[ChangeItem, StreamId]:

@@ -39,7 +39,7 @@ def local_stats(app: web.Application) -> dict[str, Any]:
         "publisher": publisher_id,
         "tail": app[TAIL].stats(),
         "closed": dict(hub.closed),
-        "coalesced": dict(hub.coalesced),
+        "coalesced": hub.coalescing(),
         "refused": app[ACCESS].counts(),
     }
 

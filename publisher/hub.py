@@ -620,6 +620,12 @@ class Hub:
 
     # --- reporting -----------------------------------------------------------------------
 
+    def coalescing(self) -> dict[str, int]:
+        """The coalesced catch-ups since start (`started`, `finished`, `items`, `sent`), and
+        `listeners` in one now with `pending` ids between them (what they hold in memory)."""
+        sets = [c.coalesced for c in self.connections if c.coalesced is not None]
+        return {**self.coalesced, "listeners": len(sets), "pending": sum(map(len, sets))}
+
     def stats(self, publisher_id: str) -> list[dict[str, Any]]:
         """One entry per registered (connection, resource), as /changefeeds/stats shows them.
 

@@ -113,6 +113,8 @@ async def test_a_coalescing_listener_is_not_closed_and_gets_each_id_once_then_li
         conn = _conn(service, "coalescing")
         assert conn is not None and conn.coalesced is not None, "not closed: coalescing"
         assert len(conn.coalesced) <= IDS, "bounded by the ids, not the items"
+        now = service.hub.coalescing()
+        assert (now["listeners"], now["pending"]) == (1, len(conn.coalesced))
         assert len(hub.window) <= LIMITS["window"]
         folded = conn.coalesced.folded
 
@@ -165,7 +167,8 @@ async def test_a_coalescing_listener_is_not_closed_and_gets_each_id_once_then_li
             async with http.get(f"{service.url}/changefeeds/stats") as response:
                 stats = await response.json()
             assert stats["coalesced"] == {"started": 1, "finished": 1, "sent": len(coalesced),
-                                          "items": len(wanted) - len(exact)}
+                                          "items": len(wanted) - len(exact), "listeners": 0,
+                                          "pending": 0}
             assert stats["closed"] == {"slowConsumer": 1}, "only the one without the flag"
             for id_ in list(newest)[:5]:
                 n = max(k for k in range(len(committed)) if committed[k][0] == id_)
