@@ -17,6 +17,14 @@ import redis.asyncio as aioredis
 
 from bench import items
 from bench.clients import ClientPool
+from bench.coalesce import (
+    HOT_STREAM_IDS,
+    HOT_STREAM_RATE,
+    coalescing,
+    hot_stream,
+    transfer,
+    with_hot_stream,
+)
 from bench.drive import CpuWatch, Measured, pace, paced, passive
 from bench.histogram import Histogram
 from bench.profiling import Recording
@@ -29,9 +37,14 @@ RATE = 200.0
 P7_RATE = 100.0
 """P7's rate: half of P2's, so that the publisher has headroom (at 200/s it is at capacity on
 this machine, see P2) and the p99s compare the effect of the pauses, not queueing noise."""
-P7_LIMITS = {"sendBuffer": 262144, "window": 1000}
+P7_LIMITS = {"sendBuffer": 65536, "window": 1000, "pingInterval": 600}
 """P7's publisher limits: a paused listener passes its send buffer within seconds and falls out
-of the window (10 s of items at 100/s) within the run."""
+of the window (10 s of items at 100/s) about half-way through the run. Pings far apart: with
+the default 20 s a paused listener (which answers no ping) was dropped for a missed pong before
+the window passed it, which is not what P7 measures."""
+P7_SERVER = {"maxConnectionsPerClient": 2000}
+"""Every listener, the driver and the stats request come from 127.0.0.1: with the paused
+listeners still registered at the end, the default 1,000 would refuse the stats request."""
 KEPT_UP = 0.95
 """P2's ratio check needs a baseline that delivered this share of rate x duration x listeners:
 one that fell further behind its schedule is not a baseline (the check is then not met)."""
@@ -45,9 +58,11 @@ def latency_timing(ctx: Context) -> dict[str, float]:
 async def commit_latency(
     ctx: Context, stack: Stack, registrations: list[bytes], *, paused: list[bytes] | None = None,
     profile: str | None = None, duration: float | None = None, rate: float | None = None,
+    hot: tuple[int, float] | None = None,
 ) -> tuple[Measured, list[tuple[float, int]], dict[str, Any]]:
-    """Commit stamped changes at the run's rate; the clients' histogram, the publisher's RSS
-    over the measured interval, and what else was seen."""
+    """Commit stamped changes at the run's rate (and, with `hot` = (ids, rate), a second stream
+    of `alias` changes to that many hot ids, `bench.coalesce.hot_stream`); the clients'
+    histogram, the publisher's RSS over the measured interval, and what else was seen."""
     timing = latency_timing(ctx)
     if duration is not None:
         timing["duration"] = duration
@@ -80,10 +95,20 @@ async def commit_latency(
         if profile and ctx.profile:
             recording = Recording(stack.server.pid, timing["warmup"] + timing["duration"],
                                   ctx.work / "profiles" / f"{profile}.txt")
-        measured = await paced(
-            send, pool, CpuWatch(stack.pids()), rate=timing["rate"], warmup=timing["warmup"],
-            duration=timing["duration"], origin_ns=origin, on_tick=tick,
-        )
+        stop = asyncio.Event()
+        background = None
+        if hot is not None:
+            background = asyncio.create_task(hot_stream(stack.bucket(), stop, *hot))
+        try:
+            measured = await paced(
+                send, pool, CpuWatch(stack.pids()), rate=timing["rate"],
+                warmup=timing["warmup"], duration=timing["duration"], origin_ns=origin,
+                on_tick=tick,
+            )
+        finally:
+            stop.set()
+            if background is not None:
+                extra["hot_stream_changes"] = await background
         if recording:
             extra["profile"] = recording.summary()
         if paused:
@@ -99,7 +124,9 @@ async def _paused_state(stack: Stack, paused: int) -> dict[str, Any]:
         stats = await response.json()
     behind = [r["itemsBehindHead"] for r in stats["registrations"] if r["itemsBehindHead"]]
     return {"paused": paused, "registered_at_end": stats["listeners"],
-            "lagging_at_end": len(behind), "max_items_behind": max(behind, default=0)}
+            "lagging_at_end": len(behind), "max_items_behind": max(behind, default=0),
+            "items_behind_total": sum(behind),
+            "closed": stats.get("closed", {}), "coalesced": stats.get("coalesced", {})}
 
 
 async def bare_latency(ctx: Context, registrations: list[bytes]) -> tuple[Measured, str]:
@@ -216,29 +243,44 @@ async def p7(ctx: Context) -> Result:
     duration = ctx.size(30.0, 3.0)
     result = Result("P7", f"{paused} of {count:,} listeners paused ({rate:g} changes/s)")
     everyone = listeners(count)
-    healthy, stuck = everyone[: count - paused], everyone[count - paused :]
-    async with ours(ctx, "p7-steady", limits=P7_LIMITS) as stack:
+    healthy, stuck = everyone[: count - paused], with_hot_stream(everyone[count - paused :])
+    everyone = healthy + stuck
+    hot = (ctx.size(HOT_STREAM_IDS, 200), ctx.size(HOT_STREAM_RATE, 500.0))
+    async with ours(ctx, "p7-steady", limits=P7_LIMITS, server=P7_SERVER) as stack:
         steady, steady_rss, _ = await commit_latency(ctx, stack, everyone, duration=duration,
-                                                     rate=rate)
-    async with ours(ctx, "p7-paused", limits=P7_LIMITS) as stack:
-        run, run_rss, extra = await commit_latency(ctx, stack, healthy, paused=stuck,
+                                                     rate=rate, hot=hot)
+    async with ours(ctx, "p7-paused", limits=P7_LIMITS, server=P7_SERVER) as stack:
+        run, run_rss, extra = await commit_latency(ctx, stack, healthy, paused=stuck, hot=hot,
                                                    duration=duration, rate=rate,
                                                    profile="p7-publisher")
+    # The variant: the paused listeners registered with "coalesce": true (bench.coalesce).
+    async with ours(ctx, "p7-coalesce", limits=P7_LIMITS, server=P7_SERVER) as stack:
+        merged, merged_rss, merged_extra = await commit_latency(
+            ctx, stack, healthy, paused=coalescing(stuck), duration=duration, rate=rate,
+            hot=hot)
     steady_h, run_h = steady.report.histogram, run.report.histogram
+    merged_h = merged.report.histogram
     # The window and the healthy listeners' buffers grow in both runs; what the paused ones
     # may add is their send buffers.
     memory_bound = paused * P7_LIMITS["sendBuffer"] + 4 * 2**20
     steady_growth = (steady_rss[-1][1] - steady_rss[0][1]) if steady_rss else 0
     growth = (run_rss[-1][1] - run_rss[0][1]) if run_rss else 0
+    merged_growth = (merged_rss[-1][1] - merged_rss[0][1]) if merged_rss else 0
+    moved = await transfer(ctx)
     result.details = {
         "listeners": count, "paused": paused, "rate": rate, "seconds": duration,
         "limits": P7_LIMITS,
         "without pauses": {**_latency("all listeners", steady_h), **_memory(steady_rss)},
         "with pauses": {**_latency("healthy listeners", run_h), **_memory(run_rss)},
-        "rss_series": {"without pauses": steady_rss, "with pauses": run_rss},
+        "with pauses, coalescing": {**_latency("healthy listeners", merged_h),
+                                    **_memory(merged_rss), **merged_extra},
+        "catch-up transfer": moved,
+        "rss_series": {"without pauses": steady_rss, "with pauses": run_rss,
+                       "with pauses, coalescing": merged_rss},
         **extra,
     }
-    result.cpu = {"without pauses": steady.cpu, "with pauses": run.cpu}
+    result.cpu = {"without pauses": steady.cpu, "with pauses": run.cpu,
+                  "with pauses, coalescing": merged.cpu}
     p99, base_p99 = run_h.percentile(99), steady_h.percentile(99)
     result.checks.append(Check(
         "healthy listeners' p99",
@@ -255,6 +297,46 @@ async def p7(ctx: Context) -> Result:
         "flat: within the bound", extra_growth <= memory_bound,
     ))
     result.notes.append(f"ratio of healthy p99: {ratio(p99, base_p99)}")
+    pending = merged_extra.get("paused", {}).get("coalesced", {}).get("pending", 0)
+    _coalescing_checks(result, paused, (run_h, growth), (merged_h, merged_growth), pending, moved)
     return result
+
+
+def _coalescing_checks(
+    result: Result, paused: int, closing: tuple[Histogram, int], merged: tuple[Histogram, int],
+    pending: int, moved: dict[str, Any],
+) -> None:
+    """P7's coalescing variant against today's close-and-resume, measured in the same run:
+    the healthy listeners' p99, the memory each paused listener costs, and what a slow listener
+    has to receive to catch up (on `moved`'s hot ids)."""
+    (close_h, close_growth), (merged_h, merged_growth) = closing, merged
+    p99, close_p99 = merged_h.percentile(99), close_h.percentile(99)
+    result.checks.append(Check(
+        "healthy listeners' p99, paused ones coalescing",
+        Figure(f"p99 of the healthy listeners, {paused} paused with coalesce", p99, "ms"),
+        Figure("p99, the same with the paused ones closed (4008)", close_p99, "ms"),
+        "<= 1.2x", p99 <= 1.2 * close_p99,
+    ))
+    per = (merged_growth - close_growth) / paused / 1024
+    ids = pending / paused
+    result.checks.append(Check(
+        "memory per paused listener",
+        Figure("RSS growth coalescing minus closing (4008), per paused listener",
+               round(per, 1), "KiB"),
+        Figure(f"its {ids:,.0f} pending ids at the end x {moved['bytes_per_id']:g} bytes "
+               "(tracemalloc)", round(ids * moved["bytes_per_id"] / 1024, 1), "KiB"),
+        "(information)", None,
+    ))
+    plain, merged_catch = moved["close and resume"], moved["coalesce"]
+    plain_bytes = plain["bytes"] + plain["resumed_bytes"]
+    result.checks.append(Check(
+        "bytes to catch up",
+        Figure(f"coalescing: {merged_catch['items']:,} items ({merged_catch['coalesced_items']:,}"
+               f" coalesced), {moved['changes']:,} changes to {moved['ids']:,} ids",
+               merged_catch["bytes"], "bytes"),
+        Figure(f"close (code {plain['closed']}) and resume: {plain['items']:,} + "
+               f"{plain['resumed_items']:,} replayed items", plain_bytes, "bytes"),
+        "< 1x", merged_catch["bytes"] < plain_bytes,
+    ))
 
 

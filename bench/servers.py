@@ -176,14 +176,18 @@ def redis_url(directory: Path) -> str:
 
 
 def write_config(
-    path: Path, url: str, *, sections: dict[str, Any] | None = None, **limits: Any
+    path: Path, url: str, server: dict[str, Any] | None = None, *,
+    sections: dict[str, Any] | None = None, **limits: Any,
 ) -> Path:
     """A config.js for the benchmarks: bucket `bench`, resource `vm` with nic/alias/state and
-    P6's k00..k99, `limits` when given, and other top-level `sections` (e.g. `trace`)."""
+    P6's k00..k99, `limits` (and `server` settings) when given, and other top-level `sections`
+    (e.g. `trace`)."""
     extra: dict[str, Any] = {"bucket": {"redisUrl": url, "name": "bench"},
                              "resources": [RESOURCE.to_wire()], **(sections or {})}
     if limits:
         extra["limits"] = limits
+    if server:
+        extra["server"] = {"host": "127.0.0.1", "port": 0, **server}
     return test_servers.write_config(path, url, **extra)
 
 

@@ -55,6 +55,7 @@ class Stack:
 async def ours(
     ctx: Context, name: str, *, seed: Seed | None = None, limits: dict[str, int] | None = None,
     sections: dict[str, Any] | None = None,
+    server: dict[str, int] | None = None,
 ) -> AsyncIterator[Stack]:
     """A private redis-server (load cores) and `changefeed serve` (the server core). `seed`
     writes to the bucket before the publisher starts, so its tail starts after those items.
@@ -62,7 +63,8 @@ async def ours(
     directory = ctx.work / name
     with redis_server(directory / "redis", ctx.cores.load) as redis:
         url = redis_url(directory / "redis")
-        config = write_config(directory / "config.js", url, sections=sections, **(limits or {}))
+        config = write_config(directory / "config.js", url, server, sections=sections,
+                              **(limits or {}))
         resources = list(load_config(config).resources)
         if seed is not None:
             bucket = ChangeBucket(connect(url), "bench", resources)

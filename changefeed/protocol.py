@@ -105,6 +105,9 @@ class Registration:
     kinds: tuple[ChangeKind, ...]
     version: int
     since: str | None = None
+    coalesce: bool = False
+    """Asks that a slow listener be sent a coalesced catch-up instead of being closed with
+    4008 (docs/protocol.md#coalesced-catch-up). Triton's listeners never send it."""
 
     def to_wire(self) -> dict[str, Any]:
         """The registration frame a listener sends (v1 for one kind, else v2)."""
@@ -115,6 +118,8 @@ class Registration:
             frame["resources"] = [kind.to_wire() for kind in self.kinds]
         if self.since is not None:
             frame["since"] = self.since
+        if self.coalesce:
+            frame["coalesce"] = True
         return frame
 
 
@@ -128,14 +133,26 @@ class ChangeItem:
     published: int
     """Milliseconds since the Unix epoch, as the bucket recorded it."""
     cursor: str
+    coalesced: bool = False
+    """Sent in a coalesced catch-up: it stands for every change of its id while the listener
+    was behind (sub-resources merged, the newest cursor). Its cursor is not a resume point,
+    except on the last item of the catch-up (`caught_up`)."""
+    caught_up: bool = False
+    """The last item of a coalesced catch-up: the listener is live again after it, and
+    nothing up to its cursor is missing."""
 
     def to_wire(self) -> dict[str, Any]:
-        return {
+        wire: dict[str, Any] = {
             "changeKind": {"resource": self.resource, "subResources": list(self.sub_resources)},
             "changedResourceId": self.changed_resource_id,
             "published": str(self.published),
             "cursor": self.cursor,
         }
+        if self.coalesced:
+            wire["coalesced"] = True
+            if self.caught_up:
+                wire["caughtUp"] = True
+        return wire
 
     def encode(self) -> bytes:
         return orjson.dumps(self.to_wire())
@@ -210,6 +227,9 @@ def parse_registration(
     since = frame.get("since")
     if since is not None and not isinstance(since, str):
         raise _refuse("registration since must be a cursor string")
+    coalesce = frame.get("coalesce", False)
+    if not isinstance(coalesce, bool):
+        raise _refuse(f"registration coalesce must be true or false, not {coalesce!r:.40}")
     if version == 1:
         if "changeKind" not in frame:
             raise _refuse("v1 registration (Accept-Version ~1) needs changeKind")
@@ -226,7 +246,7 @@ def parse_registration(
         names = [kind.resource for kind in kinds]
         if len(set(names)) != len(names):
             raise _refuse("registration lists a resource twice")
-    return Registration(instance, service, kinds, version, since)
+    return Registration(instance, service, kinds, version, since, coalesce)
 
 
 def registration_reply(
@@ -242,6 +262,8 @@ def registration_reply(
     )
     reply["cursor"] = cursor
     reply["resumed"] = resumed
+    if registration.coalesce:
+        reply["coalesce"] = True  # granted: this publisher knows the flag
     return reply
 
 
@@ -284,11 +306,17 @@ def decode_item(frame: Mapping[str, Any]) -> ChangeItem:
             raise TypeError
         published = int(frame.get("published") or 0)
         cursor = frame.get("cursor") or ""
-        if not isinstance(cursor, str):
+        coalesced = frame.get("coalesced", False)
+        caught_up = frame.get("caughtUp", False)
+        if not (
+            isinstance(cursor, str) and isinstance(coalesced, bool)
+            and isinstance(caught_up, bool)
+        ):
             raise TypeError
     except (KeyError, TypeError, ValueError):
         raise ProtocolError(f"malformed change item: {dict(frame)!r:.200}") from None
-    return ChangeItem(resource, tuple(subs), changed, published, cursor)
+    return ChangeItem(resource, tuple(subs), changed, published, cursor, coalesced,
+                      coalesced and caught_up)
 
 
 def close_reason(text: str) -> str:

@@ -53,7 +53,10 @@ class Listener:
     bootstraps: only changes (and Resync when some may have been missed) are delivered.
     `token` (else the content of `token_file`, else the environment variable CHANGEFEED_TOKEN)
     is sent as `Authorization: Bearer` to the publisher; `ssl` (or a context trusting `cafile`)
-    verifies an https/wss publisher. A 401 or 403 raises AccessDenied. See docs/listener.md.
+    verifies an https/wss publisher. A 401 or 403 raises AccessDenied.
+    `coalesce=True` asks the publisher, when this listener falls too far behind, to send one
+    coalesced item per changed id instead of closing it with 4008 (Change.coalesced). See
+    docs/listener.md.
     """
 
     def __init__(
@@ -73,6 +76,7 @@ class Listener:
         token_file: str | Path | None = None,
         ssl: ssl.SSLContext | None = None,
         cafile: str | Path | None = None,
+        coalesce: bool = False,
     ) -> None:
         self.config = config or ListenerConfig()
         self._credentials = load_credentials(token, token_file, ssl, cafile)
@@ -87,6 +91,7 @@ class Listener:
             healthy_after=self.config.healthy_after,
             buffer_size=self.config.buffer.size,
             bootstrap=bootstrap,
+            coalesce=coalesce,
         )
         self._pager = pager or PublisherPager(self.config.page_size)
         self._buffer = buffer if buffer is not None else make_buffer(self.config.buffer, instance)
@@ -145,7 +150,8 @@ class Listener:
         self._read_done.clear()
         try:
             event = await self._events.__anext__()
-            cursor = event.cursor if isinstance(event, Change | BootstrapDone) else None
+            cursor = (self._core.cursor if isinstance(event, Change)
+                      else event.cursor if isinstance(event, BootstrapDone) else None)
             if cursor is not None:
                 self._delivered = cursor
                 self._advanced.set()
@@ -257,6 +263,9 @@ class Listener:
                     plan = core.reply(connection.reply, time.monotonic())
                     attempt_log.info("registered", resumed=plan.resumed, cursor=plan.cursor,
                                      bootstrap=[route.resource for route in plan.routes])
+                    if core.coalesce and not plan.coalesce:
+                        attempt_log.warning("the publisher does not coalesce: if this listener "
+                                            "falls behind it is closed with 4008 and resumes")
                     if plan.resync is not None:
                         attempt_log.warning("resync", reason=plan.resync.reason)
                         yield plan.resync

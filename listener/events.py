@@ -67,8 +67,20 @@ class Change:
 
     @property
     def cursor(self) -> str:
-        """The item's cursor: once handled, the listener resumes after it."""
+        """The item's cursor: once handled, the listener resumes after it (for a coalesced
+        item: only after the last of its catch-up, `caught_up`)."""
         return self.item.cursor
+
+    @property
+    def coalesced(self) -> bool:
+        """True when it stands for every change of its id while the listener was behind
+        (`Listener(coalesce=True)`): its sub-resources are merged, its cursor the newest."""
+        return self.item.coalesced
+
+    @property
+    def caught_up(self) -> bool:
+        """The last coalesced item of a catch-up: live changes follow."""
+        return self.item.caught_up
 
 
 Event = Resync | BootstrapStart | BootstrapRecords | BootstrapDone | Change

@@ -96,6 +96,8 @@ class Plan:
     """The resources to bootstrap, in registration order (empty when resumed)."""
     cursor: str | None
     """The log head the publisher reported at registration."""
+    coalesce: bool = False
+    """The publisher granted a coalesced catch-up (it echoed `coalesce`)."""
 
 
 def publisher_urls(url: str) -> tuple[str, str]:
@@ -128,6 +130,7 @@ class ListenerCore:
         healthy_after: float = 30.0,
         buffer_size: int = 10000,
         bootstrap: bool = True,
+        coalesce: bool = False,
         rng: random.Random | None = None,
     ) -> None:
         listed = [urls] if isinstance(urls, str) else list(urls)
@@ -157,6 +160,8 @@ class ListenerCore:
         self.buffer_size = buffer_size
         self.bootstrap = bootstrap
         """False: stream changes only, never bootstrap (for `changefeed snoop`)."""
+        self.coalesce = coalesce
+        """Ask for a coalesced catch-up instead of 4008 when it falls behind."""
         self.phase = Phase.IDLE
         self.routes: dict[str, Resource] = {}
         """The resources of the last registration reply, by name."""
@@ -189,7 +194,7 @@ class ListenerCore:
         self._attempts += 1
         base, ws_url = self.urls[self._url_index]
         registration = Registration(
-            self.instance, self.service, self.kinds, self.version, self._cursor
+            self.instance, self.service, self.kinds, self.version, self._cursor, self.coalesce
         )
         headers = {"Accept-Version": f"~{self.version}"}
         return Attempt(self._attempts, base, ws_url, headers, registration)
@@ -207,9 +212,10 @@ class ListenerCore:
         self.routes = routes
         cursor = frame.get("cursor")
         cursor = cursor if isinstance(cursor, str) and cursor else None
+        granted = self.coalesce and frame.get("coalesce") is True
         if frame.get("resumed") is True and self._cursor is not None:
             self._streaming(now)
-            return Plan(True, None, (), cursor)
+            return Plan(True, None, (), cursor, granted)
         resync = None
         if self._has_view:
             why = "no cursor to resume from" if self._cursor is None else (
@@ -222,10 +228,11 @@ class ListenerCore:
             self._has_view = True
             self._cursor = cursor
             self._streaming(now)
-            return Plan(False, resync, (), cursor)
+            return Plan(False, resync, (), cursor, granted)
         self._pending = [kind.resource for kind in self.kinds]
         self.phase = Phase.BOOTSTRAPPING
-        return Plan(False, resync, tuple(routes[name] for name in self._pending), cursor)
+        return Plan(False, resync, tuple(routes[name] for name in self._pending), cursor,
+                    granted)
 
     def route_url(self, resource: str) -> str:
         """The absolute URL of `resource`'s bootstrap route on the current publisher."""
@@ -274,9 +281,12 @@ class ListenerCore:
             raise BufferOverflow(self.buffer_size)
 
     def delivered(self, item: ChangeItem) -> Change:
-        """`item` goes to the application: the listener will resume after it."""
+        """`item` goes to the application: the listener will resume after it. A coalesced item
+        (docs/protocol.md#coalesced-catch-up) does not move the cursor, except the last one of
+        its catch-up (`caught_up`): the ids still to come may have older changes before its
+        cursor, which a resume from it would not send again."""
         self._expect(Phase.STREAMING)
-        if item.cursor:
+        if item.cursor and (item.caught_up or not item.coalesced):
             self._cursor = item.cursor
         return Change(item)
 

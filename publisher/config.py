@@ -111,6 +111,9 @@ class Limits:
     max_page_size: int = 1000
     window: int = 10000
     send_buffer: int = 1 << 20
+    coalesce_ids: int = 10000
+    """Distinct ids a slow listener's coalesced catch-up may hold (docs/protocol.md#coalesced-
+    catch-up); past them it is closed with 4008."""
     ping_interval: float = 20.0
     results: int = longpoll.DEFAULT_RESULTS
     """Items in an `events` reply or a feed response when the client names no number."""
@@ -464,6 +467,7 @@ _LIMIT_KEYS: Checks = {
     "maxPageSize": ("max_page_size", cj.positive_int),
     "window": ("window", cj.positive_int),
     "sendBuffer": ("send_buffer", cj.positive_int),
+    "coalesceIds": ("coalesce_ids", cj.positive_int),
     "pingInterval": ("ping_interval", cj.positive),
     "results": ("results", cj.positive_int),
     "maxResults": ("max_results", cj.positive_int),

@@ -40,6 +40,7 @@ def local_stats(app: web.Application) -> dict[str, Any]:
         "publisher": publisher_id,
         "tail": app[TAIL].stats(),
         "closed": dict(hub.closed),
+        "coalesced": hub.coalescing(),
         "refused": app[ACCESS].counts(),
         "sse": sse_stats(hub),
     }

@@ -6,7 +6,9 @@ matches (plus one lookup per `/`-separated segment of its id where prefixes are 
 entry's websocket frame is built once and the same bytes are written to every matching
 connection's transport, without awaiting. A connection whose transport buffer passes
 `send_buffer` bytes stops being written to and catches up from the shared window in a task of its
-own; if the window moves past it, it is closed with 4008 (slow consumer).
+own; if the window moves past it, it is closed with 4008 (slow consumer) -- unless it registered
+with `coalesce`: then it is switched to a coalesced catch-up (publisher.coalesce) just before the
+window would move past it, and closed with 4008 only when that set passes `coalesce_ids` ids.
 A resuming connection (registration with `since`) first reads what it missed from Redis.
 
 A connection that cannot be sent a gap-free history any more is closed with 4009 and one of the
@@ -40,6 +42,7 @@ from changefeed.sse import change_chunk, close_chunks
 from changefeed.watch import prefixes_of
 from publisher.bucket import ChangeBucket, LogEntry
 from publisher.trace import TraceLog
+from publisher.coalesce import Coalesced, CoalesceOverflow
 from publisher.window import Window, WindowEntry
 
 if TYPE_CHECKING:
@@ -53,6 +56,8 @@ REPLAY_BATCH = 1000
 """Log entries a resuming connection reads from Redis per call."""
 
 SLOW = "slow consumer: fell behind the window"
+SLOW_COALESCED = "slow consumer: more than {} ids changed while it was behind"
+"""4008 for a coalescing listener whose coalesced set passed `coalesce_ids`."""
 RECREATED = "bucket recreated: bootstrap again"
 """4009: the bucket's epoch changed (recreated, or a new epoch after a rollback elsewhere)."""
 ROLLED_BACK = "bucket rolled back: bootstrap again"
@@ -97,6 +102,9 @@ class Subscriber:
     identity: Identity | None = None
     """Who registered it, checked again when credentials are reloaded or expire
     (publisher.revocation); None: not checked."""
+    coalesced: Coalesced | None = None
+    """Set while it is in a coalesced catch-up (registered with `coalesce`, fell out of the
+    window): every item for it is folded in here instead of being sent."""
 
     def __post_init__(self) -> None:
         self.kinds = {kind.resource: kind for kind in self.registration.kinds}
@@ -197,10 +205,21 @@ class _Pending:
 class Hub:
     """The connections of this publisher process and the window they share."""
 
-    def __init__(self, window: Window, bucket: ChangeBucket, send_buffer: int) -> None:
+    def __init__(
+        self, window: Window, bucket: ChangeBucket, send_buffer: int, *,
+        coalesce_ids: int = 10000,
+    ) -> None:
         self.window = window
         self.bucket = bucket
         self.send_buffer = send_buffer
+        self.coalesce_ids = coalesce_ids
+        """The bound of a coalesced catch-up's set (`limits.coalesceIds`)."""
+        self._coalescible: set[Subscriber] = set()
+        """Lagging connections registered with `coalesce`, catching up from the window: each
+        is switched to a coalesced catch-up before the window moves past it."""
+        self.coalesced: Counter[str] = Counter()
+        """Coalesced catch-ups since start: `started`, `finished`, `items` folded in, `sent`
+        (one per id), for stats and metrics."""
         self.epoch = ""
         self.connections: set[Subscriber] = set()
         self.routes = Routes()
@@ -246,6 +265,7 @@ class Hub:
     def remove(self, conn: Subscriber) -> None:
         self.connections.discard(conn)
         self._lagging.discard(conn)
+        self._coalescible.discard(conn)
         self.routes.remove(conn)
         if conn.task is not None and conn.task is not asyncio.current_task():
             conn.task.cancel()
@@ -288,11 +308,14 @@ class Hub:
         written: list[WindowEntry] = []
         fresh: list[WindowEntry] = []
         sse_sent = 0
+        overflowed: set[Subscriber] = set()
         for raw in entries:
             if raw.position <= window.head:
                 continue  # already seen (a re-read after a Redis reconnect)
             entry = self.encode(raw)
             previous = window.head
+            if self._coalescible and len(window) >= window.capacity:
+                self._coalesce_before(window.oldest())
             window.append(entry)
             fresh.append(entry)
             matching = self.routes.matching(
@@ -301,6 +324,13 @@ class Hub:
             taken = False
             for conn in matching:
                 if not conn.live:
+                    coalesced = conn.coalesced
+                    if coalesced is not None and not conn.closing:
+                        try:
+                            coalesced.fold(entry.resource, entry.sub_resources,
+                                           entry.changed_resource_id, entry.position)
+                        except CoalesceOverflow:
+                            overflowed.add(conn)
                     continue
                 queued = pending.get(conn)
                 if queued is None:
@@ -339,6 +369,8 @@ class Hub:
             now_ms = time.time() * 1000
             for entry in written:
                 self.observe_latency(max(now_ms - entry.position.ms, 0.0) / 1000)
+        for conn in overflowed:
+            self.close_slow(conn)
         if self._lagging:
             fallen = [c for c in self._lagging if not c.replaying and not window.covers(c.position)]
             for conn in fallen:
@@ -381,20 +413,52 @@ class Hub:
         conn.live = False
         conn.position = position
         self._lagging.add(conn)
+        if conn.registration.coalesce and not conn.sse and not conn.replaying:
+            self._coalescible.add(conn)
         conn.task = asyncio.create_task(self._catch_up(conn), name=f"catch-up {conn.remote}")
 
+    def _coalesce_before(self, oldest: WindowEntry | None) -> None:
+        """The window is about to drop `oldest`: switch every coalescible connection not sent
+        it yet to a coalesced catch-up, holding what the window has for it."""
+        if oldest is None:
+            return
+        for conn in [c for c in self._coalescible if c.position < oldest.position]:
+            self._coalescible.discard(conn)
+            self._lagging.discard(conn)
+            coalesced = conn.coalesced = Coalesced(self.coalesce_ids)
+            self.coalesced["started"] += 1
+            try:
+                for entry in self.window.after(conn.position):
+                    if conn.wants(entry):
+                        coalesced.fold(entry.resource, entry.sub_resources,
+                                       entry.changed_resource_id, entry.position)
+            except CoalesceOverflow:
+                self.close_slow(conn)
+                continue
+            log.info(
+                "slow consumer: coalesced catch-up",
+                instance=conn.registration.instance,
+                service=conn.registration.service,
+                remote=conn.remote,
+                ids=len(coalesced),
+            )
+
     def close_slow(self, conn: Subscriber) -> None:
-        """Close a connection that fell out of the window with 4008, without waiting on it."""
-        behind = self.window.behind(conn.position)
+        """Close a connection that fell out of the window (or whose coalesced catch-up passed
+        `coalesce_ids`) with 4008, without waiting on it."""
+        coalesced = conn.coalesced
+        behind = len(coalesced) if coalesced is not None else self.window.behind(conn.position)
         log.warning(
             "slow consumer closed",
             instance=conn.registration.instance,
             service=conn.registration.service,
             remote=conn.remote,
             behind=behind,
+            coalesced=coalesced is not None,
         )
         self.closed["slowConsumer"] += 1
-        self.close_now(conn, CloseCode.SLOW_CONSUMER, SLOW)
+        reason = SLOW if coalesced is None else SLOW_COALESCED.format(coalesced.limit)
+        self.close_now(conn, CloseCode.SLOW_CONSUMER, reason)
 
     def close_trimmed(self, conn: Subscriber) -> None:
         """Close a connection whose next items were trimmed before it was sent them (4009)."""
@@ -440,7 +504,10 @@ class Hub:
         A connection resuming ahead of the tail, at or past `trimmed`, has missed nothing.
         """
         head = self.window.head
-        behind = [c for c in self.connections if (head if c.live else c.position) < trimmed]
+        behind = [
+            c for c in self.connections
+            if (head if c.live or c.coalesced is not None else c.position) < trimmed
+        ]
         for conn in behind:
             self.closed["trimGap"] += 1
             self.close_now(conn, CloseCode.BUCKET_RESET, TRIMMED)
@@ -454,6 +521,9 @@ class Hub:
         """Send `conn` what it missed, from Redis then from the window, then make it live."""
         try:
             while not conn.closing:
+                if conn.coalesced is not None:
+                    await self._drain_coalesced(conn, conn.coalesced)
+                    return
                 window = self.window
                 if conn.position > window.head:
                     # A cursor from a publisher whose tail is ahead of ours: wait for ours.
@@ -467,15 +537,14 @@ class Hub:
                     continue
                 entries = window.after(conn.position)
                 if not entries:
-                    conn.live = True
-                    conn.replaying = False
-                    self._lagging.discard(conn)
-                    conn.task = None
+                    self._go_live(conn)
                     return
                 for entry in entries:
                     if conn.wants(entry):
                         if not await self._writable(conn):
                             return
+                        if conn.coalesced is not None:
+                            break  # switched while it waited: `entry` is in its set
                         frame = self.sse_of(entry) if conn.sse else entry.frame
                         conn.transport.write(frame)
                         self._wrote_one(conn, entry.position, len(frame))
@@ -488,6 +557,45 @@ class Hub:
         except BucketUnavailable as exc:
             log.warning("catch-up failed: bucket unavailable", remote=conn.remote, error=str(exc))
             self.close_now(conn, CloseCode.TRY_AGAIN_LATER, "bucket unavailable during replay")
+
+    def _go_live(self, conn: Subscriber) -> None:
+        conn.live = True
+        conn.replaying = False
+        conn.coalesced = None
+        self._lagging.discard(conn)
+        self._coalescible.discard(conn)
+        conn.task = None
+
+    async def _drain_coalesced(self, conn: Subscriber, coalesced: Coalesced) -> None:
+        """Send each pending id once, oldest newest-change first, while the fan-out keeps
+        folding new items in; live again right after the last one (`caughtUp`), with nothing
+        awaited in between."""
+        while not conn.closing:
+            if not coalesced:
+                self._go_live(conn)  # only when nothing it wanted fell out of the window
+                return
+            if not await self._writable(conn):
+                return
+            item, position = coalesced.pop(self.epoch)
+            frame = text_frame(item.encode())
+            conn.transport.write(frame)
+            conn.last_sent = position
+            self.delivered += 1
+            self.bytes_written += len(frame)
+            if item.caught_up:
+                self.coalesced["finished"] += 1
+                self.coalesced["items"] += coalesced.folded
+                self.coalesced["sent"] += coalesced.sent_ids
+                log.info(
+                    "slow consumer caught up",
+                    instance=conn.registration.instance,
+                    service=conn.registration.service,
+                    remote=conn.remote,
+                    items=coalesced.folded,
+                    sent=coalesced.sent_ids,
+                )
+                self._go_live(conn)
+                return
 
     async def _replay_from_bucket(self, conn: Subscriber, until: StreamId) -> None:
         """Send a resuming connection the matching items in (position, until] from Redis.
@@ -543,6 +651,12 @@ class Hub:
 
     # --- reporting -----------------------------------------------------------------------
 
+    def coalescing(self) -> dict[str, int]:
+        """The coalesced catch-ups since start (`started`, `finished`, `items`, `sent`), and
+        `listeners` in one now with `pending` ids between them (what they hold in memory)."""
+        sets = [c.coalesced for c in self.connections if c.coalesced is not None]
+        return {**self.coalesced, "listeners": len(sets), "pending": sum(map(len, sets))}
+
     def stats(self, publisher_id: str) -> list[dict[str, Any]]:
         """One entry per registered (connection, resource), as /changefeeds/stats shows them.
 
@@ -555,7 +669,9 @@ class Hub:
         for conn in self.connections:
             reg = conn.registration
             behind = self.unread
-            if not conn.live:
+            if conn.coalesced is not None:
+                behind += len(conn.coalesced)
+            elif not conn.live:
                 behind += sum(1 for e in self.window.after(conn.position) if conn.wants(e))
             last = conn.last_sent
             for kind in reg.kinds:

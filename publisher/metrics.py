@@ -144,6 +144,16 @@ class _Collector(Collector):
             "Listeners closed with 1008: their token or identity was revoked or expired.",
             value=hub.closed["credentialsRevoked"],
         )
+        yield CounterMetricFamily(
+            "changefeed_coalesced_catch_ups",
+            "Coalesced catch-ups of slow listeners (registered with coalesce) that ended live.",
+            value=hub.coalesced["finished"],
+        )
+        yield CounterMetricFamily(
+            "changefeed_coalesced_items",
+            "Change items folded into coalesced catch-ups (sent as one item per id).",
+            value=hub.coalesced["items"],
+        )
         resyncs = CounterMetricFamily(
             "changefeed_resyncs", "Listeners closed with 4009 (bootstrap again), by cause.",
             labels=["cause"],

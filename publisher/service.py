@@ -118,7 +118,8 @@ class Service:
                 bucket.partitions,
             )
             self.hub = Hub(
-                Window(config.limits.window, ZERO), self.bucket, config.limits.send_buffer
+                Window(config.limits.window, ZERO), self.bucket, config.limits.send_buffer,
+                coalesce_ids=config.limits.coalesce_ids,
             )
             self.tail = Tail(self._tail_bucket, self.hub)
         self.lifecycle = Lifecycle(self.id)
@@ -283,6 +284,7 @@ class Service:
         applied = keep_fixed(old, config)
         self.live.config = self.config = applied
         self.hub.send_buffer = applied.limits.send_buffer
+        self.hub.coalesce_ids = applied.limits.coalesce_ids
         self.admission.most = applied.server.max_connections
         self.admission.per_client = applied.server.max_connections_per_client
         self.admission.exempt = Trusted(applied.server.trusted_proxies)

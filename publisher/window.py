@@ -68,6 +68,10 @@ class Window:
                 del self._entries[: self._start]
                 self._start = 0
 
+    def oldest(self) -> WindowEntry | None:
+        """The entry the next append drops when the window is full (None when empty)."""
+        return self._entries[self._start] if len(self) else None
+
     def covers(self, position: StreamId) -> bool:
         """True when every entry after `position` (up to head) is still in the window."""
         return position >= self.base

@@ -9,14 +9,16 @@ import pytest
 
 from changefeed.backoff import Backoff
 from changefeed.cursor import Cursor, StreamId
-from changefeed.errors import CursorError, RegistrationError
+from changefeed.errors import CursorError, ProtocolError, RegistrationError
 from changefeed.protocol import (
+    ChangeItem,
     ChangeKind,
     Registration,
     Resource,
     accept_version,
     close_frame,
     close_reason,
+    decode_item,
     parse_registration,
     registration_reply,
     text_frame,
@@ -106,6 +108,9 @@ def test_v1_and_v2_registrations_parse() -> None:
             "needs changeKind",
         ),
         (orjson.dumps({**V1, "since": 5}), 1, "since must be a cursor string"),
+        (orjson.dumps({**V1, "coalesce": "yes"}), 1, "coalesce must be true or false, not 'yes'"),
+        (orjson.dumps({**V1, "coalesce": 1}), 1, "coalesce must be true or false, not 1"),
+        (orjson.dumps({**V1, "coalesce": None}), 1, "coalesce must be true or false, not None"),
         (
             orjson.dumps({**V1, "changeKind": {**V1["changeKind"], "ids": "a"}}),  # type: ignore[dict-item]
             1,
@@ -128,6 +133,31 @@ def test_invalid_registrations(frame: bytes, version: int, reason: str) -> None:
         parse_registration(frame, version, RESOURCES)
     assert info.value.close_code == 1008
     assert reason in info.value.reason
+
+
+def test_the_coalesce_flag_is_optional_and_echoed_when_asked_for() -> None:
+    plain = parse_registration(orjson.dumps(V1), 1, RESOURCES)
+    assert plain.coalesce is False and "coalesce" not in plain.to_wire()
+    assert "coalesce" not in registration_reply(plain, RESOURCES, "c", False)
+    asked = parse_registration(orjson.dumps({**V1, "coalesce": True}), 1, RESOURCES)
+    assert asked.coalesce is True and asked.to_wire()["coalesce"] is True
+    assert registration_reply(asked, RESOURCES, "c", False)["coalesce"] is True
+    off = parse_registration(orjson.dumps({**V1, "coalesce": False}), 1, RESOURCES)
+    assert off.coalesce is False
+
+
+def test_coalesced_items_keep_the_item_shape_and_round_trip() -> None:
+    plain = ChangeItem("vm", ("nic",), "v1", 5, "c1")
+    assert set(plain.to_wire()) == {"changeKind", "changedResourceId", "published", "cursor"}
+    for item in (ChangeItem("vm", ("nic", "alias"), "v1", 5, "c1", coalesced=True),
+                 ChangeItem("vm", ("nic",), "v1", 5, "c1", coalesced=True, caught_up=True)):
+        wire = item.to_wire()
+        assert wire["coalesced"] is True and wire.get("caughtUp", False) is item.caught_up
+        assert decode_item(orjson.loads(item.encode())) == item
+    with pytest.raises(ProtocolError, match="malformed"):
+        decode_item({**plain.to_wire(), "coalesced": "yes"})
+    # caughtUp alone (without coalesced) means nothing
+    assert decode_item({**plain.to_wire(), "caughtUp": True}).caught_up is False
 
 
 def test_matching_and_wildcard() -> None:

@@ -332,3 +332,36 @@ def test_bad_watches_are_refused_before_connecting(watches: object, message: str
     with pytest.raises(ValueError) as raised:
         core(watches=watches)
     assert str(raised.value).startswith(message)
+
+
+def test_coalesce_is_asked_for_only_when_chosen_and_granted_only_when_echoed() -> None:
+    assert "coalesce" not in orjson.loads(core().attempt().frame)
+    listener = core(coalesce=True)
+    assert orjson.loads(listener.attempt().frame)["coalesce"] is True
+    granted = {**orjson.loads(v1_reply()), "coalesce": True}
+    assert listener.reply(orjson.dumps(granted), now=0).coalesce is True
+    other = core(coalesce=True)
+    other.attempt()
+    assert other.reply(v1_reply(), now=0).coalesce is False, "an older publisher: not echoed"
+    plain = core()
+    plain.attempt()
+    assert plain.reply(orjson.dumps(granted), now=0).coalesce is False
+
+
+def test_coalesced_items_move_the_cursor_only_at_the_end_of_their_catch_up() -> None:
+    listener = core(coalesce=True)
+    bootstrapped(listener)
+    listener.delivered(listener.item(item("a", "e.2")))  # type: ignore[arg-type]
+    assert listener.cursor == "e.2"
+    for id_, cursor, last in (("b", "e.5", False), ("a", "e.7", False), ("c", "e.9", True)):
+        frame = ChangeItem("vm", ("nic", "alias"), id_, 1, cursor, coalesced=True,
+                           caught_up=last).encode()
+        received = listener.item(frame)
+        assert received is not None and received.coalesced
+        change = listener.delivered(received)
+        assert change.coalesced and change.caught_up is last
+        # Until the catch-up ends, a resume must start where the exact items stopped: an id
+        # still to come may have changed before this cursor.
+        assert listener.cursor == (cursor if last else "e.2")
+    listener.delivered(listener.item(item("a", "e.10")))  # type: ignore[arg-type]
+    assert listener.cursor == "e.10"

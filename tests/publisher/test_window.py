@@ -50,3 +50,14 @@ def test_entries_are_appended_in_order_and_reset_forgets_them() -> None:
     assert window.after(ZERO) == []
     with pytest.raises(ValueError, match="capacity"):
         Window(0, ZERO)
+
+
+def test_oldest_is_the_entry_the_next_append_drops_when_full() -> None:
+    window = Window(2, ZERO)
+    assert window.oldest() is None
+    for ms in (1, 2, 3):
+        window.append(entry(ms))
+    oldest = window.oldest()
+    assert oldest is not None and oldest.position == StreamId(2, 0)
+    window.append(entry(4))
+    assert not window.covers(StreamId(1, 9)) and window.base == StreamId(2, 0)
