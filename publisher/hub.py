@@ -41,8 +41,8 @@ from changefeed.protocol import (
 from changefeed.sse import change_chunk, close_chunks
 from changefeed.watch import prefixes_of
 from publisher.bucket import ChangeBucket, LogEntry
-from publisher.trace import TraceLog
 from publisher.coalesce import Coalesced, CoalesceOverflow
+from publisher.trace import TraceLog
 from publisher.window import Window, WindowEntry
 
 if TYPE_CHECKING:
