@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import shlex
 import subprocess
 import sys
@@ -32,12 +33,14 @@ import structlog
 from bench import report
 from bench.bootstrap import p4
 from bench.commits import p3
+from bench.crowd import p10
 from bench.fanout import p1, p6
 from bench.idle import p5
 from bench.latency import p2, p7
 from bench.machine import describe
 from bench.scenario import Context, Result
 from bench.servers import Cores, pinned
+from bench.single import p1s
 from bench.spark_rows import SparkRun, p8
 from bench.versus_nats import p9
 
@@ -47,12 +50,16 @@ DOCS = ROOT / "docs" / "benchmarks.md"
 IMAGES = ROOT / "docs" / "img"
 
 SCENARIOS: dict[str, Callable[[Context], Awaitable[Result]]] = {
-    "P1": p1, "P2": p2, "P3": p3, "P4": p4, "P5": p5, "P6": p6, "P7": p7, "P8": p8, "P9": p9,
+    "P1": p1, "P1S": p1s, "P2": p2, "P3": p3, "P4": p4, "P5": p5, "P6": p6, "P7": p7, "P8": p8,
+    "P9": p9, "P10": p10,
 }
 
 
 def revision() -> str:
-    """`git describe --always --dirty` of this repository ("unknown" outside a git checkout)."""
+    """`git describe --always --dirty` of this repository ("unknown" outside a git checkout);
+    $BENCH_REVISION when set (a run from a copy of the tree, which edits cannot disturb)."""
+    if os.environ.get("BENCH_REVISION"):
+        return os.environ["BENCH_REVISION"]
     try:
         done = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT,
                               capture_output=True, text=True, timeout=10, check=True)
@@ -82,6 +89,7 @@ async def _run(ctx: Context, chosen: list[str], ran: dict[str, dict[str, Any]]) 
     try:
         for key in chosen:
             began = time.monotonic()
+            load = [round(x, 2) for x in os.getloadavg()]
             try:
                 if key == "P8" and spark is not None:
                     result = await spark.result()
@@ -93,6 +101,7 @@ async def _run(ctx: Context, chosen: list[str], ran: dict[str, dict[str, Any]]) 
             result.seconds = round(time.monotonic() - began, 1)
             ctx.results[key] = result
             data = result.to_json()
+            data["load_at_start"] = load
             if ctx.charts is not None and not result.error:
                 data["charts"] = report.charts(data, ctx.charts, DOCS.parent)
             ran[key] = data

@@ -169,15 +169,3 @@ async def paced(
     report = pool.report()
     _require_samples(report, "paced run")
     return Measured(seconds, report.frames, sent, _clients(cpu, report), report)
-
-
-async def passive(
-    pool: ClientPool, watch: CpuWatch, *, warmup: float, duration: float
-) -> Measured:
-    """For a server that makes its own items (`bench.broadcast --mode timer`): only listen."""
-    await asyncio.sleep(warmup)
-    _marker(pool, watch)()
-    await asyncio.sleep(duration)
-    report = pool.report()
-    _require_samples(report, "bare broadcast server")
-    return Measured(duration, report.frames, 0, _clients(watch.shares(), report), report)
