@@ -75,6 +75,7 @@ async def p10(ctx: Context) -> Result:
         "latency": {"p50_ms": histogram.percentile(50), "p99_ms": histogram.percentile(99),
                     "max_ms": histogram.max_us / 1000, "samples": histogram.count},
         "delivered": measured.report.frames, "due": measured.items * fanout,
+        "driver_late_ms": measured.late_ms,
     }
     result.cpu = {"1% matched per change": measured.cpu}
     result.checks += [
@@ -98,6 +99,8 @@ async def p10(ctx: Context) -> Result:
         f"(sources {', '.join(sources[: len(specs)])}); open-file limit {limit:,} per process; "
         f"publisher RSS {rss0 / 2**20:.0f} MiB before, {rss1 / 2**20:.0f} MiB with every "
         f"listener idle; {measured.report.frames:,} of {measured.items * fanout:,} deliveries "
-        "due in the latency run arrived."
+        f"due in the latency run arrived; the driver started its commits late by "
+        f"{measured.late_ms.get('p50_ms', 0):g} ms (p50), {measured.late_ms.get('p99_ms', 0):g} "
+        "ms (p99)."
     )
     return result

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from bench import items
 from bench.clients import ClientPool, PoolReport
@@ -34,6 +34,10 @@ class Measured:
     """side -> cores used (CPU seconds / wall seconds)."""
     report: PoolReport
     undelivered: int = 0
+    late_ms: dict[str, float] = field(default_factory=dict)
+    """Paced runs: how late the driver got round to each send after its due time (p50, p99,
+    max): a driver that falls behind its schedule (a starved core) shows up here, not only as
+    the server's latency."""
 
     @property
     def deliveries_per_second(self) -> float:
@@ -119,9 +123,11 @@ async def closed_loop(
 async def pace(
     send: Callable[[int], Awaitable[None]], *, rate: float, warmup: float, duration: float,
     on_mark: Callable[[], None], on_tick: Callable[[float], None] | None = None,
+    late: list[int] | None = None,
 ) -> tuple[float, int]:
     """`send(due)` at each of `due_times` for `warmup + duration` seconds of schedule, calling
-    `on_mark()` when the warm-up is over; (seconds since the mark, sends since the mark)."""
+    `on_mark()` when the warm-up is over; (seconds since the mark, sends since the mark).
+    `late` gets the nanoseconds each send after the mark started past its due time."""
     started = time.monotonic_ns()
     warm, end = started + int(warmup * 1e9), started + int((warmup + duration) * 1e9)
     marked: int | None = None
@@ -139,6 +145,8 @@ async def pace(
             if on_tick is not None:
                 on_tick((due - warm) / 1e9)
             sent += 1
+            if late is not None:
+                late.append(time.monotonic_ns() - due)
         await send(due)
     assert marked is not None, "a warm-up longer than the run"
     return (time.monotonic_ns() - marked) / 1e9, sent
@@ -162,10 +170,15 @@ async def paced(
     async def stamped(due: int) -> None:
         await send(items.stamp(due, origin_ns))
 
+    late: list[int] = []
     seconds, sent = await pace(stamped, rate=rate, warmup=warmup, duration=duration,
-                               on_mark=_marker(pool, watch), on_tick=on_tick)
+                               on_mark=_marker(pool, watch), on_tick=on_tick, late=late)
     cpu = watch.shares()  # before the drain: the sides' shares of the measured interval
     await asyncio.sleep(0.5)  # the last items in flight
     report = pool.report()
     _require_samples(report, "paced run")
-    return Measured(seconds, report.frames, sent, _clients(cpu, report), report)
+    late.sort()
+    lateness = {"p50_ms": late[len(late) // 2] / 1e6, "p99_ms": late[len(late) * 99 // 100] / 1e6,
+                "max_ms": late[-1] / 1e6} if late else {}
+    return Measured(seconds, report.frames, sent, _clients(cpu, report), report,
+                    late_ms={k: round(v, 2) for k, v in lateness.items()})
