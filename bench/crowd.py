@@ -17,7 +17,7 @@ import time
 from bench.clients import ClientPool, raise_file_limit
 from bench.latency import commit_latency
 from bench.scenario import Check, Context, Figure, Result, listeners
-from bench.servers import SUB_KINDS, cpu_seconds
+from bench.servers import SUB_KINDS, cpu_seconds, wait_seconds
 from bench.stack import ours
 
 PER_PROCESS = 15_000
@@ -57,9 +57,12 @@ async def p10(ctx: Context) -> Result:
             setup = time.monotonic() - began
             await asyncio.sleep(SETTLE)
             rss1 = stack.server.rss()
-            cpu0, wall0 = cpu_seconds(stack.server.pid), time.monotonic()
+            pid = stack.server.pid
+            cpu0, wait0, wall0 = cpu_seconds(pid), wait_seconds(pid), time.monotonic()
             await asyncio.sleep(ctx.size(IDLE, 1.0))
-            idle_cores = (cpu_seconds(stack.server.pid) - cpu0) / (time.monotonic() - wall0)
+            wall = time.monotonic() - wall0
+            idle_cores = (cpu_seconds(pid) - cpu0) / wall
+            idle_waiting = (wait_seconds(pid) - wait0) / wall
             measured, _, _ = await commit_latency(
                 ctx, stack, [], rate=ctx.size(RATE, 50.0), duration=ctx.size(10.0, 1.5),
                 subs=kinds, pool=pool, origin_ns=origin,
@@ -71,7 +74,7 @@ async def p10(ctx: Context) -> Result:
         "client_processes": len(specs), "source_addresses": list(sources[: len(specs)]),
         "open_file_limit": limit, "setup_seconds": round(setup, 1),
         "publisher_rss_mib": {"before": round(rss0 / 2**20, 1), "idle": round(rss1 / 2**20, 1)},
-        "idle_cores": round(idle_cores, 4),
+        "idle_cores": round(idle_cores, 4), "idle_cores_waiting": round(idle_waiting, 4),
         "latency": {"p50_ms": histogram.percentile(50), "p99_ms": histogram.percentile(99),
                     "max_ms": histogram.max_us / 1000, "samples": histogram.count},
         "delivered": measured.report.frames, "due": measured.items * fanout,

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from bench import items
 from bench.clients import ClientPool, PoolReport
 from bench.scenario import ScenarioError
-from bench.servers import cpu_seconds
+from bench.servers import cpu_seconds, wait_seconds
 
 Push = Callable[[int], Awaitable[None]]
 """Publish this many items (as one batch)."""
@@ -54,15 +54,20 @@ class CpuWatch:
     def start(self) -> None:
         self.started = time.monotonic()
         self.before = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
+        self.waited = {name: wait_seconds(pid) for name, pid in self.pids.items()}
         self.driver = time.process_time()
 
     def shares(self) -> dict[str, float]:
+        """Cores used by each side; and, as "<side> waiting", the cores' worth of time its
+        threads were runnable but not running (starved by the machine's other processes)."""
         wall = time.monotonic() - self.started
         out = {
             name: round((cpu_seconds(pid) - self.before[name]) / wall, 3)
             for name, pid in self.pids.items()
         }
         out["driver"] = round((time.process_time() - self.driver) / wall, 3)
+        for name, pid in self.pids.items():
+            out[f"{name} waiting"] = round((wait_seconds(pid) - self.waited[name]) / wall, 3)
         return out
 
 

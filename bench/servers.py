@@ -40,6 +40,19 @@ def cpu_seconds(pid: int) -> float:
     return own + sum(cpu_seconds(child) for child in _children(pid))
 
 
+def wait_seconds(pid: int) -> float:
+    """Seconds the threads of process `pid` (and of its running children) have spent runnable
+    but waiting for a core (/proc/PID/task/TID/schedstat): what a starved process shows."""
+    total = 0
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                total += int((task / "schedstat").read_text().split()[1])
+    except OSError:
+        pass  # gone meanwhile
+    return total / 1e9 + sum(wait_seconds(child) for child in _children(pid))
+
+
 def _children(pid: int) -> list[int]:
     found: list[int] = []
     try:
