@@ -71,7 +71,7 @@ def revision() -> str:
 def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
-                        help="tiny sizes, under a minute: checks each scenario runs, no timings")
+                        help="tiny sizes, a minute or two: checks each scenario runs, no timings")
     parser.add_argument("--only", help="comma-separated scenarios, e.g. P1,P3")
     parser.add_argument("--out", type=Path, help="the JSON results file")
     parser.add_argument("--profile", action="store_true", help="py-spy the publisher under load")

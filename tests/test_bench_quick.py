@@ -26,7 +26,7 @@ THROUGHPUT = ("P1", "P6", "P9")
 
 
 @pytest.mark.bench
-@pytest.mark.timeout(scaled(240))
+@pytest.mark.timeout(scaled(360))
 def test_quick_run_reports_every_scenario(tmp_path: Path) -> None:
     for tool, needed_by in TOOLS.items():
         if shutil.which(tool) is None:
@@ -36,7 +36,7 @@ def test_quick_run_reports_every_scenario(tmp_path: Path) -> None:
     docs = published.read_bytes() if published.exists() else None
     done = subprocess.run(
         [sys.executable, "-m", "bench", "--quick", "--out", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=scaled(220), check=False,
+        cwd=ROOT, capture_output=True, text=True, timeout=scaled(340), check=False,
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     run = orjson.loads(out.read_bytes())
