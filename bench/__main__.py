@@ -1,6 +1,6 @@
 """python -m bench: run the benchmark scenarios and report each against its baseline.
 
-    python -m bench                       # every scenario (about 6 minutes); rewrites the tables
+    python -m bench                       # every scenario (about 20 minutes); rewrites the tables
                                           # of docs/benchmarks.md and bench/results.json
     python -m bench --only P1,P3          # some of them (merged into bench/results.json)
     python -m bench --quick --out x.json  # a smoke run of every scenario at tiny sizes (< 1 min):
