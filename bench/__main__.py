@@ -1,6 +1,6 @@
 """python -m bench: run the benchmark scenarios and report each against its baseline.
 
-    python -m bench                       # every scenario (about 6 minutes); rewrites the tables
+    python -m bench                       # every scenario (about 20 minutes); rewrites the tables
                                           # of docs/benchmarks.md and bench/results.json
     python -m bench --only P1,P3          # some of them (merged into bench/results.json)
     python -m bench --quick --out x.json  # a smoke run of every scenario at tiny sizes (< 1 min):
@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import shlex
 import subprocess
 import sys
@@ -32,12 +33,14 @@ import structlog
 from bench import report
 from bench.bootstrap import p4
 from bench.commits import p3
+from bench.crowd import p10
 from bench.fanout import p1, p6
 from bench.idle import p5
 from bench.latency import p2, p7
 from bench.machine import describe
 from bench.scenario import Context, Result
 from bench.servers import Cores, pinned
+from bench.single import p1s
 from bench.spark_rows import SparkRun, p8
 from bench.trace_cost import p1t
 from bench.versus_nats import p9
@@ -48,13 +51,16 @@ DOCS = ROOT / "docs" / "benchmarks.md"
 IMAGES = ROOT / "docs" / "img"
 
 SCENARIOS: dict[str, Callable[[Context], Awaitable[Result]]] = {
-    "P1": p1, "P1T": p1t, "P2": p2, "P3": p3, "P4": p4, "P5": p5, "P6": p6, "P7": p7, "P8": p8,
-    "P9": p9,
+    "P1": p1, "P1S": p1s, "P1T": p1t, "P2": p2, "P3": p3, "P4": p4, "P5": p5, "P6": p6, "P7": p7,
+    "P8": p8, "P9": p9, "P10": p10,
 }
 
 
 def revision() -> str:
-    """`git describe --always --dirty` of this repository ("unknown" outside a git checkout)."""
+    """`git describe --always --dirty` of this repository ("unknown" outside a git checkout);
+    $BENCH_REVISION when set (a run from a copy of the tree, which edits cannot disturb)."""
+    if os.environ.get("BENCH_REVISION"):
+        return os.environ["BENCH_REVISION"]
     try:
         done = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT,
                               capture_output=True, text=True, timeout=10, check=True)
@@ -66,7 +72,7 @@ def revision() -> str:
 def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
-                        help="tiny sizes, under a minute: checks each scenario runs, no timings")
+                        help="tiny sizes, a minute or two: checks each scenario runs, no timings")
     parser.add_argument("--only", help="comma-separated scenarios, e.g. P1,P3")
     parser.add_argument("--out", type=Path, help="the JSON results file")
     parser.add_argument("--profile", action="store_true", help="py-spy the publisher under load")
@@ -84,6 +90,7 @@ async def _run(ctx: Context, chosen: list[str], ran: dict[str, dict[str, Any]]) 
     try:
         for key in chosen:
             began = time.monotonic()
+            load = [round(x, 2) for x in os.getloadavg()]
             try:
                 if key == "P8" and spark is not None:
                     result = await spark.result()
@@ -95,6 +102,7 @@ async def _run(ctx: Context, chosen: list[str], ran: dict[str, dict[str, Any]]) 
             result.seconds = round(time.monotonic() - began, 1)
             ctx.results[key] = result
             data = result.to_json()
+            data["load_at_start"] = load
             if ctx.charts is not None and not result.error:
                 data["charts"] = report.charts(data, ctx.charts, DOCS.parent)
             ran[key] = data

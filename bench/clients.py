@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import resource
 import select
 import signal
 import socket
@@ -26,6 +27,8 @@ from bench import items, wire
 from bench.histogram import Histogram
 
 BATCH = 100
+IP_BIND_ADDRESS_NO_PORT = 24
+"""Linux's socket option (not in Python's `socket` module)."""
 """Connections opened at a time: below the servers' listen backlogs."""
 SETUP_TIMEOUT = 60.0
 PATH = "/changefeeds"
@@ -47,6 +50,9 @@ class WorkerSpec:
     cores: frozenset[int] | None = None
     rcvbuf: int | None = None
     """SO_RCVBUF for every socket (small: a paused listener backs up the server sooner)."""
+    source: str | None = None
+    """Local address to connect from (127.0.0.x): each gives its own ephemeral ports, for more
+    connections to one server port than one address has ports (P10)."""
     interval: float = 0.0
     """Seconds to sleep between two polls: 0 reads each socket as soon as data arrives (what
     the latency probes do); more lets items gather so each read takes several (bulk readers)."""
@@ -79,6 +85,15 @@ def split(registrations: list[bytes], parts: int) -> list[tuple[bytes, ...]]:
         out.append(tuple(registrations[start:end]))
         start = end
     return out
+
+
+def raise_file_limit() -> int:
+    """Raise this process's open-file limit to its hard limit (which only a privileged process
+    may raise); the limit now. Children started afterwards inherit it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return hard
 
 
 class ClientPool:
@@ -177,6 +192,7 @@ class ClientPool:
 
 
 def run_worker(spec: WorkerSpec, pipe: Connection, counter: Synchronized[int]) -> None:
+    raise_file_limit()
     if spec.cores:
         os.sched_setaffinity(0, spec.cores)
     if spec.latency:
@@ -210,6 +226,10 @@ def _connect(spec: WorkerSpec) -> socket.socket:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, spec.rcvbuf)
     sock.settimeout(SETUP_TIMEOUT)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if spec.source:
+        # The port is chosen at connect(), per destination, not reserved by bind().
+        sock.setsockopt(socket.IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, 1)
+        sock.bind((spec.source, 0))
     sock.connect((spec.host, spec.port))
     return sock
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from bench import items
 from bench.clients import ClientPool, PoolReport
 from bench.scenario import ScenarioError
-from bench.servers import cpu_seconds
+from bench.servers import cpu_seconds, wait_seconds
 
 Push = Callable[[int], Awaitable[None]]
 """Publish this many items (as one batch)."""
@@ -34,6 +34,10 @@ class Measured:
     """side -> cores used (CPU seconds / wall seconds)."""
     report: PoolReport
     undelivered: int = 0
+    late_ms: dict[str, float] = field(default_factory=dict)
+    """Paced runs: how late the driver got round to each send after its due time (p50, p99,
+    max): a driver that falls behind its schedule (a starved core) shows up here, not only as
+    the server's latency."""
 
     @property
     def deliveries_per_second(self) -> float:
@@ -50,15 +54,20 @@ class CpuWatch:
     def start(self) -> None:
         self.started = time.monotonic()
         self.before = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
+        self.waited = {name: wait_seconds(pid) for name, pid in self.pids.items()}
         self.driver = time.process_time()
 
     def shares(self) -> dict[str, float]:
+        """Cores used by each side; and, as "<side> waiting", the cores' worth of time its
+        threads were runnable but not running (starved by the machine's other processes)."""
         wall = time.monotonic() - self.started
         out = {
             name: round((cpu_seconds(pid) - self.before[name]) / wall, 3)
             for name, pid in self.pids.items()
         }
         out["driver"] = round((time.process_time() - self.driver) / wall, 3)
+        for name, pid in self.pids.items():
+            out[f"{name} waiting"] = round((wait_seconds(pid) - self.waited[name]) / wall, 3)
         return out
 
 
@@ -119,9 +128,11 @@ async def closed_loop(
 async def pace(
     send: Callable[[int], Awaitable[None]], *, rate: float, warmup: float, duration: float,
     on_mark: Callable[[], None], on_tick: Callable[[float], None] | None = None,
+    late: list[int] | None = None,
 ) -> tuple[float, int]:
     """`send(due)` at each of `due_times` for `warmup + duration` seconds of schedule, calling
-    `on_mark()` when the warm-up is over; (seconds since the mark, sends since the mark)."""
+    `on_mark()` when the warm-up is over; (seconds since the mark, sends since the mark).
+    `late` gets the nanoseconds each send after the mark started past its due time."""
     started = time.monotonic_ns()
     warm, end = started + int(warmup * 1e9), started + int((warmup + duration) * 1e9)
     marked: int | None = None
@@ -139,6 +150,8 @@ async def pace(
             if on_tick is not None:
                 on_tick((due - warm) / 1e9)
             sent += 1
+            if late is not None:
+                late.append(time.monotonic_ns() - due)
         await send(due)
     assert marked is not None, "a warm-up longer than the run"
     return (time.monotonic_ns() - marked) / 1e9, sent
@@ -162,22 +175,15 @@ async def paced(
     async def stamped(due: int) -> None:
         await send(items.stamp(due, origin_ns))
 
+    late: list[int] = []
     seconds, sent = await pace(stamped, rate=rate, warmup=warmup, duration=duration,
-                               on_mark=_marker(pool, watch), on_tick=on_tick)
+                               on_mark=_marker(pool, watch), on_tick=on_tick, late=late)
     cpu = watch.shares()  # before the drain: the sides' shares of the measured interval
     await asyncio.sleep(0.5)  # the last items in flight
     report = pool.report()
     _require_samples(report, "paced run")
-    return Measured(seconds, report.frames, sent, _clients(cpu, report), report)
-
-
-async def passive(
-    pool: ClientPool, watch: CpuWatch, *, warmup: float, duration: float
-) -> Measured:
-    """For a server that makes its own items (`bench.broadcast --mode timer`): only listen."""
-    await asyncio.sleep(warmup)
-    _marker(pool, watch)()
-    await asyncio.sleep(duration)
-    report = pool.report()
-    _require_samples(report, "bare broadcast server")
-    return Measured(duration, report.frames, 0, _clients(watch.shares(), report), report)
+    late.sort()
+    lateness = {"p50_ms": late[len(late) // 2] / 1e6, "p99_ms": late[len(late) * 99 // 100] / 1e6,
+                "max_ms": late[-1] / 1e6} if late else {}
+    return Measured(seconds, report.frames, sent, _clients(cpu, report), report,
+                    late_ms={k: round(v, 2) for k, v in lateness.items()})

@@ -59,6 +59,6 @@ async def p5(ctx: Context) -> Result:
             f"RSS per connection at {step:,}",
             Figure(f"publisher, {step:,} idle listeners", round(mine_kib, 2), "KiB/connection"),
             Figure("bare websockets server, same clients", round(base_kib, 2), "KiB/connection"),
-            "<= 1.2x and <= 20 KiB", mine_kib <= 1.2 * base_kib and mine_kib <= 20,
+            "<= 1.0x and <= 16 KiB", mine_kib <= base_kib and mine_kib <= 16,
         ))
     return result

@@ -11,7 +11,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-LIBRARIES = ("aiohttp", "websockets", "redis", "orjson", "pyspark", "nats-py", "uvloop")
+LIBRARIES = ("aiohttp", "websockets", "redis", "hiredis", "orjson", "pyspark", "nats-py",
+             "uvloop")
 
 
 def _first_line(argv: list[str]) -> str:

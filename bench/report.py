@@ -36,7 +36,9 @@ def _cells(check: dict[str, Any], *, labels: bool = False) -> list[str]:
 
 def _command(scenario: dict[str, Any]) -> str:
     revision = f" at `{scenario['revision']}`" if scenario.get("revision") else ""
-    return f"Command: `{scenario['command']}`{revision} ({scenario.get('measured', '')})"
+    load = (f"; load average at its start {scenario['load_at_start']}"
+            if scenario.get("load_at_start") else "")
+    return f"Command: `{scenario['command']}`{revision} ({scenario.get('measured', '')}{load})"
 
 
 def _cpu(cpu: dict[str, dict[str, float]]) -> str:

@@ -46,6 +46,14 @@ class Check:
         return ratio(self.figure.value, self.baseline.value)
 
 
+def spread(values: list[float]) -> tuple[float, float, float]:
+    """(median, min, max) of the rounds of a figure: what the docs show, never the best run."""
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    median = ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+    return round(median, 3), round(ordered[0], 3), round(ordered[-1], 3)
+
+
 def ratio(value: float, base: float) -> float:
     if base == 0:
         return math.inf if value else 1.0
@@ -98,6 +106,8 @@ class Context:
     source: Path | None = None
     """Run the publisher from this source tree (a patched copy) instead of the repository's."""
     results: dict[str, Result] = field(default_factory=dict)
+    memo: dict[tuple[Any, ...], Any] = field(default_factory=dict)
+    """Runs that several scenarios report on (P1' and P2 share their rounds)."""
 
     def size(self, full: Any, quick: Any) -> Any:
         return quick if self.quick else full
@@ -111,24 +121,34 @@ class Context:
     def specs(
         self, port: int, registrations: list[bytes], *, latency: bool = False,
         origin_ns: int = 0, kind: Literal["ws", "nats"] = "ws", rcvbuf: int | None = None,
+        sources: tuple[str, ...] = (), per_worker: int | None = None,
     ) -> list[WorkerSpec]:
         """Worker specs for `registrations`. In latency runs one worker in PROBE_SHARE of the
         connections reads eagerly and records each item's age; the others are bulk readers."""
+        made: list[WorkerSpec] = []
+
         def spec(share: tuple[bytes, ...], probe: bool) -> WorkerSpec:
-            return WorkerSpec(
+            made.append(WorkerSpec(
                 kind, "127.0.0.1", port, share, latency=probe, origin_ns=origin_ns,
                 cores=self.cores.load, rcvbuf=rcvbuf,
+                source=sources[len(made) % len(sources)] if sources else None,
                 interval=0.0 if probe else (LAZY if latency else EAGER_BULK),
-            )
+            ))
+            return made[-1]
+
+        def workers(count: int) -> int:
+            if per_worker is None:
+                return self.workers(count)
+            return -(-count // per_worker)
 
         if not latency:
-            shares = split(registrations, self.workers(len(registrations)))
+            shares = split(registrations, workers(len(registrations)))
             return [spec(share, False) for share in shares]
         probes = max(1, round(len(registrations) * PROBE_SHARE))
         out = [spec(tuple(registrations[:probes]), True)]
         rest = registrations[probes:]
         if rest:
-            out += [spec(share, False) for share in split(rest, self.workers(len(rest)))]
+            out += [spec(share, False) for share in split(rest, workers(len(rest)))]
         return out
 
 

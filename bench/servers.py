@@ -24,6 +24,8 @@ from tests import servers as test_servers
 READY_TIMEOUT = 60.0
 _TICKS = os.sysconf("SC_CLK_TCK")
 
+MAX_CONNECTIONS = 100_000
+"""server.maxConnections and maxConnectionsPerClient of the benchmarks' publishers."""
 SUB_KINDS = tuple(f"k{n:02d}" for n in range(100))
 """P6's 100 change kinds: sub-resources of `vm` (names as long as `nic`, so items stay 150 B)."""
 RESOURCE = Resource("vm", ("nic", "alias", "state", *SUB_KINDS), "/vms")
@@ -36,6 +38,19 @@ def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     own = (int(fields[11]) + int(fields[12])) / _TICKS
     return own + sum(cpu_seconds(child) for child in _children(pid))
+
+
+def wait_seconds(pid: int) -> float:
+    """Seconds the threads of process `pid` (and of its running children) have spent runnable
+    but waiting for a core (/proc/PID/task/TID/schedstat): what a starved process shows."""
+    total = 0
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                total += int((task / "schedstat").read_text().split()[1])
+    except OSError:
+        pass  # gone meanwhile
+    return total / 1e9 + sum(wait_seconds(child) for child in _children(pid))
 
 
 def _children(pid: int) -> list[int]:
@@ -54,6 +69,11 @@ def rss_bytes(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     return 0
+
+
+def tree_rss_bytes(pid: int) -> int:
+    """Resident memory of process `pid` and of its running children (`serve --workers N`)."""
+    return rss_bytes(pid) + sum(tree_rss_bytes(child) for child in _children(pid))
 
 
 @dataclass(frozen=True)
@@ -141,7 +161,8 @@ class Server:
         return cpu_seconds(self.pid)
 
     def rss(self) -> int:
-        return rss_bytes(self.pid)
+        """Resident memory of the process and its children (a publisher's workers)."""
+        return tree_rss_bytes(self.pid)
 
     def stop(self) -> None:
         if self.process is None or self.process.poll() is not None:
@@ -180,14 +201,20 @@ def write_config(
     sections: dict[str, Any] | None = None, **limits: Any,
 ) -> Path:
     """A config.js for the benchmarks: bucket `bench`, resource `vm` with nic/alias/state and
-    P6's k00..k99, `limits` (and `server` settings) when given, and other top-level `sections`
-    (e.g. `trace`)."""
-    extra: dict[str, Any] = {"bucket": {"redisUrl": url, "name": "bench"},
-                             "resources": [RESOURCE.to_wire()], **(sections or {})}
+    P6's k00..k99, `limits` (and `server` settings over the defaults) when given, and other
+    top-level `sections` (e.g. `trace`)."""
+    extra: dict[str, Any] = {
+        "bucket": {"redisUrl": url, "name": "bench"}, "resources": [RESOURCE.to_wire()],
+        # Every benchmark client connects from loopback: no per-client cap below the total,
+        # which the publisher lowers to fit its open-file limit.
+        "server": {"host": "127.0.0.1", "port": 0, "maxConnections": MAX_CONNECTIONS,
+                   "maxConnectionsPerClient": MAX_CONNECTIONS},
+        **(sections or {}),
+    }
     if limits:
         extra["limits"] = limits
     if server:
-        extra["server"] = {"host": "127.0.0.1", "port": 0, **server}
+        extra["server"] = {**extra["server"], **server}
     return test_servers.write_config(path, url, **extra)
 
 

@@ -56,10 +56,12 @@ async def ours(
     ctx: Context, name: str, *, seed: Seed | None = None, limits: dict[str, int] | None = None,
     sections: dict[str, Any] | None = None,
     server: dict[str, int] | None = None,
+    workers: int | None = None,
 ) -> AsyncIterator[Stack]:
     """A private redis-server (load cores) and `changefeed serve` (the server core). `seed`
     writes to the bucket before the publisher starts, so its tail starts after those items.
-    `sections`: more top-level config.js sections (e.g. `{"trace": {"items": 0}}`)."""
+    `sections`: more top-level config.js sections (e.g. `{"trace": {"items": 0}}`); `workers`
+    overrides the run's `--workers` (P10: more sockets than one process may open)."""
     directory = ctx.work / name
     with redis_server(directory / "redis", ctx.cores.load) as redis:
         url = redis_url(directory / "redis")
@@ -70,9 +72,10 @@ async def ours(
             bucket = ChangeBucket(connect(url), "bench", resources)
             await seed(bucket)
             await bucket.aclose()
-        cores = ctx.cores.server if ctx.publisher_workers == 1 else ctx.cores.all
+        workers = workers or ctx.publisher_workers
+        cores = ctx.cores.server if workers == 1 else ctx.cores.all
         serve = publisher(config, directory / "publisher.log", cores,
-                          loop=ctx.loop, source=ctx.source, workers=ctx.publisher_workers)
+                          loop=ctx.loop, source=ctx.source, workers=workers)
         with serve:
             loop = publisher_loop(serve)
             ctx.publisher_loops.add(loop)
@@ -82,9 +85,7 @@ async def ours(
 
 
 @contextlib.contextmanager
-def bare(
-    ctx: Context, name: str, mode: str, *, rate: float = 0.0, origin_ns: int = 0
-) -> Iterator[Stack]:
+def bare(ctx: Context, name: str, mode: str) -> Iterator[Stack]:
     """The bare websockets broadcast server, on the publisher's event loop; with
     `mode="stream"` a private Redis as well."""
     directory = ctx.work / name
@@ -94,7 +95,7 @@ def bare(
         if mode == "stream":
             redis = stack.enter_context(redis_server(directory / "redis", ctx.cores.load))
             url = redis_url(directory / "redis")
-        args = ["--mode", mode, "--redis", url, "--rate", str(rate), "--origin", str(origin_ns)]
+        args = ["--mode", mode, "--redis", url]
         server = stack.enter_context(
             python_module("broadcast", "bench.broadcast", args, directory / "broadcast.log",
                           ctx.cores.server, ctx.loop)

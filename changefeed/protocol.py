@@ -202,7 +202,24 @@ def _parse_kind(value: Any, where: str, resources: Mapping[str, Resource]) -> Ch
         watch = parse_watch(value.get("ids"), value.get("prefixes"), f"{where}.")
     except ValueError as exc:
         raise _refuse(str(exc)) from None
-    return ChangeKind(name, tuple(dict.fromkeys(subs)), watch)
+    return _interned(ChangeKind(name, tuple(dict.fromkeys(subs)), watch))
+
+
+_KINDS: dict[ChangeKind, ChangeKind] = {}
+KINDS_INTERNED = 4096
+"""Distinct change kinds kept to be shared; past this many, new ones are not interned (the
+registrations come from strangers: the cache must stay bounded)."""
+
+
+def _interned(kind: ChangeKind) -> ChangeKind:
+    """One object per distinct change kind: the thousands of listeners that register the same
+    kinds share them (with their sub-resource set and watch) instead of each holding a copy."""
+    found = _KINDS.get(kind)
+    if found is not None:
+        return found
+    if len(_KINDS) < KINDS_INTERNED:
+        _KINDS[kind] = kind
+    return kind
 
 
 def parse_registration(

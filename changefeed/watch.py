@@ -103,6 +103,8 @@ def parse_watch(
         raise ValueError(
             f"{ids_name} and {prefixes_name} name more than {MAX_WATCHED} entries together"
         )
+    if not id_list and not prefix_list:
+        return EVERYTHING  # one object for the common case, not one per registration
     return Watch.of(id_list, prefix_list)
 
 

@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
 from typing import TYPE_CHECKING, Any, Protocol
@@ -165,9 +165,10 @@ class Routes:
 
     def matching(
         self, resource: str, sub_resources: Iterable[str], changed_resource_id: str
-    ) -> Iterator[Subscriber]:
+    ) -> Iterable[Subscriber]:
         """Each connection registered for an item of `resource` with `sub_resources` and
-        `changed_resource_id`, once."""
+        `changed_resource_id`, once: often the index's own set (iterate it before the routes
+        change, not after)."""
         sets: list[set[Subscriber]] = []
         by_sub = self._by_sub.get(resource)
         if by_sub:
@@ -189,9 +190,10 @@ class Routes:
                     {c for c in chain(*found) if c.kinds[resource].matches(sub_resources)}
                 )
         if len(sets) == 1:
-            yield from sets[0]
-        elif sets:
-            yield from set().union(*sets)
+            return sets[0]
+        if sets:
+            return set().union(*sets)
+        return ()
 
 
 @dataclass(slots=True)
@@ -200,6 +202,11 @@ class _Pending:
 
     size: int
     frames: list[bytes] = field(default_factory=list)
+
+
+_ONE_FRAME = _Pending(0, [b""])
+"""What the trace is told each connection was written by a publish of one entry: one frame
+(the trace only counts them then)."""
 
 
 class Hub:
@@ -291,7 +298,7 @@ class Hub:
                                              entry.payload)
         return chunk
 
-    def publish(self, entries: Iterable[LogEntry]) -> None:
+    def publish(self, entries: Sequence[LogEntry]) -> None:
         """Append new log entries to the window and write them to live matching connections.
 
         Each connection gets one write per call: the frames of every entry it matches, joined.
@@ -300,6 +307,9 @@ class Hub:
         A connection takes frames while what it has queued, counting those of this call, is
         within `send_buffer`; past it, it falls behind after the last frame it took.
         """
+        if len(entries) == 1:
+            self._publish_one(entries[0])
+            return
         window = self.window
         send_buffer = self.send_buffer
         trace = self.trace
@@ -369,6 +379,72 @@ class Hub:
             now_ms = time.time() * 1000
             for entry in written:
                 self.observe_latency(max(now_ms - entry.position.ms, 0.0) / 1000)
+        for conn in overflowed:
+            self.close_slow(conn)
+        if self._lagging:
+            fallen = [c for c in self._lagging if not c.replaying and not window.covers(c.position)]
+            for conn in fallen:
+                self.close_slow(conn)
+        self._wake()
+
+    def _publish_one(self, raw: LogEntry) -> None:
+        """`publish` of one entry (a tail read of one commit, the common case): each matching
+        connection is written its frame at once, with no per-connection bookkeeping beyond a
+        list of whom it was written to when the delivery trace is on."""
+        window = self.window
+        previous = window.head
+        overflowed: list[Subscriber] = []
+        if raw.position > previous:
+            entry = self.encode(raw)
+            if self._coalescible and len(window) >= window.capacity:
+                self._coalesce_before(window.oldest())
+            window.append(entry)
+            trace = self.trace
+            read_at = time.time() if trace is not None else 0.0
+            written: list[Subscriber] | None = [] if trace is not None else None
+            send_buffer = self.send_buffer
+            frame = entry.frame
+            delivered = sent = sse_sent = 0
+            for conn in self.routes.matching(
+                entry.resource, entry.sub_resources, entry.changed_resource_id
+            ):
+                if not conn.live:
+                    coalesced = conn.coalesced
+                    if coalesced is not None and not conn.closing:
+                        try:
+                            coalesced.fold(entry.resource, entry.sub_resources,
+                                           entry.changed_resource_id, entry.position)
+                        except CoalesceOverflow:
+                            overflowed.append(conn)
+                    continue
+                transport = conn.transport
+                if transport.is_closing():
+                    continue
+                if transport.get_write_buffer_size() > send_buffer:
+                    self._fall_behind(conn, previous)
+                    continue
+                if conn.sse:
+                    data = self.sse_of(entry)
+                    sse_sent += 1
+                else:
+                    data = frame
+                transport.write(data)
+                conn.last_sent = entry.position
+                delivered += 1
+                sent += len(data)
+                if written is not None:
+                    written.append(conn)
+            if trace is not None:
+                assert written is not None
+                # One entry: every connection written took all of it, so only the keys count.
+                trace.published(self.epoch, [entry], dict.fromkeys(written, _ONE_FRAME),
+                                delivered, read_at, time.time())
+            if delivered:
+                self.delivered += delivered
+                self.bytes_written += sent
+                self.sse_delivered += sse_sent
+                if self.observe_latency is not None:
+                    self.observe_latency(max(time.time() * 1000 - entry.position.ms, 0.0) / 1000)
         for conn in overflowed:
             self.close_slow(conn)
         if self._lagging:

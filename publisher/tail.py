@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import structlog
@@ -122,6 +123,17 @@ class Faults:
     """Times the tail read again after failed reads (Redis reachable again)."""
 
 
+def _wake(waiter: asyncio.Future[None], _: object) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+def _retrieve(task: asyncio.Task[LogRead]) -> None:
+    """An abandoned read's outcome, taken so that asyncio does not log it as never retrieved."""
+    if not task.cancelled():
+        task.exception()
+
+
 class Tail:
     def __init__(self, bucket: ChangeBucket, hub: Hub, backoff: Backoff | None = None) -> None:
         self.bucket = bucket
@@ -134,6 +146,8 @@ class Tail:
         self._partitions = 1
         self._added: int | None = None
         """Entries ever added to the log up to the window head (see `added_after`)."""
+        self._waiter: asyncio.Future[None] | None = None
+        """What run() waits on during a read: completed by the read's end or by stop()."""
         self._read_now = True
         """Read without waiting first: after a reconnect (whatever happened meanwhile is seen
         at once) and after a full batch (more is waiting)."""
@@ -142,18 +156,30 @@ class Tail:
         """Make run() return. A blocked XREAD is abandoned, not awaited: redis-py does not
         always give up a blocked read promptly when cancelled."""
         self._stopping.set()
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
 
     async def _read(self) -> LogRead | None:
-        """The next read, or None when stopping."""
+        """The next read, or None when stopping.
+
+        The read runs in a task of its own so that stop() can abandon it; run() waits on one
+        future that the read's end or stop() completes (per read: a task and a future, not a
+        second task and an `asyncio.wait`)."""
+        if self._stopping.is_set():
+            return None
         block = None if self._read_now else BLOCK_MS
-        read = asyncio.ensure_future(self.bucket.tail(self.hub.window.head, block, BATCH))
-        stopping = asyncio.ensure_future(self._stopping.wait())
-        await asyncio.wait({read, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        loop = asyncio.get_running_loop()
+        read = loop.create_task(self.bucket.tail(self.hub.window.head, block, BATCH))
+        waiter = self._waiter = loop.create_future()
+        read.add_done_callback(partial(_wake, waiter))
+        try:
+            await waiter
+        finally:
+            self._waiter = None
         if read.done():
-            stopping.cancel()
             return read.result()
         read.cancel()
-        read.add_done_callback(lambda task: task.cancelled() or task.exception())
+        read.add_done_callback(_retrieve)
         return None
 
     async def start(self) -> None:

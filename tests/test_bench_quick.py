@@ -19,14 +19,14 @@ import pytest
 from tests.servers import scaled
 
 ROOT = Path(__file__).resolve().parent.parent
-SCENARIOS = sorted([f"P{n}" for n in range(1, 10)] + ["P1T"])
+SCENARIOS = sorted(["P1", "P1S", "P1T", *(f"P{n}" for n in range(2, 11))])
 TOOLS = {"redis-benchmark": "P3", "nats-server": "P9", "java": "P8 (Spark)"}
 THROUGHPUT = ("P1", "P6", "P9")
 """Scenarios whose first check is deliveries/s, publisher against a baseline."""
 
 
 @pytest.mark.bench
-@pytest.mark.timeout(scaled(240))
+@pytest.mark.timeout(scaled(360))
 def test_quick_run_reports_every_scenario(tmp_path: Path) -> None:
     for tool, needed_by in TOOLS.items():
         if shutil.which(tool) is None:
@@ -36,7 +36,7 @@ def test_quick_run_reports_every_scenario(tmp_path: Path) -> None:
     docs = published.read_bytes() if published.exists() else None
     done = subprocess.run(
         [sys.executable, "-m", "bench", "--quick", "--out", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=scaled(220), check=False,
+        cwd=ROOT, capture_output=True, text=True, timeout=scaled(340), check=False,
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     run = orjson.loads(out.read_bytes())
@@ -61,7 +61,13 @@ def test_quick_run_reports_every_scenario(tmp_path: Path) -> None:
         "P7 without pauses": scenarios["P7"]["details"]["without pauses"]["samples"],
         "P7 with pauses": scenarios["P7"]["details"]["with pauses"]["samples"],
         "P9 NATS": scenarios["P9"]["details"]["nats"]["latency"]["samples"],
+        "P10": scenarios["P10"]["details"]["latency"]["samples"],
     }
+    for side in ("publisher", "bare broadcast"):  # P1': every round of every size timed items
+        for count in ("1", "20"):
+            rounds = scenarios["P1S"]["details"][count][side]
+            assert rounds and all(r["samples"] > 0 for r in rounds), (side, count)
+    assert scenarios["P10"]["details"]["connected"] == scenarios["P10"]["details"]["listeners"]
     assert all(count > 0 for count in samples.values()), samples
     # A smoke run never rewrites the published figures.
     if docs is not None:

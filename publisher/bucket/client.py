@@ -246,6 +246,30 @@ def _bulk(value: bytes) -> bytes:
 _EMPTY = _bulk(b"")
 
 
+def _log_read(reply: Any, count: int, n: int) -> LogRead:
+    """tail.lua's reply as a `LogRead`."""
+    epoch, stored, head, trimmed, witnessed, length, added, *reads = reply
+    if count == 0:
+        entries: list[LogEntry] = []
+    elif n == 1:
+        entries = [parse_entry(i, dict(zip(f[::2], f[1::2], strict=True))) for i, f in reads[0]]
+    else:
+        parts = [[parse_entry(i, dict(zip(f[::2], f[1::2], strict=True))) for i, f in rows]
+                 for rows in reads]
+        entries = merge_partitions(parts, count)
+    return LogRead(
+        entries,
+        count > 0 and all(len(rows) < count for rows in reads),
+        epoch.decode() or None,
+        int(stored) if stored else None,
+        StreamId.parse(head),
+        StreamId.parse(trimmed),
+        bool(witnessed),
+        int(length),
+        None if added < 0 else int(added),
+    )
+
+
 class ChangeBucket:
     """Commits changes, reads the log and the store, and trims: one bucket in one Redis.
 
@@ -295,6 +319,7 @@ class ChangeBucket:
         self._page = client.register_script(scripts.PAGE.text)
         self._save_cursors = client.register_script(scripts.SAVE_CURSORS.text)
         self._tail = client.register_script(scripts.TAIL.text)
+        self._tail_packed: dict[tuple[int, int, int], tuple[bytes, bytes, bytes]] = {}
         self._renew_epoch = client.register_script(scripts.RENEW_EPOCH.text)
         self._evalsha = b"$7\r\nEVALSHA\r\n" + _bulk(scripts.COMMIT.sha.encode())
         self._load = b"*3\r\n$6\r\nSCRIPT\r\n$4\r\nLOAD\r\n" + _bulk(scripts.COMMIT.text.encode())
@@ -835,36 +860,63 @@ class ChangeBucket:
         keys = self.keys.common
         args: list[str | int] = [str(after), count, n]
         async with translate_redis_errors("tail"):
-            if block_ms is None:
+            reply = None
+            if block_ms is not None:
+                reply = await self._wait_and_tail(self._tail_command(after, block_ms, count, n))
+            if reply is None:
+                # No wait, or a restarted (or failed-over) Redis forgot the script: load it
+                # (redis-py's Script does), read now.
                 reply = await self._tail(keys=keys, args=args)
-            else:
-                streams = [self.keys.stream(p, n) for p in range(n)]
-                pipe = self.redis.pipeline(transaction=False)
-                pipe.xread(dict.fromkeys(streams, str(after)), count=1, block=block_ms)
-                pipe.evalsha(self._tail.sha, len(keys), *keys, *args)
+        return _log_read(reply, count, n)
+
+    def _tail_command(self, after: StreamId, block_ms: int, count: int, n: int) -> bytes:
+        """XREAD BLOCK then EVALSHA of tail.lua, packed as RESP: everything but the position is
+        packed once per (block, count, partitions)."""
+        shape = (block_ms, count, n)
+        parts = self._tail_packed.get(shape)
+        if parts is None:
+            streams = [_bulk(self.keys.stream(p, n).encode()) for p in range(n)]
+            keys = self.keys.common
+            parts = self._tail_packed[shape] = (
+                b"*%d\r\n" % (6 + 2 * n) + b"".join(
+                    _bulk(word) for word in (b"XREAD", b"COUNT", b"1", b"BLOCK", b"%d" % block_ms,
+                                             b"STREAMS")) + b"".join(streams),
+                b"*%d\r\n" % (3 + len(keys) + 3) + _bulk(b"EVALSHA")
+                + _bulk(self._tail.sha.encode()) + _bulk(b"%d" % len(keys))
+                + b"".join(_bulk(key.encode()) for key in keys),
+                _bulk(b"%d" % count) + _bulk(b"%d" % n),
+            )
+        xread, evalsha, rest = parts
+        position = _bulk(str(after).encode())
+        return b"".join((xread, position * n, evalsha, position, rest))
+
+    async def _wait_and_tail(self, command: bytes) -> Any:
+        """Send `_tail_command`'s pipeline on a pooled connection and read both replies, without
+        redis-py's pipeline (its objects and the parsing of the XREAD reply, which only wakes):
+        tail.lua's reply, or None when Redis does not have the script. A connection found dead
+        is replaced once, as redis-py does for its own commands (the read changes nothing)."""
+        pool = self.redis.connection_pool
+        for attempt in (1, 2):
+            connection: AbstractConnection = await pool.get_connection()  # type: ignore[no-untyped-call]
+            clean = False
+            try:
+                await connection.send_packed_command(command, check_health=False)
+                await connection.read_response()
                 try:
-                    _, reply = await pipe.execute()
+                    reply = await connection.read_response()
                 except redis.exceptions.NoScriptError:
-                    # A restarted (or failed-over) Redis forgot the script: load it, read now.
-                    reply = await self._tail(keys=keys, args=args)
-        epoch, stored, head, trimmed, witnessed, length, added, *reads = reply
-        parts = [[parse_entry(i, dict(zip(f[::2], f[1::2], strict=True))) for i, f in rows]
-                 for rows in reads]
-        if count == 0:
-            entries: list[LogEntry] = []
-        else:
-            entries = parts[0] if n == 1 else merge_partitions(parts, count)
-        return LogRead(
-            entries,
-            count > 0 and all(len(rows) < count for rows in reads),
-            epoch.decode() or None,
-            int(stored) if stored else None,
-            StreamId.parse(head),
-            StreamId.parse(trimmed),
-            bool(witnessed),
-            int(length),
-            None if added < 0 else int(added),
-        )
+                    clean = True
+                    return None
+                clean = True
+                return reply
+            except redis.exceptions.ConnectionError:
+                if attempt == 2:
+                    raise
+            finally:
+                if not clean:
+                    await connection.disconnect(nowait=True)
+                await pool.release(connection)
+        raise AssertionError("unreachable")
 
     async def renew_epoch(self, known: str) -> str:
         """Start a new epoch if the bucket's is still `known` (a rollback was seen); returns the

@@ -276,3 +276,27 @@ def test_window_keeps_the_newest_entries_and_knows_what_it_covers() -> None:
         window.append(_entry(5))
     window.reset(StreamId(0, 0))
     assert len(window) == 0 and window.after(StreamId(0, 0)) == []
+
+
+def test_registrations_of_the_same_kinds_share_them_and_the_cache_stays_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Thousands of idle listeners registering the same kinds hold one ChangeKind (and one
+    watch-everything) between them; kinds past the cache's bound are parsed all the same."""
+    import changefeed.protocol as protocol
+
+    first = parse_registration(orjson.dumps(V1), 1, RESOURCES)
+    second = parse_registration(orjson.dumps({**V1, "instance": "i-2"}), 1, RESOURCES)
+    assert first.kinds[0] is second.kinds[0]
+    assert first.kinds[0].watch is EVERYTHING
+    watched = {**V1, "changeKind": {"resource": "vm", "subResources": ["nic"], "ids": ["a"]}}
+    assert parse_registration(orjson.dumps(watched), 1, RESOURCES).kinds[0] is not first.kinds[0]
+
+    monkeypatch.setattr(protocol, "_KINDS", {})
+    monkeypatch.setattr(protocol, "KINDS_INTERNED", 1)
+    kept = parse_registration(orjson.dumps(V1), 1, RESOURCES).kinds[0]
+    other = {**V1, "changeKind": {"resource": "vm", "subResources": ["alias"]}}
+    past = [parse_registration(orjson.dumps(other), 1, RESOURCES).kinds[0] for _ in range(2)]
+    assert past[0] == past[1] and past[0] is not past[1], "not interned past the bound"
+    assert parse_registration(orjson.dumps(V1), 1, RESOURCES).kinds[0] is kept
+    assert len(protocol._KINDS) == 1

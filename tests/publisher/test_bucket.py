@@ -180,3 +180,24 @@ async def test_single_object_route(publisher: Service) -> None:
     assert page["items"] == [{"uuid": "a/b c", "n": 1}] and page["next"].startswith(
         "/vms?limit=1&marker="
     )
+
+
+async def test_a_blocking_tail_read_survives_a_flushed_script_and_a_killed_connection(
+    bucket: ChangeBucket, plain: aioredis.Redis
+) -> None:
+    """The tail's wait-and-read is sent as raw RESP on a pooled connection: when Redis forgot
+    tail.lua (restarted, failed over, SCRIPT FLUSH) it loads it and reads; when the pooled
+    connection was closed under it, it reads on a fresh one. Nothing is missed either way."""
+    first = Cursor.decode(await bucket.commit("vm", "a", ["nic"], {"n": 1})).position
+    read = await bucket.tail(first, 1000, 100)  # nothing after `first`: the wait times out
+    assert read.entries == [] and read.head == first
+
+    second = Cursor.decode(await bucket.commit("vm", "b", ["nic"], {"n": 2})).position
+    await plain.script_flush()
+    read = await bucket.tail(first, 1000, 100)
+    assert [e.position for e in read.entries] == [second]
+
+    third = Cursor.decode(await bucket.commit("vm", "c", ["nic"], {"n": 3})).position
+    await plain.client_kill_filter(_type="normal", skipme=True)
+    read = await bucket.tail(second, 1000, 100)
+    assert [e.position for e in read.entries] == [third] and read.witnessed
