@@ -28,7 +28,7 @@ from bench.coalesce import (
     transfer,
     with_hot_stream,
 )
-from bench.drive import CpuWatch, Measured, pace, paced, passive
+from bench.drive import CpuWatch, Measured, pace, paced
 from bench.histogram import Histogram
 from bench.profiling import Recording
 from bench.pubsub import CHANNEL, Subscriber
