@@ -149,24 +149,34 @@ class Authenticator:
 
 
     def recheck(self, identity: Identity, now: datetime) -> Identity | Denied:
-        """`identity` as these settings see it now: the same credentials authenticated again
-        (for connections that outlive a reload or an expiry). Denied when its token was removed
-        or has expired, its certificate identity is gone, or authentication became required."""
+        """`identity` as these settings see it now, for connections that outlive a reload or an
+        expiry. What is authorized is the identity, by name: a reload that gives it a new token
+        or certificate (a rotation) keeps it, with the scopes of the entry its own credentials
+        still match if they do, else of its newest entry. Denied when no entry of that name is
+        left, when every entry of it has expired, or when authentication became required."""
         if not self.required:
             return ANONYMOUS
         if isinstance(identity.proof, bytes):
-            found: TokenEntry | None = None
+            entries: list[TokenEntry | CertificateEntry] = []
             for known in self._known:
+                if known.entry.name != identity.name:
+                    continue
                 if hmac.compare_digest(known.digest, identity.proof):
-                    found = known.entry
-            if found is None:
-                return Denied(f"token of {identity.name!r} revoked", token_given=True)
-            if found.expires is not None and now >= found.expires:
-                return Denied(f"expired token of {found.name!r}", token_given=True)
-            return Identity(found.name, found.scopes, "token", identity.proof)
-        if isinstance(identity.proof, frozenset):
-            return self._subject(identity.proof, now)
-        return Denied("authentication is required now", token_given=False)
+                    entries.insert(0, known.entry)  # its own token's entry first
+                else:
+                    entries.append(known.entry)
+            kind = "token"
+        elif isinstance(identity.proof, frozenset):
+            entries = [c for c in self._certificates if c.name == identity.name]
+            kind = "certificate identity"
+        else:
+            return Denied("authentication is required now", token_given=False)
+        if not entries:
+            return Denied(f"{kind} {identity.name!r} removed", token_given=kind == "token")
+        for entry in entries:
+            if entry.expires is None or now < entry.expires:
+                return Identity(identity.name, entry.scopes, identity.via, identity.proof)
+        return Denied(f"expired {kind} {identity.name!r}", token_given=kind == "token")
 
     def next_expiry(self, now: datetime) -> datetime | None:
         """The soonest moment after `now` at which a token or certificate identity expires."""

@@ -1,8 +1,9 @@
 """Credentials that stop being valid while their listener is connected.
 
-A listener is authenticated once, at its upgrade. When a reload removes its token (or its client
-certificate identity, or a scope it listens with), or its token or identity expires, the
-listener is closed with 1008 and a reason naming the identity and why, never the token:
+A listener is authenticated once, at its upgrade. When a reload removes its identity (the token
+or certificate identity of that name), or a scope it listens with, or the identity expires, the
+listener is closed with 1008 and a reason naming the identity and why, never the token. A
+rotation (the identity's token replaced by a new one) closes nothing (`Authenticator.recheck`):
 
 - `revoke(hub, authenticator, now)` checks every registered listener again (after a reload);
 - `expire_forever(hub, access)` does it at each moment a configured `expires` passes.
