@@ -333,15 +333,15 @@ async def p7(ctx: Context) -> Result:
     async with ours(ctx, "p7-steady", limits=P7_LIMITS, server=P7_SERVER) as stack:
         steady, steady_rss, _ = await commit_latency(ctx, stack, everyone, duration=duration,
                                                      rate=rate, hot=hot)
-    async with ours(ctx, "p7-paused", limits=P7_LIMITS, server=P7_SERVER) as stack:
-        run, run_rss, extra = await commit_latency(ctx, stack, healthy, paused=stuck, hot=hot,
-                                                   duration=duration, rate=rate,
-                                                   profile="p7-publisher")
     # The variant: the paused listeners registered with "coalesce": true (bench.coalesce).
     async with ours(ctx, "p7-coalesce", limits=P7_LIMITS, server=P7_SERVER) as stack:
         merged, merged_rss, merged_extra = await commit_latency(
             ctx, stack, healthy, paused=coalescing(stuck), duration=duration, rate=rate,
             hot=hot)
+    async with ours(ctx, "p7-paused", limits=P7_LIMITS, server=P7_SERVER) as stack:
+        run, run_rss, extra = await commit_latency(ctx, stack, healthy, paused=stuck, hot=hot,
+                                                   duration=duration, rate=rate,
+                                                   profile="p7-publisher")
     steady_h, run_h = steady.report.histogram, run.report.histogram
     merged_h = merged.report.histogram
     # The window and the healthy listeners' buffers grow in both runs; what the paused ones
