@@ -85,16 +85,23 @@ async def request_events(
         raise HeartbeatMissed(url, heartbeat_window) from None
     if response.status == 200:
         return EventsReply.parse(body)
-    if 400 <= response.status < 500 and response.status not in RETRIED_4XX:
+    raise refusal(url, response.status, body)
+
+
+def refusal(url: str, status: int, body: bytes) -> ChangefeedError:
+    """What an answer of a pull route other than success means: 401 and 403 AccessDenied, another
+    4xx PullRejected (not retried; its JSON error's code and message), anything else (a 5xx, 408,
+    429) PullFailed (retried)."""
+    if 400 <= status < 500 and status not in RETRIED_4XX:
         try:
             error = orjson.loads(body)
             code, message = str(error["code"]), str(error["message"])
         except (orjson.JSONDecodeError, KeyError, TypeError):
             code, message = "", body[:200].decode(errors="replace")
-        if response.status in (401, 403):
-            raise AccessDenied(url, response.status, code, message)
-        raise PullRejected(url, response.status, code, message)
-    raise PullFailed(url, f"HTTP {response.status}: {body[:200]!r}", response.status)
+        if status in (401, 403):
+            return AccessDenied(url, status, code, message)
+        return PullRejected(url, status, code, message)
+    return PullFailed(url, f"HTTP {status}: {body[:200]!r}", status)
 
 
 class PullConsumer:

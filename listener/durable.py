@@ -44,15 +44,14 @@ from changefeed.durable import (
     filter_to_wire,
 )
 from changefeed.errors import (
-    AccessDenied,
     ChangefeedError,
     HeartbeatMissed,
     InvalidOption,
     PullFailed,
-    PullRejected,
 )
 from changefeed.protocol import ChangeItem
 from changefeed.retry import Retrier
+from listener.consumer import refusal
 from listener.consumer_options import DEFAULT_EXPIRES, MIN_EXPIRES, event_filter
 from listener.credentials import load_credentials
 from listener.state import publisher_urls
@@ -62,8 +61,6 @@ log = structlog.get_logger(__name__)
 T = TypeVar("T")
 ErrorHandler = Callable[[ChangefeedError], None]
 
-RETRIED_4XX = frozenset({408, 429})
-"""Client errors that say "not now" rather than "never": retried like a 5xx."""
 MARGIN = 5.0
 """Seconds a request may take beyond the long poll's wait before it counts as a missed
 heartbeat (ADR-37: the client's timeout is longer than the server's expiry)."""
@@ -99,16 +96,7 @@ async def request_json(
         raise HeartbeatMissed(url, timeout) from None
     if 200 <= response.status < 300:
         return payload
-    if 400 <= response.status < 500 and response.status not in RETRIED_4XX:
-        try:
-            error = orjson.loads(payload)
-            code, message = str(error["code"]), str(error["message"])
-        except (orjson.JSONDecodeError, KeyError, TypeError):
-            code, message = "", payload[:200].decode(errors="replace")
-        if response.status in (401, 403):
-            raise AccessDenied(url, response.status, code, message)
-        raise PullRejected(url, response.status, code, message)
-    raise PullFailed(url, f"HTTP {response.status}: {payload[:200]!r}", response.status)
+    raise refusal(url, response.status, payload)
 
 
 class Msg:

@@ -334,13 +334,8 @@ class Hub:
             taken = False
             for conn in matching:
                 if not conn.live:
-                    coalesced = conn.coalesced
-                    if coalesced is not None and not conn.closing:
-                        try:
-                            coalesced.fold(entry.resource, entry.sub_resources,
-                                           entry.changed_resource_id, entry.position)
-                        except CoalesceOverflow:
-                            overflowed.add(conn)
+                    if conn.coalesced is not None and not self._folded(conn, entry):
+                        overflowed.add(conn)
                     continue
                 queued = pending.get(conn)
                 if queued is None:
@@ -409,13 +404,8 @@ class Hub:
                 entry.resource, entry.sub_resources, entry.changed_resource_id
             ):
                 if not conn.live:
-                    coalesced = conn.coalesced
-                    if coalesced is not None and not conn.closing:
-                        try:
-                            coalesced.fold(entry.resource, entry.sub_resources,
-                                           entry.changed_resource_id, entry.position)
-                        except CoalesceOverflow:
-                            overflowed.append(conn)
+                    if conn.coalesced is not None and not self._folded(conn, entry):
+                        overflowed.append(conn)
                     continue
                 transport = conn.transport
                 if transport.is_closing():
@@ -452,6 +442,19 @@ class Hub:
             for conn in fallen:
                 self.close_slow(conn)
         self._wake()
+
+    @staticmethod
+    def _folded(conn: Subscriber, entry: WindowEntry) -> bool:
+        """Fold `entry` into `conn`'s coalesced catch-up; False when that passed its limit (the
+        caller closes it once the batch is written)."""
+        if conn.closing or conn.coalesced is None:
+            return True
+        try:
+            conn.coalesced.fold(entry.resource, entry.sub_resources, entry.changed_resource_id,
+                                entry.position)
+        except CoalesceOverflow:
+            return False
+        return True
 
     def _wake(self) -> None:
         self._advanced.set()
