@@ -119,6 +119,16 @@ def port(key: str, value: Any) -> int:
     return value
 
 
+def address(key: str, text: str, what: str) -> tuple[str, int]:
+    """`host:port` (or `[v6]:port`) as a pair; ConfigError naming `key` and saying it should be
+    `what`'s address otherwise."""
+    host, sep, port = text.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(key, text, f"{what} address host:port")
+    return host, int(port)
+
+
 def masked_url(url: str) -> str:
     """`url` with its password masked as `***`, in the user part (`redis://u:pw@h`) and in a
     `password=` query parameter, for logs and error messages. A URL too malformed to tell where
@@ -167,5 +177,5 @@ def optional_positive(key: str, value: Any) -> float | None:
     return None if value is None else positive(key, value)
 
 
-__all__ = ["NAME", "get", "host", "masked_url", "object_literal", "only", "optional_positive",
+__all__ = ["NAME", "address", "get", "host", "masked_url", "object_literal", "only", "optional_positive",
            "port", "positive", "positive_int", "redis_url", "section", "string", "syntax_error"]

@@ -43,11 +43,7 @@ def is_cluster_url(url: str | None) -> bool:
 
 
 def _node(key: str, text: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    host = host.removeprefix("[").removesuffix("]")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ConfigError(key, text, "a cluster node's address host:port")
-    return host, int(port)
+    return cj.address(key, text, "a cluster node's")
 
 
 def parse_cluster_url(key: str, url: str) -> ClusterUrl:

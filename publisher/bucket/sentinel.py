@@ -62,12 +62,8 @@ def is_sentinel_url(url: str) -> bool:
 
 
 def node(key: str, text: str) -> tuple[str, int]:
-    """`host:port` (or `[v6]:port`) as a pair; ConfigError naming `key` otherwise."""
-    host, sep, port = text.rpartition(":")
-    host = host.removeprefix("[").removesuffix("]")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ConfigError(key, text, "a sentinel address host:port")
-    return host, int(port)
+    """A sentinel's `host:port` (or `[v6]:port`) as a pair; ConfigError naming `key` otherwise."""
+    return cj.address(key, text, "a sentinel")
 
 
 def parse_sentinel_url(key: str, url: str) -> SentinelUrl:
