@@ -177,5 +177,6 @@ def optional_positive(key: str, value: Any) -> float | None:
     return None if value is None else positive(key, value)
 
 
-__all__ = ["NAME", "address", "get", "host", "masked_url", "object_literal", "only", "optional_positive",
-           "port", "positive", "positive_int", "redis_url", "section", "string", "syntax_error"]
+__all__ = ["NAME", "address", "get", "host", "masked_url", "object_literal", "only",
+           "optional_positive", "port", "positive", "positive_int", "redis_url", "section",
+           "string", "syntax_error"]
