@@ -20,10 +20,11 @@ from typing import TYPE_CHECKING
 
 from changefeed import feed
 from changefeed.cursor import ZERO, CompositeCursor, Cursor, StreamId, parse_cursor
-from changefeed.errors import CursorError, CursorGone, CursorSetsFull, ParamError
+from changefeed.errors import CursorError, CursorGone, ParamError
 from changefeed.longpoll import EventsReply, EventsRequest
 from changefeed.protocol import ChangeItem
 from publisher.bucket import LogEntry, Retention, merge_partitions
+from publisher.feed_cursors import feed_cursors
 
 if TYPE_CHECKING:
     from publisher.cluster_hub import ClusterHub
@@ -147,30 +148,7 @@ async def respond_feed_cluster(
     bucket = hub.cluster
     parts = await bucket.parts()
     n = len(parts)
-    if request.n != n:
-        raise ParamError(
-            f"n={request.n} but this feed has {n} partition(s): pass n={n} "
-            "(the partition count is fixed when the bucket is created)"
-        )
-    cursors = dict(request.cursors)
-    if request.resume:
-        assert request.cursorset is not None and request.consumer is not None
-        stored = await bucket.load_cursors(request.consumer, request.cursorset, request.resume)
-        missing = [str(p) for p, c in stored.items() if c is None]
-        if missing:
-            raise ParamError(
-                f"cursorset {request.cursorset!r} of consumer {request.consumer!r} holds no "
-                f"cursor for partition(s) {', '.join(missing)}"
-            )
-        cursors = {p: c for p, c in stored.items() if c is not None}
-    elif request.cursorset is not None:
-        assert request.consumer is not None
-        saved = await bucket.save_cursors(
-            request.consumer, request.cursorset, cursors,
-            max_age=cursorsets.cursor_set_max_age, most=cursorsets.max_cursor_sets,
-        )
-        if not saved:
-            raise CursorSetsFull(request.consumer, cursorsets.max_cursor_sets)
+    cursors = await feed_cursors(bucket, request, n, cursorsets)
     epoch = await bucket.current_epoch() or await bucket.ensure()
     retentions = await bucket.retentions()
     positions = {

@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING
 
 from changefeed import feed
 from changefeed.cursor import ZERO, CompositeCursor, Cursor, StreamId
-from changefeed.errors import CursorSetsFull, ParamError
 from changefeed.longpoll import EventFilter, EventsReply, EventsRequest
 from publisher.bucket import LogEntry, Retention, merge_partitions
 from publisher.cluster_hub import ClusterHub
 from publisher.cluster_polls import answer_cluster, respond_feed_cluster
+from publisher.feed_cursors import feed_cursors
 
 if TYPE_CHECKING:
     from publisher.bucket import ChangeBucket
@@ -145,33 +145,7 @@ async def respond_feed(
     `cursorsets.consumers` (the caller checks). Raises ParamError, CursorGone, CursorSetsFull."""
     if isinstance(hub, ClusterHub):
         return await respond_feed_cluster(hub, request, cursorsets)
-    if request.n != partitions:
-        raise ParamError(
-            f"n={request.n} but this feed has {partitions} partition(s): pass n={partitions} "
-            "(the partition count is fixed when the bucket is created)"
-        )
-    cursors = dict(request.cursors)
-    if request.resume:
-        assert request.cursorset is not None and request.consumer is not None
-        stored = await bucket.load_cursors(request.consumer, request.cursorset, request.resume)
-        missing = [str(p) for p, c in stored.items() if c is None]
-        if missing:
-            raise ParamError(
-                f"cursorset {request.cursorset!r} of consumer {request.consumer!r} holds no "
-                f"cursor for partition(s) {', '.join(missing)}"
-            )
-        cursors = {p: c for p, c in stored.items() if c is not None}
-    elif request.cursorset is not None:
-        assert request.consumer is not None
-        saved = await bucket.save_cursors(
-            request.consumer,
-            request.cursorset,
-            cursors,
-            max_age=cursorsets.cursor_set_max_age,
-            most=cursorsets.max_cursor_sets,
-        )
-        if not saved:
-            raise CursorSetsFull(request.consumer, cursorsets.max_cursor_sets)
+    cursors = await feed_cursors(bucket, request, partitions, cursorsets)
 
     retention = await bucket.retention()
     epoch = retention.epoch or await bucket.ensure()
