@@ -19,7 +19,6 @@ every partition again after a backoff, from the positions it had delivered.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from typing import Any
 
 import structlog
@@ -91,19 +90,7 @@ class ClusterTail(Tail):
             except _Restart as restart:
                 await self._restart_all(restart)
             except (BucketUnavailable, PartitionMismatch) as exc:
-                if delays is None:
-                    delays = self.backoff.delays()
-                delay = next(delays)
-                self.faults.redis_errors += isinstance(exc, BucketUnavailable)
-                if isinstance(exc, PartitionMismatch):
-                    log.error("bucket.partitions does not match the bucket", error=str(exc))
-                elif self.healthy or delay >= self.backoff.maximum / 2:
-                    log.warning(
-                        "bucket unreachable, retrying", error=str(exc), delay=round(delay, 3)
-                    )
-                self.healthy = False
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stopping.wait(), delay)
+                delays = await self._back_off(exc, delays)
 
     async def _follow_all(self) -> bool:
         """Follow every partition until one fails (raised) or the tail stops (False)."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -219,22 +220,29 @@ class Tail:
                     self.faults.reconnects += 1
                 delays = None
             except (BucketUnavailable, PartitionMismatch) as exc:
-                # A partition mismatch is a configuration fault: said loudly on every retry
-                # until the operator mends the config (registrations are refused meanwhile).
-                if delays is None:
-                    delays = self.backoff.delays()
-                delay = next(delays)
-                self.faults.redis_errors += isinstance(exc, BucketUnavailable)
-                if isinstance(exc, PartitionMismatch):
-                    log.error("bucket.partitions does not match the bucket", error=str(exc))
-                elif self.healthy or delay >= self.backoff.maximum / 2:
-                    log.warning(
-                        "bucket unreachable, retrying", error=str(exc), delay=round(delay, 3)
-                    )
-                self.healthy = False
                 self._read_now = True
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stopping.wait(), delay)
+                delays = await self._back_off(exc, delays)
+
+    async def _back_off(
+        self, exc: BucketUnavailable | PartitionMismatch, delays: Iterator[float] | None
+    ) -> Iterator[float]:
+        """After a failed read: count and say it, mark the tail unhealthy (registrations are
+        refused meanwhile) and wait the next delay of `delays` (a new backoff when None) or
+        until stopped; the delays to go on with. A partition mismatch is a configuration fault:
+        said loudly on every retry until the operator mends the config; an outage when it
+        starts and again once the delays grow long."""
+        if delays is None:
+            delays = self.backoff.delays()
+        delay = next(delays)
+        self.faults.redis_errors += isinstance(exc, BucketUnavailable)
+        if isinstance(exc, PartitionMismatch):
+            log.error("bucket.partitions does not match the bucket", error=str(exc))
+        elif self.healthy or delay >= self.backoff.maximum / 2:
+            log.warning("bucket unreachable, retrying", error=str(exc), delay=round(delay, 3))
+        self.healthy = False
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), delay)
+        return delays
 
     async def _take(self, read: LogRead) -> None:
         """Check `read` against what the tail knows, then hand its entries to the hub."""
