@@ -16,7 +16,6 @@ are `{"code", "message"}` with a 4xx status, 503 while Redis is down.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import orjson
@@ -42,7 +41,13 @@ from changefeed.longpoll import parse_int
 from publisher.access import requires
 from publisher.app_keys import CONFIG, LIVE
 from publisher.durable import Durables
-from publisher.http import RETRY_UNAVAILABLE, json_error, json_response, retry_after
+from publisher.http import (
+    RETRY_UNAVAILABLE,
+    json_error,
+    json_response,
+    read_body,
+    retry_after,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -80,17 +85,9 @@ def add_durable_routes(app: web.Application) -> None:
         return name
 
     async def body_of(request: web.Request) -> Any:
-        timeout = config.server.body_timeout
-        try:
-            async with asyncio.timeout(timeout):
-                body = await request.read()
-        except TimeoutError:
-            late = json_error(
-                408, "RequestTimeout",
-                f"request body not received within {timeout:g} s (server.bodyTimeout)",
-            )
-            late.force_close()
-            raise _Refused(late) from None
+        body = await read_body(request, config.server.body_timeout)
+        if isinstance(body, web.Response):
+            raise _Refused(body)
         if not body.strip():
             return None
         try:

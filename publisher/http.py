@@ -14,6 +14,7 @@ Bad input never produces a 500: handlers answer it with `json_error(400, ...)` o
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import orjson
@@ -90,6 +91,21 @@ async def errors_as_json(request: web.Request, handler: Any) -> web.StreamRespon
         return json_error(500, "InternalError", str(exc))
 
 
+async def read_body(request: web.Request, timeout: float) -> bytes | web.Response:
+    """The request's body, or, when it does not arrive within `timeout` seconds
+    (`server.bodyTimeout`), the 408 to answer with (its connection closed after it)."""
+    try:
+        async with asyncio.timeout(timeout):
+            return await request.read()
+    except TimeoutError:
+        late = json_error(
+            408, "RequestTimeout",
+            f"request body not received within {timeout:g} s (server.bodyTimeout)",
+        )
+        late.force_close()
+        return late
+
+
 def retry_after(seconds: int) -> dict[str, str]:
     return {"Retry-After": str(seconds)}
 
@@ -102,5 +118,6 @@ __all__ = [
     "json_error",
     "json_response",
     "overloaded",
+    "read_body",
     "retry_after",
 ]

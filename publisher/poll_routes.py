@@ -8,7 +8,6 @@ that JSON-RPC over HTTP gives them (400 for a bad request or params, 404 for an 
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import orjson
@@ -35,6 +34,7 @@ from publisher.http import (
     json_error,
     json_response,
     overloaded,
+    read_body,
     retry_after,
 )
 from publisher.logs import Throttle
@@ -76,17 +76,9 @@ def add_poll_routes(app: web.Application) -> None:
         return json_response(reply.to_wire())
 
     async def rpc(request: web.Request) -> web.Response:
-        timeout = config.server.body_timeout
-        try:
-            async with asyncio.timeout(timeout):
-                body = await request.read()
-        except TimeoutError:
-            late = json_error(
-                408, "RequestTimeout",
-                f"request body not received within {timeout:g} s (server.bodyTimeout)",
-            )
-            late.force_close()
-            return late
+        body = await read_body(request, config.server.body_timeout)
+        if isinstance(body, web.Response):
+            return body
         try:
             call = orjson.loads(body)
         except orjson.JSONDecodeError as exc:
