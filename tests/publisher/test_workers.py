@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import signal
 import tempfile
 import time
@@ -55,6 +56,21 @@ async def _get(url: str) -> Any:
 def _pid(publisher_id: str) -> int:
     """The process id in a publisher id (`<host>-<pid>-<hex>`)."""
     return int(publisher_id.rsplit("-", 2)[1])
+
+
+def _records(output: str) -> list[dict[str, Any]]:
+    """Every JSON log record in `output`. The workers share the parent's stdout, so two of them
+    may write into one line: each `{...}` object is taken wherever it stands (log records hold
+    no nested objects)."""
+    records = []
+    for text in re.findall(r"\{[^{}]*\}", output):
+        try:
+            record = orjson.loads(text)
+        except orjson.JSONDecodeError:
+            continue  # a record cut by another process's write
+        if isinstance(record, dict) and "event" in record:
+            records.append(record)
+    return records
 
 
 def _running(pid: int) -> bool:
@@ -171,8 +187,7 @@ async def test_workers_on_the_embedded_redis_stop_when_their_parent_is_sigkilled
             workers = {_pid(p) for p in ids}
 
             async def logged() -> list[dict[str, Any]] | None:
-                records = [orjson.loads(line) for line in parent.output().splitlines()
-                           if line.startswith("{")]
+                records = _records(parent.output())
                 listening = [r for r in records if r["event"] == "listening"]
                 return records if len(listening) == 2 else None
 
