@@ -129,6 +129,18 @@ def address(key: str, text: str, what: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def userinfo(netloc: str) -> tuple[str, str | None, str | None]:
+    """A URL's network location as (hosts, username, password): `[user:]password@hosts`, each
+    part unquoted; `password@hosts` (no colon) is a password alone, as redis-py reads it."""
+    info, at, hosts = netloc.rpartition("@")
+    if not at:
+        return hosts, None, None
+    user, colon, secret = info.partition(":")
+    if colon:
+        return hosts, unquote(user) or None, unquote(secret)
+    return hosts, None, unquote(user)
+
+
 def masked_url(url: str) -> str:
     """`url` with its password masked as `***`, in the user part (`redis://u:pw@h`) and in a
     `password=` query parameter, for logs and error messages. A URL too malformed to tell where
@@ -179,4 +191,4 @@ def optional_positive(key: str, value: Any) -> float | None:
 
 __all__ = ["NAME", "address", "get", "host", "masked_url", "object_literal", "only",
            "optional_positive", "port", "positive", "positive_int", "redis_url", "section",
-           "string", "syntax_error"]
+           "string", "syntax_error", "userinfo"]

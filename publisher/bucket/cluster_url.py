@@ -55,14 +55,7 @@ def parse_cluster_url(key: str, url: str) -> ClusterUrl:
         raise ConfigError(key, shown, EXPECTED) from None
     if parts.scheme != SCHEME:
         raise ConfigError(key, shown, EXPECTED)
-    userinfo, at, hosts = parts.netloc.rpartition("@")
-    username = password = None
-    if at:
-        user, colon, secret = userinfo.partition(":")
-        if colon:
-            username, password = unquote(user) or None, unquote(secret)
-        else:
-            password = unquote(user)
+    hosts, username, password = cj.userinfo(parts.netloc)
     if not hosts:
         raise ConfigError(key, shown, EXPECTED + " with at least one node host:port")
     if parts.path.strip("/") or parts.query:

@@ -75,14 +75,7 @@ def parse_sentinel_url(key: str, url: str) -> SentinelUrl:
         raise ConfigError(key, shown, EXPECTED) from None
     if parts.scheme != SCHEME:
         raise ConfigError(key, shown, EXPECTED)
-    userinfo, at, hosts = parts.netloc.rpartition("@")
-    username = password = None
-    if at:
-        user, colon, secret = userinfo.partition(":")
-        username = unquote(user) or None
-        password = unquote(secret) if colon else unquote(user)
-        if not colon:
-            username = None
+    hosts, username, password = cj.userinfo(parts.netloc)
     if not hosts:
         raise ConfigError(key, shown, EXPECTED + " with at least one sentinel host:port")
     nodes = tuple(node(key, piece) for piece in hosts.split(","))
