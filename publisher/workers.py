@@ -12,10 +12,12 @@ the same port with `SO_REUSEPORT`: the kernel spreads new connections across the
   have, with 0 when they stopped on a signal;
 - tells systemd READY once the workers are started, and pings its watchdog.
 
-A worker follows its parent: started with `PARENT_ENV` naming the parent's pid, it asks Linux
-for SIGTERM when the parent dies (`PR_SET_PDEATHSIG`) and checks the parent is still the one
-that started it, so a SIGKILLed parent leaves no worker serving on the port without a
-supervisor; the worker drains as on any SIGTERM (`follow_parent`).
+A worker follows its parent: started with `PARENT_ENV` naming the parent's pid, it watches its
+parent pid (`os.getppid()`, twice a second) and sends itself SIGTERM when that changes (the
+parent died, however: SIGKILL and OOM included, and the worker was adopted), so a SIGKILLed
+parent leaves no worker serving on the port without a supervisor; the worker drains as on any
+SIGTERM (`follow_parent`). Not `PR_SET_PDEATHSIG`: Linux sends that when the *thread* that
+forked the worker exits, not the process, which a supervisor cannot promise of its forks.
 
 The embedded Redis, when config.js names none, is started by the parent (`cli.serve`) and
 handed to the workers as `CHANGEFEED_REDIS_URL`; port 0 is resolved by the parent to one free
@@ -26,11 +28,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import os
 import signal
 import socket
-import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -52,26 +53,32 @@ RESTART = Backoff(initial=0.1, maximum=5.0, factor=2.0, jitter=0.2)
 
 PARENT_ENV = "CHANGEFEED_WORKER_OF"
 """The environment variable that makes a `serve` a worker: the pid of its supervising parent."""
-_PR_SET_PDEATHSIG = 1
+PARENT_CHECK = 0.5
+"""Seconds between a worker's looks at its parent pid."""
 
 
-def follow_parent(environ: Mapping[str, str] = os.environ) -> None:
+def follow_parent(environ: Mapping[str, str] = os.environ, every: float = PARENT_CHECK) -> None:
     """In a worker: be sent SIGTERM when the supervising parent dies.
 
-    Linux delivers the signal when the parent exits, however it exits (SIGKILL included). If the
-    parent died before this call, the worker was already adopted by another process: it exits
-    at once. Elsewhere than Linux (no prctl) only that check is made. A process started without
-    `PARENT_ENV` (not a worker) is left alone."""
-    parent = environ.get(PARENT_ENV)
-    if not parent:
+    If the parent died before this call, the worker was already adopted by another process: it
+    exits at once. Otherwise a daemon thread looks at `os.getppid()` every `every` seconds and,
+    once it is no longer the parent's, logs it and sends this process SIGTERM (the drain). A
+    process started without `PARENT_ENV` (not a worker) is left alone."""
+    value = environ.get(PARENT_ENV)
+    if not value:
         return
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
-            log.warning("cannot follow the parent's death", errno=ctypes.get_errno())
-    if os.getppid() != int(parent):
-        log.error("the supervising parent is gone: not starting", parent=int(parent))
+    parent = int(value)
+    if os.getppid() != parent:
+        log.error("the supervising parent is gone: not starting", parent=parent)
         raise SystemExit(1)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(every)
+        log.error("the supervising parent is gone: draining", parent=parent)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="follow-parent", daemon=True).start()
 
 
 @dataclass(slots=True)
@@ -197,6 +204,6 @@ class Workers:
 
 
 __all__ = [
-    "GIVE_UP", "PARENT_ENV", "RESTART", "YOUNG", "Restarts", "Workers", "follow_parent",
-    "free_port",
+    "GIVE_UP", "PARENT_CHECK", "PARENT_ENV", "RESTART", "YOUNG", "Restarts", "Workers",
+    "follow_parent", "free_port",
 ]

@@ -12,6 +12,7 @@ import contextlib
 import os
 import re
 import signal
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -155,7 +156,10 @@ async def test_two_workers_share_the_port_survive_a_kill_and_drain_on_sigterm(
 
         assert parent.process is not None
         parent.process.terminate()
-        code = await asyncio.to_thread(parent.process.wait, scaled(20))
+        try:
+            code = await asyncio.to_thread(parent.process.wait, scaled(20))
+        except subprocess.TimeoutExpired:
+            pytest.fail("the parent did not exit within 20 s of SIGTERM:\n" + parent.output())
         assert code == 0, parent.output()
         for publisher_id in now:
             with pytest.raises(ProcessLookupError):
@@ -165,9 +169,9 @@ async def test_two_workers_share_the_port_survive_a_kill_and_drain_on_sigterm(
 
 @pytest.mark.timeout(60)
 async def test_workers_on_the_embedded_redis_stop_when_their_parent_is_sigkilled() -> None:
-    """No supervisor, no workers: a SIGKILLed parent's workers get SIGTERM (PR_SET_PDEATHSIG),
-    drain and exit, so nothing keeps serving the port unsupervised. The workers say which Redis
-    their parent gave them (the embedded one here), not "configured"."""
+    """No supervisor, no workers: a SIGKILLed parent's workers see their parent pid change, send
+    themselves SIGTERM, drain and exit, so nothing keeps serving the port unsupervised. The
+    workers say which Redis their parent gave them (the embedded one here), not "configured"."""
     with tempfile.TemporaryDirectory(dir="/tmp", prefix="cfw") as short:
         directory = Path(short)
         config = write_config(directory / "config.js", None, stateDir=str(directory / "state"),
