@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import structlog
@@ -124,17 +123,6 @@ class Faults:
     """Times the tail read again after failed reads (Redis reachable again)."""
 
 
-def _wake(waiter: asyncio.Future[None], _: object) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
-
-
-def _retrieve(task: asyncio.Task[LogRead]) -> None:
-    """An abandoned read's outcome, taken so that asyncio does not log it as never retrieved."""
-    if not task.cancelled():
-        task.exception()
-
-
 class Tail:
     def __init__(self, bucket: ChangeBucket, hub: Hub, backoff: Backoff | None = None) -> None:
         self.bucket = bucket
@@ -147,41 +135,29 @@ class Tail:
         self._partitions = 1
         self._added: int | None = None
         """Entries ever added to the log up to the window head (see `added_after`)."""
-        self._waiter: asyncio.Future[None] | None = None
-        """What run() waits on during a read: completed by the read's end or by stop()."""
         self._read_now = True
         """Read without waiting first: after a reconnect (whatever happened meanwhile is seen
         at once) and after a full batch (more is waiting)."""
 
     def stop(self) -> None:
-        """Make run() return. A blocked XREAD is abandoned, not awaited: redis-py does not
-        always give up a blocked read promptly when cancelled."""
+        """Make run() return. A blocked read is abandoned (its connection aborted), not awaited
+        to its end."""
         self._stopping.set()
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
+        self.bucket.abandon_reads()
 
     async def _read(self) -> LogRead | None:
-        """The next read, or None when stopping.
-
-        The read runs in a task of its own so that stop() can abandon it; run() waits on one
-        future that the read's end or stop() completes (per read: a task and a future, not a
-        second task and an `asyncio.wait`)."""
+        """The next read, or None when stopping. It runs in run()'s own task: a read per change
+        at single commits, so no task or future of its own (stop() ends it by aborting its
+        connection)."""
         if self._stopping.is_set():
             return None
         block = None if self._read_now else BLOCK_MS
-        loop = asyncio.get_running_loop()
-        read = loop.create_task(self.bucket.tail(self.hub.window.head, block, BATCH))
-        waiter = self._waiter = loop.create_future()
-        read.add_done_callback(partial(_wake, waiter))
         try:
-            await waiter
-        finally:
-            self._waiter = None
-        if read.done():
-            return read.result()
-        read.cancel()
-        read.add_done_callback(_retrieve)
-        return None
+            return await self.bucket.tail(self.hub.window.head, block, BATCH)
+        except BucketUnavailable:
+            if self._stopping.is_set():
+                return None
+            raise
 
     async def start(self) -> None:
         """Learn the epoch and the log head; the window starts there."""

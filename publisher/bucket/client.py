@@ -45,6 +45,7 @@ from publisher.bucket.cluster_client import connect_cluster
 from publisher.bucket.cluster_url import is_cluster_url
 from publisher.bucket.keys import Keys
 from publisher.bucket.sentinel import is_sentinel_url, sentinel_pool
+from publisher.bucket.tail_channel import TailChannel
 from publisher.bucket.values import (
     MAX_ID_BYTES,
     Change,
@@ -320,6 +321,8 @@ class ChangeBucket:
         self._save_cursors = client.register_script(scripts.SAVE_CURSORS.text)
         self._tail = client.register_script(scripts.TAIL.text)
         self._tail_packed: dict[tuple[int, int, int], tuple[bytes, bytes, bytes]] = {}
+        self._channel: TailChannel | None = None
+        """The connection the blocking tail reads keep (made at the first)."""
         self._renew_epoch = client.register_script(scripts.RENEW_EPOCH.text)
         self._evalsha = b"$7\r\nEVALSHA\r\n" + _bulk(scripts.COMMIT.sha.encode())
         self._load = b"*3\r\n$6\r\nSCRIPT\r\n$4\r\nLOAD\r\n" + _bulk(scripts.COMMIT.text.encode())
@@ -891,32 +894,26 @@ class ChangeBucket:
         return b"".join((xread, position * n, evalsha, position, rest))
 
     async def _wait_and_tail(self, command: bytes) -> Any:
-        """Send `_tail_command`'s pipeline on a pooled connection and read both replies, without
-        redis-py's pipeline (its objects and the parsing of the XREAD reply, which only wakes):
-        tail.lua's reply, or None when Redis does not have the script. A connection found dead
-        is replaced once, as redis-py does for its own commands (the read changes nothing)."""
-        pool = self.redis.connection_pool
-        for attempt in (1, 2):
-            connection: AbstractConnection = await pool.get_connection()  # type: ignore[no-untyped-call]
-            clean = False
-            try:
-                await connection.send_packed_command(command, check_health=False)
-                await connection.read_response()
-                try:
-                    reply = await connection.read_response()
-                except redis.exceptions.NoScriptError:
-                    clean = True
-                    return None
-                clean = True
-                return reply
-            except redis.exceptions.ConnectionError:
-                if attempt == 2:
-                    raise
-            finally:
-                if not clean:
-                    await connection.disconnect(nowait=True)
-                await pool.release(connection)
-        raise AssertionError("unreachable")
+        """Send `_tail_command`'s pipeline on the connection the tail keeps (`TailChannel`) and
+        read both replies off it: tail.lua's reply, or None when Redis does not have the script.
+        The XREAD reply only wakes; it is not turned into objects beyond hiredis's parse."""
+        channel = self._channel
+        if channel is None:
+            channel = self._channel = TailChannel(self.redis.connection_pool)
+        woke, reply = await channel.exchange(command, 2)
+        if isinstance(woke, Exception):
+            raise woke
+        if isinstance(reply, redis.exceptions.NoScriptError):
+            return None
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
+    def abandon_reads(self) -> None:
+        """End a blocking tail read in progress now (it fails as `BucketUnavailable`): its
+        reader is stopping."""
+        if self._channel is not None:
+            self._channel.abandon()
 
     async def renew_epoch(self, known: str) -> str:
         """Start a new epoch if the bucket's is still `known` (a rollback was seen); returns the
@@ -1132,6 +1129,8 @@ class ChangeBucket:
         return out
 
     async def aclose(self) -> None:
+        if self._channel is not None:
+            await self._channel.drop()
         await self.redis.aclose()
 
 
