@@ -12,8 +12,9 @@ import pytest
 import redis.asyncio as aioredis
 
 from changefeed.cursor import Cursor
-from changefeed.errors import ChangeError
-from publisher.bucket import Change, ChangeBucket
+from changefeed.errors import BucketUnavailable, ChangeError
+from publisher.bucket import Change, ChangeBucket, connect, resp
+from publisher.bucket.tail_channel import READ_SIZE
 from publisher.config import Config
 from publisher.service import Service
 from tests.servers import RedisServer
@@ -201,3 +202,48 @@ async def test_a_blocking_tail_read_survives_a_flushed_script_and_a_killed_conne
     await plain.client_kill_filter(_type="normal", skipme=True)
     read = await bucket.tail(second, 1000, 100)
     assert [e.position for e in read.entries] == [third] and read.witnessed
+
+
+async def test_a_blocked_tail_read_is_abandoned_at_once_and_the_next_read_gets_a_fresh_connection(
+    bucket: ChangeBucket,
+) -> None:
+    """The tail's stop() ends its blocked read by aborting the connection the read keeps: the
+    read fails as BucketUnavailable now, not when its 5 s wait ends; a later read works."""
+    first = Cursor.decode(await bucket.commit("vm", "a", ["nic"], {"n": 1})).position
+    blocked = asyncio.create_task(bucket.tail(first, 5000, 100))
+    await asyncio.sleep(0.2)
+    assert not blocked.done(), "the read waits for a change"
+    started = asyncio.get_running_loop().time()
+    bucket.abandon_reads()
+    with pytest.raises(BucketUnavailable):
+        await asyncio.wait_for(blocked, 2)
+    assert asyncio.get_running_loop().time() - started < 1
+    second = Cursor.decode(await bucket.commit("vm", "b", ["nic"], {"n": 2})).position
+    read = await bucket.tail(first, 1000, 100)
+    assert [e.position for e in read.entries] == [second]
+
+
+async def test_the_tail_reads_with_the_python_reply_reader_when_hiredis_is_missing(
+    config: Config, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without hiredis (a plain `pip install`), the tail's connection is read by `RespReader`:
+    the wait-and-read gets the same entries, a batch larger than one socket read included."""
+    monkeypatch.setattr(resp, "hiredis", None)
+    assert config.bucket.redis_url
+    bucket = ChangeBucket(connect(config.bucket.redis_url), "python-reader", config.resources)
+    try:
+        first = Cursor.decode(await bucket.commit("vm", "first", ["nic"], {"n": 0})).position
+        waiting = asyncio.create_task(bucket.tail(first, 5000, 1000))
+        await asyncio.sleep(0.1)
+        ids = [f"{n:04d}-" + "x" * 80 for n in range(900)]
+        assert sum(map(len, ids)) > READ_SIZE, "the reply takes more than one socket read"
+        cursors = await bucket.commit_many(
+            [Change.put("vm", i, ["nic"], {"n": 1}) for i in ids]
+        )
+        read = await waiting
+        assert bucket._channel is not None
+        assert isinstance(bucket._channel._parser, resp.RespReader)
+        assert [e.position for e in read.entries] == [Cursor.decode(c).position for c in cursors]
+        assert read.complete and read.witnessed
+    finally:
+        await bucket.aclose()
