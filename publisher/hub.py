@@ -204,9 +204,6 @@ class _Pending:
     frames: list[bytes] = field(default_factory=list)
 
 
-_ONE_FRAME = _Pending(0, [b""])
-"""What the trace is told each connection was written by a publish of one entry: one frame
-(the trace only counts them then)."""
 
 
 class Hub:
@@ -426,9 +423,7 @@ class Hub:
                     written.append(conn)
             if trace is not None:
                 assert written is not None
-                # One entry: every connection written took all of it, so only the keys count.
-                trace.published(self.epoch, [entry], dict.fromkeys(written, _ONE_FRAME),
-                                delivered, read_at, time.time())
+                trace.published_one(self.epoch, entry.position, written, read_at, time.time())
             if delivered:
                 self.delivered += delivered
                 self.bytes_written += sent

@@ -182,6 +182,22 @@ class TraceLog:
                 self._attribute(entries, records, written, written_at)
         self.expire(read_at)
 
+    def published_one(
+        self, epoch: str, position: StreamId, written: Sequence[R], read_at: float,
+        written_at: float,
+    ) -> None:
+        """`published` of one entry (a tail read of one commit) written to each of `written`
+        once: no per-connection mapping, and one listener's service noted without a tally."""
+        if epoch != self.epoch:
+            self._forget(epoch)
+        record = self._add(position, read_at)
+        if len(written) == 1:
+            record.wrote(_service(written[0]), 1, written_at)
+        elif written:
+            for service, count in Counter(map(_service, written)).items():
+                record.wrote(service, count, written_at)
+        self.expire(read_at)
+
     @staticmethod
     def _attribute(
         entries: Sequence[Traced],

@@ -10,13 +10,16 @@ release per read, no timeout context per reply, no per-command objects.
 
 A connection that fails is dropped (disconnected and given back to the pool, which opens a new
 one next time). A kept connection found dead at the next exchange (Redis restarted meanwhile) is
-replaced once, as redis-py does for its own commands: the exchanges are reads. A time-out is not
-retried. `abandon` ends a pending exchange at once (the tail is stopping).
+replaced once, as redis-py does for its own commands: the exchanges are reads. An exchange not
+answered within the connection's `socket_timeout` (Redis paused or unreachable) is aborted by a
+watchdog that looks once a second, rather than by a timer per exchange, and is not retried.
+`abandon` ends a pending exchange at once (the tail is stopping).
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -26,6 +29,8 @@ from redis.asyncio.connection import AbstractConnection
 from publisher.bucket.resp import Reader, reader
 
 READ_SIZE = 65536
+WATCH_EVERY = 1.0
+"""Seconds between the watchdog's looks at the exchange in progress."""
 
 
 class TailChannel:
@@ -36,6 +41,10 @@ class TailChannel:
         self._connection: AbstractConnection | None = None
         self._parser: Reader = reader()
         self._abandoned = False
+        self._sent_at = 0.0
+        """When (`time.monotonic()`) the exchange in progress was sent (0: none in progress)."""
+        self._timed_out = False
+        self._watchdog: asyncio.TimerHandle | None = None
 
     async def exchange(self, command: bytes, replies: int) -> list[Any]:
         """Send `command` (RESP, possibly several commands) and return its `replies` replies;
@@ -45,13 +54,13 @@ class TailChannel:
             connection = self._connection or await self._take()
             try:
                 return await self._exchange(connection, command, replies)
-            except TimeoutError:
-                await self.drop()
-                raise redis.exceptions.TimeoutError(
-                    "Timeout reading from the tail's Redis connection"
-                ) from None
             except (redis.exceptions.ConnectionError, OSError) as exc:
                 await self.drop()
+                if self._timed_out:
+                    self._timed_out = False
+                    raise redis.exceptions.TimeoutError(
+                        "Timeout reading from the tail's Redis connection"
+                    ) from None
                 if not kept or attempt == 2 or self._abandoned:
                     if isinstance(exc, redis.exceptions.ConnectionError):
                         raise
@@ -67,7 +76,24 @@ class TailChannel:
         connection: AbstractConnection = await self.pool.get_connection()  # type: ignore[no-untyped-call]
         self._connection = connection
         self._parser = reader()
+        if self._watchdog is None and connection.socket_timeout:
+            loop = asyncio.get_running_loop()
+            self._watchdog = loop.call_later(WATCH_EVERY, self._watch, connection.socket_timeout)
         return connection
+
+    def _watch(self, timeout: float) -> None:
+        """Abort the connection under an exchange older than `timeout` seconds; look again in
+        `WATCH_EVERY` seconds while a connection is kept."""
+        self._watchdog = None
+        connection = self._connection
+        if connection is None:
+            return
+        loop = asyncio.get_running_loop()
+        sent_at = self._sent_at
+        if sent_at and time.monotonic() - sent_at > timeout and connection._writer is not None:
+            self._timed_out = True
+            connection._writer.transport.abort()
+        self._watchdog = loop.call_later(WATCH_EVERY, self._watch, timeout)
 
     async def _exchange(
         self, connection: AbstractConnection, command: bytes, replies: int
@@ -76,9 +102,10 @@ class TailChannel:
         if stream is None or writer is None:
             raise redis.exceptions.ConnectionError("the tail's Redis connection is closed")
         writer.write(command)
+        self._sent_at = time.monotonic()
         parser = self._parser
         out: list[Any] = []
-        async with asyncio.timeout(connection.socket_timeout):
+        try:
             while len(out) < replies:
                 reply = parser.gets()
                 if reply is False:
@@ -90,6 +117,8 @@ class TailChannel:
                     parser.feed(data)
                 else:
                     out.append(reply)
+        finally:
+            self._sent_at = 0.0
         return out
 
     def abandon(self) -> None:
@@ -102,9 +131,12 @@ class TailChannel:
     async def drop(self) -> None:
         """Disconnect the kept connection and give it back to the pool."""
         connection, self._connection = self._connection, None
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
         if connection is not None:
             await connection.disconnect(nowait=True)
             await self.pool.release(connection)
 
 
-__all__ = ["READ_SIZE", "TailChannel"]
+__all__ = ["READ_SIZE", "WATCH_EVERY", "TailChannel"]

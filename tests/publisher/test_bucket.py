@@ -247,3 +247,30 @@ async def test_the_tail_reads_with_the_python_reply_reader_when_hiredis_is_missi
         assert read.complete and read.witnessed
     finally:
         await bucket.aclose()
+
+
+async def test_a_tail_read_that_redis_does_not_answer_times_out_and_the_next_one_reads(
+    redis_server: RedisServer, config: Config
+) -> None:
+    """Redis paused (SIGSTOP) under a blocking read: the channel's watchdog aborts the read once
+    the client's reply timeout has passed (BucketUnavailable, saying it timed out), and once
+    Redis answers again the next read gets what was committed meanwhile."""
+    assert config.bucket.redis_url
+    bucket = ChangeBucket(connect(config.bucket.redis_url, blocking=True, timeout=1),
+                          "paused", config.resources)
+    try:
+        first = Cursor.decode(await bucket.commit("vm", "a", ["nic"], {"n": 1})).position
+        await bucket.tail(first, 100, 100)  # the channel's connection is taken
+        redis_server.pause()
+        try:
+            started = asyncio.get_running_loop().time()
+            with pytest.raises(BucketUnavailable, match=r"[Tt]imeout"):
+                await asyncio.wait_for(bucket.tail(first, 500, 100), 5)
+            assert asyncio.get_running_loop().time() - started < 3.5
+        finally:
+            redis_server.resume()
+        second = Cursor.decode(await bucket.commit("vm", "b", ["nic"], {"n": 2})).position
+        read = await bucket.tail(first, 1000, 100)
+        assert [e.position for e in read.entries] == [second]
+    finally:
+        await bucket.aclose()

@@ -242,3 +242,20 @@ def test_a_publisher_that_started_after_the_change_says_so() -> None:
     gone = trace.find(at(1000), EPOCH, StreamId(1000, 0), 1.0)
     assert gone == NotTraced(
         "NotTraced", "not traced: committed before this publisher began tracing")
+
+
+@pytest.mark.parametrize("services", [[], ["a"], ["a", "b", "a", "c"]])
+def test_one_entry_recorded_by_published_one_reads_as_published_records_it(
+    services: list[str],
+) -> None:
+    """The hub's path for a read of one change (`published_one`, each connection written its
+    frame once) records what `published` records for the same writes."""
+    one, many = TraceLog(10, None), TraceLog(10, None)
+    e = entry(5)
+    writes = written(*((service, [e.frame]) for service in services))
+    publish(many, EPOCH, [e], writes, 1.0, 1.5)
+    one.published_one(EPOCH, e.position, list(writes), 1.0, 1.5)
+    head = e.position
+    assert (record_body(found(one, at(5), head), at(5), "p")
+            == record_body(found(many, at(5), head), at(5), "p"))
+    assert sorted(found(one, at(5), head).services) == sorted(set(services))
