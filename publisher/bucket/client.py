@@ -13,6 +13,7 @@ That is why commits take a connection from the pool themselves before sending an
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
@@ -41,11 +42,11 @@ from changefeed.errors import (
 )
 from changefeed.protocol import Resource
 from publisher.bucket import scripts
+from publisher.bucket.channel import Channel, Sent
 from publisher.bucket.cluster_client import connect_cluster
 from publisher.bucket.cluster_url import is_cluster_url
 from publisher.bucket.keys import Keys
 from publisher.bucket.sentinel import is_sentinel_url, sentinel_pool
-from publisher.bucket.tail_channel import TailChannel
 from publisher.bucket.values import (
     MAX_ID_BYTES,
     Change,
@@ -118,6 +119,9 @@ def _key_reused_error(what: str, message: str) -> ChangefeedError:
 POOL_SIZE = 64
 """Connections a client's pool holds at most (config.js `bucket.poolSize`)."""
 POOL_TIMEOUT = 5.0
+KEEP_FOR_COMMITS = 4
+"""Pools of at least this many connections keep one for single commits (`Channel`); a smaller
+pool lends its connections one call at a time to everything, single commits included."""
 """Seconds a caller waits for a pooled connection before `BucketBusy` (`bucket.poolTimeout`)."""
 _POOL_EXHAUSTED = "No connection available."
 """redis-py's message when no connection of a BlockingConnectionPool came free in time."""
@@ -321,8 +325,10 @@ class ChangeBucket:
         self._save_cursors = client.register_script(scripts.SAVE_CURSORS.text)
         self._tail = client.register_script(scripts.TAIL.text)
         self._tail_packed: dict[tuple[int, int, int], tuple[bytes, bytes, bytes]] = {}
-        self._channel: TailChannel | None = None
+        self._channel: Channel | None = None
         """The connection the blocking tail reads keep (made at the first)."""
+        self._commits: Channel | None = None
+        """The connection single commits keep (made at the first)."""
         self._renew_epoch = client.register_script(scripts.RENEW_EPOCH.text)
         self._evalsha = b"$7\r\nEVALSHA\r\n" + _bulk(scripts.COMMIT.sha.encode())
         self._load = b"*3\r\n$6\r\nSCRIPT\r\n$4\r\nLOAD\r\n" + _bulk(scripts.COMMIT.text.encode())
@@ -488,14 +494,43 @@ class ChangeBucket:
     async def _commit_one(self, packed: PackedChanges, key: str, digest: str) -> Committed:
         """One commit.lua call, as `_commit_calls` runs it but without its stream: a single
         commit waits for its answer anyway, and the async generator and the queue of calls in
-        flight cost a single commit as much as its own packing."""
+        flight cost a single commit as much as its own packing. On the connection single commits
+        keep (`Channel`), or, while another commit is on it, on one from the pool."""
+        command = self._command(packed, key, digest)
+        channel = self._commits
+        if channel is None:
+            pool = self.redis.connection_pool
+            if getattr(pool, "max_connections", 0) < KEEP_FOR_COMMITS:
+                return await self._commit_pooled(command)
+            channel = self._commits = Channel(pool, "commit")
+        if channel.busy:
+            return await self._commit_pooled(command)
+        try:
+            async with translate_redis_errors("commit"):  # failed before anything was sent
+                (reply,) = await channel.exchange(command, 1, retry=False)
+                if isinstance(reply, redis.exceptions.NoScriptError):  # it did not run
+                    _, reply = await channel.exchange(self._load + command, 2, retry=False)
+        except Sent as sent:
+            self._candidate = new_epoch()  # it may have become the epoch, unanswered
+            async with translate_redis_errors("commit", sent=True):
+                assert sent.__cause__ is not None
+                raise sent.__cause__ from None
+        except asyncio.CancelledError:
+            self._candidate = new_epoch()
+            raise
+        if isinstance(reply, Exception):  # commit.lua refused (KEYREUSED...): nothing written
+            async with translate_redis_errors("commit", sent=True):
+                raise reply
+        return self._answered(reply)
+
+    async def _commit_pooled(self, command: bytes) -> Committed:
+        """`_commit_one`'s call on a connection of the pool."""
         pool = self.redis.connection_pool
         async with translate_redis_errors("commit"):
             connection: AbstractConnection = await pool.get_connection()  # type: ignore[no-untyped-call]
         answered = False
         try:
             async with translate_redis_errors("commit", sent=True):
-                command = self._command(packed, key, digest)
                 await connection.send_packed_command(command, check_health=False)
                 try:
                     try:
@@ -899,8 +934,12 @@ class ChangeBucket:
         The XREAD reply only wakes; it is not turned into objects beyond hiredis's parse."""
         channel = self._channel
         if channel is None:
-            channel = self._channel = TailChannel(self.redis.connection_pool)
-        woke, reply = await channel.exchange(command, 2)
+            channel = self._channel = Channel(self.redis.connection_pool, "tail")
+        try:
+            woke, reply = await channel.exchange(command, 2, retry=True)
+        except Sent as sent:
+            assert sent.__cause__ is not None
+            raise sent.__cause__ from None
         if isinstance(woke, Exception):
             raise woke
         if isinstance(reply, redis.exceptions.NoScriptError):
@@ -1129,8 +1168,9 @@ class ChangeBucket:
         return out
 
     async def aclose(self) -> None:
-        if self._channel is not None:
-            await self._channel.drop()
+        for channel in (self._channel, self._commits):
+            if channel is not None:
+                await channel.drop()
         await self.redis.aclose()
 
 

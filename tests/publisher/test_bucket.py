@@ -11,10 +11,10 @@ import aiohttp
 import pytest
 import redis.asyncio as aioredis
 
-from changefeed.cursor import Cursor
-from changefeed.errors import BucketUnavailable, ChangeError
+from changefeed.cursor import ZERO, Cursor
+from changefeed.errors import BucketUnavailable, ChangeError, CommitOutcomeUnknown
 from publisher.bucket import Change, ChangeBucket, connect, resp
-from publisher.bucket.tail_channel import READ_SIZE
+from publisher.bucket.channel import READ_SIZE
 from publisher.config import Config
 from publisher.service import Service
 from tests.servers import RedisServer
@@ -272,5 +272,56 @@ async def test_a_tail_read_that_redis_does_not_answer_times_out_and_the_next_one
         second = Cursor.decode(await bucket.commit("vm", "b", ["nic"], {"n": 2})).position
         read = await bucket.tail(first, 1000, 100)
         assert [e.position for e in read.entries] == [second]
+    finally:
+        await bucket.aclose()
+
+
+async def test_single_commits_keep_a_connection_and_survive_a_flush_a_kill_and_company(
+    bucket: ChangeBucket, plain: aioredis.Redis
+) -> None:
+    """Single commits go on a connection they keep (`Channel`): a flushed script is loaded and
+    the commit runs once; a kept connection Redis closed while idle is replaced before anything
+    is sent (the commit is written, not 'outcome unknown'); commits made at once share it with
+    the pool; every cursor is the one the log holds."""
+    cursors = [await bucket.commit("vm", "a", ["nic"], {"n": 1})]
+    await plain.script_flush()
+    cursors.append(await bucket.commit("vm", "b", ["nic"], {"n": 2}))
+    await plain.client_kill_filter(_type="normal", skipme=True)
+    await asyncio.sleep(0.1)  # the loop sees the kept connection closed
+    cursors.append(await bucket.commit("vm", "c", ["nic"], {"n": 3}))
+    cursors += await asyncio.gather(
+        *(bucket.commit("vm", f"many{n}", ["nic"], {"n": n}) for n in range(20))
+    )
+    assert bucket._commits is not None and bucket._commits._connection is not None
+    log = await plain.xrange("{test}:log")
+    assert [entry_id.decode() for entry_id, _ in log] == [
+        str(Cursor.decode(c).position) for c in sorted(cursors, key=_position_of)
+    ]
+    assert len(log) == 23, "each commit written once"
+
+
+def _position_of(cursor: str) -> tuple[int, int]:
+    position = Cursor.decode(cursor).position
+    return position.ms, position.seq
+
+
+async def test_a_single_commit_redis_does_not_answer_is_outcome_unknown(
+    redis_server: RedisServer, config: Config
+) -> None:
+    """Redis paused under a single commit: the kept connection's watchdog gives up after the
+    reply timeout and the error says the commit may have been written; once Redis answers the
+    next commit goes on a fresh connection."""
+    assert config.bucket.redis_url
+    bucket = ChangeBucket(connect(config.bucket.redis_url, timeout=1), "paused", config.resources)
+    try:
+        await bucket.commit("vm", "a", ["nic"], {"n": 1})
+        redis_server.pause()
+        try:
+            with pytest.raises(CommitOutcomeUnknown, match="may have been written"):
+                await asyncio.wait_for(bucket.commit("vm", "b", ["nic"], {"n": 2}), 5)
+        finally:
+            redis_server.resume()
+        cursor = await bucket.commit("vm", "c", ["nic"], {"n": 3})
+        assert Cursor.decode(cursor).position > ZERO
     finally:
         await bucket.aclose()
