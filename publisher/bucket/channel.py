@@ -17,8 +17,10 @@ sent. One found dead only by the exchange (Redis restarted meanwhile) is replace
 exchange sent again when the caller says it may be (`retry`: reads; never a commit, which is
 not idempotent). An exchange not answered within the connection's `socket_timeout` (Redis
 paused or unreachable) is aborted by a watchdog that looks once a second, rather than by a
-timer per exchange, and fails with redis-py's TimeoutError; it is not sent again. `abandon`
-ends an exchange in progress at once (its caller is stopping).
+timer per exchange, and fails with redis-py's TimeoutError; it is not sent again. A connection
+answered READONLY (its Redis was made a replica: a Sentinel failover) is dropped too, so that
+the next exchange goes to the master the pool finds. `abandon` ends an exchange in progress at
+once (its caller is stopping).
 """
 
 from __future__ import annotations
@@ -68,7 +70,10 @@ class Channel:
             for attempt in (1, 2):
                 connection = await self._live()
                 try:
-                    return await self._exchange(connection, command, replies)
+                    out = await self._exchange(connection, command, replies)
+                    if any(isinstance(reply, redis.exceptions.ReadOnlyError) for reply in out):
+                        await self.drop()  # a demoted master: the pool finds the new one
+                    return out
                 except (redis.exceptions.ConnectionError, OSError) as exc:
                     await self.drop()
                     if self._timed_out:

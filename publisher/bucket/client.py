@@ -518,6 +518,9 @@ class ChangeBucket:
         except asyncio.CancelledError:
             self._candidate = new_epoch()
             raise
+        if isinstance(reply, redis.exceptions.ReadOnlyError):  # not run: a demoted master
+            async with translate_redis_errors("commit"):
+                raise redis.exceptions.ConnectionError(f"Redis is now a replica ({reply})")
         if isinstance(reply, Exception):  # commit.lua refused (KEYREUSED...): nothing written
             async with translate_redis_errors("commit", sent=True):
                 raise reply

@@ -325,3 +325,20 @@ async def test_a_single_commit_redis_does_not_answer_is_outcome_unknown(
         assert Cursor.decode(cursor).position > ZERO
     finally:
         await bucket.aclose()
+
+
+async def test_a_single_commit_to_a_master_made_a_replica_is_not_written_and_the_next_reconnects(
+    bucket: ChangeBucket, plain: aioredis.Redis, tcp_redis_server: RedisServer
+) -> None:
+    """A failover demotes the Redis a kept commit connection is on: the commit is answered
+    READONLY, reported as BucketUnavailable (nothing written, not 'outcome unknown'), and the
+    kept connection is dropped, so the next commit goes where the pool now connects."""
+    await bucket.commit("vm", "a", ["nic"], {"n": 1})
+    await plain.execute_command("REPLICAOF", "127.0.0.1", str(tcp_redis_server.port))
+    try:
+        with pytest.raises(BucketUnavailable, match="replica"):
+            await bucket.commit("vm", "b", ["nic"], {"n": 2})
+    finally:
+        await plain.execute_command("REPLICAOF", "NO", "ONE")
+    cursor = await bucket.commit("vm", "c", ["nic"], {"n": 3})
+    assert await plain.xrange("{test}:log", str(Cursor.decode(cursor).position)) != []
