@@ -140,6 +140,11 @@ class _Collector(Collector):
             value=hub.closed["slowConsumer"],
         )
         yield CounterMetricFamily(
+            "changefeed_no_pong_closes",
+            "Listeners closed with 1001 for not answering a ping (dead peers).",
+            value=hub.closed["noPong"],
+        )
+        yield CounterMetricFamily(
             "changefeed_credentials_revoked_closes",
             "Listeners closed with 1008: their token or identity was revoked or expired.",
             value=hub.closed["credentialsRevoked"],

@@ -47,6 +47,7 @@ from publisher.health import add_health_routes
 from publisher.http import errors_as_json
 from publisher.hub import Hub
 from publisher.metrics import Metrics
+from publisher.pings import ping_forever
 from publisher.poll_routes import add_poll_routes
 from publisher.reload import fixed_changes, keep_fixed
 from publisher.revocation import expire_forever, revoke
@@ -336,6 +337,10 @@ class Service:
             asyncio.create_task(self._trim_forever(), name="trim"),
             asyncio.create_task(self.advertiser.run(), name="advertise"),
             asyncio.create_task(expire_forever(self.hub, self.access), name="expire"),
+            asyncio.create_task(
+                ping_forever(self.hub, lambda: self.live.config.limits.ping_interval),
+                name="ping",
+            ),
         ]
         yield
         self.tail.stop()

@@ -1,7 +1,8 @@
 """The websocket side of /changefeeds: registration, then the hub writes to the socket.
 
 One handler task per connection reads what the listener sends (its registration, then `heartbeat`
-texts, pongs) and unregisters it the moment it goes away (registrations are ephemeral, RFD 5).
+texts, pings and pongs, each one a sign of life for the keepalive sweep of publisher.pings) and
+unregisters it the moment it goes away (registrations are ephemeral, RFD 5).
 The handler finds the config, hub, bucket and tail under the application's keys
 (`publisher.app_keys`).
 """
@@ -12,7 +13,7 @@ import asyncio
 
 import orjson
 import structlog
-from aiohttp import WSMsgType, web
+from aiohttp import WSMessage, WSMsgType, web
 
 from changefeed.cursor import CompositeCursor, Cursor, StreamId
 from changefeed.errors import BucketBusy, BucketUnavailable, CursorError, RegistrationError
@@ -83,8 +84,10 @@ async def handle_websocket(request: web.Request) -> web.WebSocketResponse:
         version = accept_version(request.headers.get("Accept-Version"))
     except RegistrationError as exc:
         raise bad_request("BadAcceptVersion", exc.reason) from None
+    # No heartbeat of aiohttp's (a timer per connection): publisher.pings sweeps every listener
+    # from one task, and the read loop below answers pings and sees pongs (autoping off).
     ws = web.WebSocketResponse(
-        heartbeat=limits.ping_interval,
+        autoping=False,
         max_msg_size=limits.registration_bytes,
         compress=False,
         timeout=5.0,
@@ -149,7 +152,7 @@ async def handle_websocket(request: web.Request) -> web.WebSocketResponse:
     shed_request(request)
     reason = "closed by publisher"
     try:
-        reason = await _read_until_closed(ws)
+        reason = await _read_until_closed(ws, conn)
     except asyncio.CancelledError:
         # aiohttp cancels the handler when the connection is lost (handler_cancellation).
         reason = _why_cancelled(ws, lifecycle, guard)
@@ -195,8 +198,8 @@ def _why_cancelled(
     ws: web.WebSocketResponse, lifecycle: Lifecycle, guard: Guard | None
 ) -> str:
     """Why a registered socket's handler was cancelled: the publisher is stopping, the guard
-    closed it for a bad frame, aiohttp gave up on it (a missing pong), or the peer went away
-    without a close frame."""
+    closed it for a bad frame, aiohttp failed it, or the peer went away without a close frame
+    (a socket the publisher closed itself, such as a missing pong's, is logged as that)."""
     if guard is not None and guard.violation is not None:
         return f"protocol error: {guard.violation}"
     if lifecycle.stopping.is_set():
@@ -223,7 +226,7 @@ async def _register(
     its `since`; None when the socket was refused (and closed)."""
     timeout = app[LIVE].config.limits.registration_timeout
     try:
-        message = await ws.receive(timeout=timeout)
+        message = await _first_frame(ws, timeout)
     except TimeoutError:
         await _refuse(
             ws, CloseCode.POLICY_VIOLATION, f"no registration within {timeout:g} s", remote
@@ -274,9 +277,28 @@ async def _register(
         return None
 
 
-async def _read_until_closed(ws: web.WebSocketResponse) -> str:
-    """Accept heartbeats until the socket closes; returns why it closed."""
+async def _first_frame(ws: web.WebSocketResponse, timeout: float) -> WSMessage:
+    """The first message that is not a ping or a pong (pings answered), within `timeout`
+    seconds (else TimeoutError)."""
+    async with asyncio.timeout(timeout):
+        while True:
+            message = await ws.receive()
+            if message.type is WSMsgType.PING:
+                await ws.pong(message.data)
+            elif message.type is not WSMsgType.PONG:
+                return message
+
+
+async def _read_until_closed(ws: web.WebSocketResponse, conn: Subscriber) -> str:
+    """Accept heartbeats, pings and pongs until the socket closes; returns why it closed.
+    Whatever arrives tells the keepalive sweep (publisher.pings) that the listener is alive."""
     async for message in ws:
+        conn.quiet = 0
+        if message.type is WSMsgType.PONG:
+            continue
+        if message.type is WSMsgType.PING:
+            await ws.pong(message.data)
+            continue
         if message.type is WSMsgType.TEXT and message.data == HEARTBEAT:
             continue
         if message.type is WSMsgType.TEXT:
