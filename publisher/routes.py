@@ -1,7 +1,7 @@
 """The HTTP routes: /changefeeds, /changefeeds/stats and each resource's bootstrap route.
 
 Every error is a JSON body `{"code", "message"}` with a 4xx status (503 when Redis is down,
-through `publisher.http.errors_as_json`); bad input never produces a 500. docs/http.md documents
+through `publisher.http.error_as_json`); bad input never produces a 500. docs/http.md documents
 the formats. Handlers find the config, bucket and hub under the application's keys
 (`publisher.app_keys`).
 """

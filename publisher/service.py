@@ -42,9 +42,9 @@ from publisher.config import Config
 from publisher.dashboard import add_dashboard_route
 from publisher.durable import Durables
 from publisher.durable_routes import DURABLES, add_durable_routes
+from publisher.edge import edge
 from publisher.fleet import Advertiser
 from publisher.health import add_health_routes
-from publisher.http import errors_as_json
 from publisher.hub import Hub
 from publisher.metrics import Metrics
 from publisher.pings import ping_forever
@@ -132,11 +132,9 @@ class Service:
         )
         self.app = web.Application(client_max_size=config.server.max_body_bytes)
         self.metrics = Metrics(self.app, self.admission)
-        # Outermost first: every request counted (refusals too), then who may do what, then
-        # every error as JSON.
-        self.app.middlewares.extend(
-            [self.metrics.count_requests, self.access.middleware, errors_as_json]
-        )
+        # One middleware: who may do what, every error as JSON, every request counted
+        # (refusals too).
+        self.app.middlewares.append(edge(self.metrics, self.access))
         self.access.connections_refused = lambda: sum(self.admission.refusals.values())
         self.access.trusted = config.server.trusted_proxies
         self.hub.observe_latency = self.metrics.latency.observe
