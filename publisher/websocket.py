@@ -1,4 +1,5 @@
-"""The websocket side of /changefeeds: registration, then the hub writes to the socket.
+"""The websocket side of /changefeeds: registration, then the hub writes to the socket (and,
+without an upgrade, the description of the resources, from the same handler).
 
 One handler task per connection reads what the listener sends (its registration, then `heartbeat`
 texts, pings and pongs, each one a sign of life for the keepalive sweep of publisher.pings) and
@@ -34,11 +35,14 @@ from publisher.auth import Identity
 from publisher.bucket import ChangeBucket
 from publisher.clientaddr import client_address
 from publisher.cluster_hub import ClusterHub
-from publisher.http import OVERLOADED, UNAVAILABLE, bad_request
+from publisher.config import Config
+from publisher.http import OVERLOADED, UNAVAILABLE, bad_request, json_response
 from publisher.hub import Hub, Subscriber
 
 log = structlog.get_logger(__name__)
 
+_CLOSED = (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED)
+"""What `receive()` returns once the socket is closing (where `async for` would stop)."""
 NOT_REFUSED = (None, 1000, 1001, 1005, 1006)
 """Close codes of a socket that ended before registering without being refused (the listener
 closed it, or the publisher is stopping)."""
@@ -76,8 +80,23 @@ async def resume_position(hub: Hub, bucket: ChangeBucket, cursor: Cursor) -> Str
     return position if resumed else None
 
 
-async def handle_websocket(request: web.Request) -> web.WebSocketResponse:
+def describe(config: Config) -> web.Response:
+    """GET /changefeeds without an upgrade: the resources served and the bucket's partitions."""
+    return json_response(
+        {
+            "resources": [r.to_wire() for r in config.resources],
+            "partitions": config.bucket.partitions,
+        }
+    )
+
+
+async def handle_changefeeds(request: web.Request) -> web.StreamResponse:
+    """GET /changefeeds: a websocket upgrade registers a listener and serves it until it goes
+    away; without one, `describe`. One handler for both, with no dispatcher's coroutine in
+    front of the listener's for the life of its connection."""
     app = request.app
+    if request.headers.get("Upgrade", "").lower() != "websocket":
+        return describe(app[CONFIG])
     limits = app[LIVE].config.limits
     lifecycle = app[LIFECYCLE]
     try:
@@ -148,7 +167,9 @@ async def handle_websocket(request: web.Request) -> web.WebSocketResponse:
         resumed=resumed,
         listeners=len(hub.connections),
     )
-    del registered
+    # Nothing of the registration's is needed again that the connection does not hold itself,
+    # and this frame lives as long as the connection.
+    del registered, start, cursor
     shed_request(request)
     reason = "closed by publisher"
     try:
@@ -238,7 +259,7 @@ async def _register(
             "registration refused", remote=remote, code=ws.close_code, reason=str(message.data)
         )
         return None
-    if message.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED):
+    if message.type in _CLOSED:
         return None
     if message.type is not WSMsgType.TEXT:
         await _refuse(ws, CloseCode.UNSUPPORTED_DATA, "registration must be a text frame", remote)
@@ -291,8 +312,13 @@ async def _first_frame(ws: web.WebSocketResponse, timeout: float) -> WSMessage:
 
 async def _read_until_closed(ws: web.WebSocketResponse, conn: Subscriber) -> str:
     """Accept heartbeats, pings and pongs until the socket closes; returns why it closed.
-    Whatever arrives tells the keepalive sweep (publisher.pings) that the listener is alive."""
-    async for message in ws:
+    Whatever arrives tells the keepalive sweep (publisher.pings) that the listener is alive.
+    (`receive()` rather than `async for`: the iterator's coroutine would be one more frame held
+    for the life of every connection.)"""
+    while True:
+        message = await ws.receive()
+        if message.type in _CLOSED:
+            break
         conn.quiet = 0
         if message.type is WSMsgType.PONG:
             continue
