@@ -29,8 +29,9 @@ READY = 300.0
 """Seconds the clients may take to open and register every connection."""
 PING_INTERVAL = 120
 """The publisher's `limits.pingInterval` here (20 s by default): a client process answers pings
-only once it has opened all its connections, which takes longer than the default's 30 s (a ping
-and its 10 s for the pong) with 12,000 to open. The idle CPU includes these heartbeats."""
+only once it has opened all its connections, which takes longer than the default's 30 to 40 s
+(a ping after 20 to 30 s of silence, then 10 s for the pong) with 12,000 to open. The idle CPU
+includes these heartbeats."""
 
 
 async def p10(ctx: Context) -> Result:

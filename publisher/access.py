@@ -1,9 +1,9 @@
 """Access control: what the publisher checks before a request reaches a handler, and when a
 listener registers.
 
-`Access.middleware`, the outermost middleware, checks in this order (each refusal is a JSON body
-`{"code", "message"}`, logged once per client address and code per interval, counted in
-`/changefeeds/stats`):
+`Access.check`, called by the publisher's middleware (publisher.edge) before any handler, checks
+in this order (each refusal is a JSON body `{"code", "message"}`, logged once per client address
+and code per interval, counted in `/changefeeds/stats`):
 
 1. the client address's request rate (`clientLimits.requestsPerSecond`): 429 `TooManyRequests`
    with `Retry-After`;
@@ -45,9 +45,9 @@ from publisher.security_config import ClientLimits, Security
 log = structlog.get_logger(__name__)
 
 IDENTITY = web.RequestKey("identity", Identity)
-"""The identity of a request, set by `Access.middleware`."""
+"""The identity of a request, set by `Access.check`."""
 NOBODY = Identity("nobody", frozenset(), "none")
-"""The identity of a request the middleware did not see: nothing is allowed."""
+"""The identity of a request `Access.check` did not see: nothing is allowed."""
 LISTEN = "listen:<resource>"
 """What a websocket upgrade needs: a `listen:` scope for some resource."""
 REALM = 'Bearer realm="changefeed"'
@@ -75,7 +75,7 @@ def requires(scope: str | Callable[[web.Request], str]) -> Callable[[Handler], H
 
 
 def identity_of(request: web.Request) -> Identity:
-    """The identity the middleware found for `request` (NOBODY, allowed nothing, if none)."""
+    """The identity `Access.check` found for `request` (NOBODY, allowed nothing, if none)."""
     found = request.get(IDENTITY)
     return found if isinstance(found, Identity) else NOBODY
 
@@ -142,8 +142,11 @@ class Access:
 
     # --- HTTP ------------------------------------------------------------------------------
 
-    @web.middleware
-    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+    def check(self, request: web.Request) -> tuple[web.Response | None, dict[str, str] | None]:
+        """What to do with `request` before its handler runs: the answer to give instead (a
+        refusal, or the 204 of a CORS preflight), or None to run the handler; and the CORS
+        headers to add to the handler's answer (None: none). Sets the request's identity
+        (`identity_of`). publisher.edge calls it for every request."""
         remote = client_address(request, self.trusted)
         if self._requests is not None:
             wait = self._requests.take(remote)
@@ -154,26 +157,26 @@ class Access:
                     f"too many requests from {remote} (clientLimits.requestsPerSecond "
                     f"{self._requests.rate:g}); retry after {seconds} s",
                     {"Retry-After": str(seconds)},
-                )
+                ), None
         origin = request.headers.get("Origin")
         if origin is not None and origin_refused(origin, self.security.allowed_origins):
             return self._refuse(
                 request, 403, "OriginNotAllowed",
                 f"origin {origin[:200]!r} is not one of this publisher's allowedOrigins",
-            )
+            ), None
         if self.security.auth is None and host_refused(request.headers.get("Host")):
             return self._refuse(
                 request, 403, "HostNotAllowed",
                 "without an auth section the publisher answers only requests to a loopback "
                 "host name or address",
-            )
-        cors = cors_headers(origin) if origin is not None else {}
+            ), None
+        cors = cors_headers(origin) if origin is not None else None
         if (origin is not None and request.method == "OPTIONS"
                 and "Access-Control-Request-Method" in request.headers):
-            return web.Response(status=204, headers=preflight_headers(origin))
+            return web.Response(status=204, headers=preflight_headers(origin)), None
         route_handler = request.match_info.handler
         if getattr(route_handler, _PUBLIC, False):
-            return await handler(request)
+            return None, None
         peercert = None
         if request.transport is not None:
             peercert = request.transport.get_extra_info("peercert")
@@ -188,9 +191,9 @@ class Access:
             )
             return self._refuse(
                 request, 401, "Unauthorized", message,
-                {"WWW-Authenticate": challenge, **cors}, why=found.reason,
+                {"WWW-Authenticate": challenge, **(cors or {})}, why=found.reason,
                 token_hash=found.token_hash,
-            )
+            ), None
         request[IDENTITY] = found
         needed = self.scope_needed(request)
         if needed is not None and not (
@@ -201,11 +204,8 @@ class Access:
                 f"identity {found.name!r} lacks the scope {needed} for {request.method} "
                 f"{request.path}",
                 cors, identity=found.name,
-            )
-        response = await handler(request)
-        if cors and not response.prepared:
-            response.headers.update(cors)
-        return response
+            ), None
+        return None, cors
 
     def scope_needed(self, request: web.Request) -> str | None:
         """The scope `request`'s route needs; None: any identity (or no such route)."""

@@ -1,5 +1,5 @@
-"""JSON over HTTP: the response helpers every route uses, and the middleware that turns every
-error into a JSON body `{"code", "message"}`.
+"""JSON over HTTP: the response helpers every route uses, and `error_as_json`, which turns every
+error of a handler into a JSON body `{"code", "message"}` (for the middleware, publisher.edge).
 
 | error                         | answer                                                   |
 | ----------------------------- | -------------------------------------------------------- |
@@ -65,30 +65,30 @@ def overloaded(path: str, exc: BucketBusy) -> None:
         log.warning("request refused: overloaded", path=path, error=str(exc), suppressed=suppressed)
 
 
-@web.middleware
-async def errors_as_json(request: web.Request, handler: Any) -> web.StreamResponse:
-    """Turn every error into a JSON body: HTTP errors keep their status, Redis trouble is 503."""
-    try:
-        response: web.StreamResponse = await handler(request)
-        return response
-    except web.HTTPException as exc:
+def error_as_json(
+    request: web.Request, exc: web.HTTPException | ChangefeedError
+) -> web.Response | None:
+    """The JSON answer to `request` whose handler raised `exc`: HTTP errors keep their status,
+    Redis trouble is 503. None for an HTTP error to raise as it is (a redirect or the like, or
+    one with a JSON body already). The publisher's middleware (publisher.edge) asks it for
+    every error of a handler."""
+    if isinstance(exc, web.HTTPException):
         if exc.content_type == "application/json" or exc.status < 400:
-            raise
+            return None
         code = exc.reason.replace(" ", "")
         message = {
             404: f"no route {request.method} {request.path}",
             405: f"method {request.method} not allowed on {request.path}",
         }.get(exc.status, exc.text or exc.reason)
         return json_error(exc.status, code, message)
-    except BucketBusy as exc:
+    if isinstance(exc, BucketBusy):
         overloaded(request.path, exc)
         return json_error(503, "Overloaded", OVERLOADED, retry_after(RETRY_OVERLOADED))
-    except BucketUnavailable as exc:
+    if isinstance(exc, BucketUnavailable):
         log.warning("request failed: bucket unavailable", path=request.path, error=str(exc))
         return json_error(503, "BucketUnavailable", UNAVAILABLE, retry_after(RETRY_UNAVAILABLE))
-    except ChangefeedError as exc:
-        log.error("request failed", path=request.path, error=str(exc))
-        return json_error(500, "InternalError", str(exc))
+    log.error("request failed", path=request.path, error=str(exc))
+    return json_error(500, "InternalError", str(exc))
 
 
 async def read_body(request: web.Request, timeout: float) -> bytes | web.Response:
@@ -114,7 +114,7 @@ __all__ = [
     "OVERLOADED",
     "UNAVAILABLE",
     "bad_request",
-    "errors_as_json",
+    "error_as_json",
     "json_error",
     "json_response",
     "overloaded",

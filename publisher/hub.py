@@ -93,6 +93,8 @@ class Subscriber:
     replaying: bool = False
     """Resuming from `since`: may read what it missed from Redis, not only from the window."""
     closing: bool = False
+    quiet: int = 0
+    """Keepalive sweeps (publisher.pings) since the listener last sent anything."""
     task: asyncio.Task[None] | None = None
     kinds: dict[str, ChangeKind] = field(default_factory=dict)
     """The registration's change kinds by resource."""

@@ -4,14 +4,15 @@ Each `Service` has its own `CollectorRegistry`. What the publisher counts alread
 deliveries and closes, the tail's faults and lag, the long polls waiting, the admission's
 refusals) is read when Prometheus scrapes, by `_Collector`, never counted twice; only the
 commit-to-write latency (a histogram, observed once per item written, not per listener) and the
-HTTP requests (a middleware) are recorded as they happen. docs/operations.md#metrics lists them.
+HTTP requests (`Metrics.count`, called by the middleware, publisher.edge) are recorded as they
+happen. docs/operations.md#metrics lists them.
 """
 
 from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 
@@ -140,6 +141,11 @@ class _Collector(Collector):
             value=hub.closed["slowConsumer"],
         )
         yield CounterMetricFamily(
+            "changefeed_no_pong_closes",
+            "Listeners closed with 1001 for not answering a ping (dead peers).",
+            value=hub.closed["noPong"],
+        )
+        yield CounterMetricFamily(
             "changefeed_credentials_revoked_closes",
             "Listeners closed with 1008: their token or identity was revoked or expired.",
             value=hub.closed["credentialsRevoked"],
@@ -210,9 +216,6 @@ class _Collector(Collector):
         )
 
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
 class Metrics:
     """The registry of one publisher, its live instruments and its `/metrics` route."""
 
@@ -236,21 +239,12 @@ class Metrics:
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
 
-    @web.middleware
-    async def count_requests(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        """Count each request by route pattern (so ids do not make new series) and status."""
-        status = 500
-        try:
-            response = await handler(request)
-            status = response.status
-            return response
-        except web.HTTPException as exc:
-            status = exc.status
-            raise
-        finally:
-            info = request.match_info.route.resource
-            route = info.canonical if info is not None else "unmatched"
-            self.requests.labels(route, request.method, str(status)).inc()
+    def count(self, request: web.Request, status: int) -> None:
+        """Count `request`, answered with `status`, by route pattern (so ids do not make new
+        series); publisher.edge calls it for every request."""
+        info = request.match_info.route.resource
+        route = info.canonical if info is not None else "unmatched"
+        self.requests.labels(route, request.method, str(status)).inc()
 
     async def handle(self, request: web.Request) -> web.Response:
         """The text format, or OpenMetrics when the scraper asks for it (`Accept`)."""

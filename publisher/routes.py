@@ -1,7 +1,7 @@
 """The HTTP routes: /changefeeds, /changefeeds/stats and each resource's bootstrap route.
 
 Every error is a JSON body `{"code", "message"}` with a 4xx status (503 when Redis is down,
-through `publisher.http.errors_as_json`); bad input never produces a 500. docs/http.md documents
+through `publisher.http.error_as_json`); bad input never produces a 500. docs/http.md documents
 the formats. Handlers find the config, bucket and hub under the application's keys
 (`publisher.app_keys`).
 """
@@ -23,10 +23,10 @@ from publisher.app_keys import BUCKET, CONFIG, HUB, LIVE
 from publisher.bucket import decode_marker, encode_marker
 from publisher.cluster_hub import ClusterHub
 from publisher.fleet import stats_of_scope
-from publisher.http import bad_request, json_error, json_response
+from publisher.http import bad_request, json_error
 from publisher.sse import add_sse_routes
 from publisher.watch_pages import page_watched
-from publisher.websocket import handle_websocket
+from publisher.websocket import handle_changefeeds
 
 
 def _limit(request: web.Request, default: int, maximum: int) -> int:
@@ -146,16 +146,6 @@ def add_routes(app: web.Application) -> None:
     """Add the routes of `app[CONFIG]` (its resources decide the bootstrap routes)."""
     config = app[CONFIG]
 
-    async def changefeeds(request: web.Request) -> web.StreamResponse:
-        if request.headers.get("Upgrade", "").lower() == "websocket":
-            return await handle_websocket(request)
-        return json_response(
-            {
-                "resources": [r.to_wire() for r in config.resources],
-                "partitions": config.bucket.partitions,
-            }
-        )
-
     async def stats(request: web.Request) -> web.Response:
         return await stats_of_scope(request)  # this process, or ?scope=cluster: publisher.fleet
 
@@ -210,7 +200,9 @@ def add_routes(app: web.Application) -> None:
 
         return page, one
 
-    app.router.add_get(CHANGEFEEDS, changefeeds)
+    # GET /changefeeds, plain (the resources) or an upgrade (a listener): one handler, so that
+    # a listener's connection holds no coroutine frame of a dispatcher in front of it.
+    app.router.add_get(CHANGEFEEDS, handle_changefeeds)
     app.router.add_get("/changefeeds/stats", stats)
     add_sse_routes(app)
     for resource in config.resources:

@@ -42,11 +42,12 @@ from publisher.config import Config
 from publisher.dashboard import add_dashboard_route
 from publisher.durable import Durables
 from publisher.durable_routes import DURABLES, add_durable_routes
+from publisher.edge import edge
 from publisher.fleet import Advertiser
 from publisher.health import add_health_routes
-from publisher.http import errors_as_json
 from publisher.hub import Hub
 from publisher.metrics import Metrics
+from publisher.pings import ping_forever
 from publisher.poll_routes import add_poll_routes
 from publisher.reload import fixed_changes, keep_fixed
 from publisher.revocation import expire_forever, revoke
@@ -131,11 +132,9 @@ class Service:
         )
         self.app = web.Application(client_max_size=config.server.max_body_bytes)
         self.metrics = Metrics(self.app, self.admission)
-        # Outermost first: every request counted (refusals too), then who may do what, then
-        # every error as JSON.
-        self.app.middlewares.extend(
-            [self.metrics.count_requests, self.access.middleware, errors_as_json]
-        )
+        # One middleware: who may do what, every error as JSON, every request counted
+        # (refusals too).
+        self.app.middlewares.append(edge(self.metrics, self.access))
         self.access.connections_refused = lambda: sum(self.admission.refusals.values())
         self.access.trusted = config.server.trusted_proxies
         self.hub.observe_latency = self.metrics.latency.observe
@@ -336,6 +335,10 @@ class Service:
             asyncio.create_task(self._trim_forever(), name="trim"),
             asyncio.create_task(self.advertiser.run(), name="advertise"),
             asyncio.create_task(expire_forever(self.hub, self.access), name="expire"),
+            asyncio.create_task(
+                ping_forever(self.hub, lambda: self.live.config.limits.ping_interval),
+                name="ping",
+            ),
         ]
         yield
         self.tail.stop()

@@ -1,7 +1,9 @@
-"""The websocket side of /changefeeds: registration, then the hub writes to the socket.
+"""The websocket side of /changefeeds: registration, then the hub writes to the socket (and,
+without an upgrade, the description of the resources, from the same handler).
 
 One handler task per connection reads what the listener sends (its registration, then `heartbeat`
-texts, pongs) and unregisters it the moment it goes away (registrations are ephemeral, RFD 5).
+texts, pings and pongs, each one a sign of life for the keepalive sweep of publisher.pings) and
+unregisters it the moment it goes away (registrations are ephemeral, RFD 5).
 The handler finds the config, hub, bucket and tail under the application's keys
 (`publisher.app_keys`).
 """
@@ -12,7 +14,7 @@ import asyncio
 
 import orjson
 import structlog
-from aiohttp import WSMsgType, web
+from aiohttp import WSMessage, WSMsgType, web
 
 from changefeed.cursor import CompositeCursor, Cursor, StreamId
 from changefeed.errors import BucketBusy, BucketUnavailable, CursorError, RegistrationError
@@ -33,11 +35,14 @@ from publisher.auth import Identity
 from publisher.bucket import ChangeBucket
 from publisher.clientaddr import client_address
 from publisher.cluster_hub import ClusterHub
-from publisher.http import OVERLOADED, UNAVAILABLE, bad_request
+from publisher.config import Config
+from publisher.http import OVERLOADED, UNAVAILABLE, bad_request, json_response
 from publisher.hub import Hub, Subscriber
 
 log = structlog.get_logger(__name__)
 
+_CLOSED = (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED)
+"""What `receive()` returns once the socket is closing (where `async for` would stop)."""
 NOT_REFUSED = (None, 1000, 1001, 1005, 1006)
 """Close codes of a socket that ended before registering without being refused (the listener
 closed it, or the publisher is stopping)."""
@@ -75,16 +80,33 @@ async def resume_position(hub: Hub, bucket: ChangeBucket, cursor: Cursor) -> Str
     return position if resumed else None
 
 
-async def handle_websocket(request: web.Request) -> web.WebSocketResponse:
+def describe(config: Config) -> web.Response:
+    """GET /changefeeds without an upgrade: the resources served and the bucket's partitions."""
+    return json_response(
+        {
+            "resources": [r.to_wire() for r in config.resources],
+            "partitions": config.bucket.partitions,
+        }
+    )
+
+
+async def handle_changefeeds(request: web.Request) -> web.StreamResponse:
+    """GET /changefeeds: a websocket upgrade registers a listener and serves it until it goes
+    away; without one, `describe`. One handler for both, with no dispatcher's coroutine in
+    front of the listener's for the life of its connection."""
     app = request.app
+    if request.headers.get("Upgrade", "").lower() != "websocket":
+        return describe(app[CONFIG])
     limits = app[LIVE].config.limits
     lifecycle = app[LIFECYCLE]
     try:
         version = accept_version(request.headers.get("Accept-Version"))
     except RegistrationError as exc:
         raise bad_request("BadAcceptVersion", exc.reason) from None
+    # No heartbeat of aiohttp's (a timer per connection): publisher.pings sweeps every listener
+    # from one task, and the read loop below answers pings and sees pongs (autoping off).
     ws = web.WebSocketResponse(
-        heartbeat=limits.ping_interval,
+        autoping=False,
         max_msg_size=limits.registration_bytes,
         compress=False,
         timeout=5.0,
@@ -145,11 +167,13 @@ async def handle_websocket(request: web.Request) -> web.WebSocketResponse:
         resumed=resumed,
         listeners=len(hub.connections),
     )
-    del registered
+    # Nothing of the registration's is needed again that the connection does not hold itself,
+    # and this frame lives as long as the connection.
+    del registered, start, cursor
     shed_request(request)
     reason = "closed by publisher"
     try:
-        reason = await _read_until_closed(ws)
+        reason = await _read_until_closed(ws, conn)
     except asyncio.CancelledError:
         # aiohttp cancels the handler when the connection is lost (handler_cancellation).
         reason = _why_cancelled(ws, lifecycle, guard)
@@ -195,8 +219,8 @@ def _why_cancelled(
     ws: web.WebSocketResponse, lifecycle: Lifecycle, guard: Guard | None
 ) -> str:
     """Why a registered socket's handler was cancelled: the publisher is stopping, the guard
-    closed it for a bad frame, aiohttp gave up on it (a missing pong), or the peer went away
-    without a close frame."""
+    closed it for a bad frame, aiohttp failed it, or the peer went away without a close frame
+    (a socket the publisher closed itself, such as a missing pong's, is logged as that)."""
     if guard is not None and guard.violation is not None:
         return f"protocol error: {guard.violation}"
     if lifecycle.stopping.is_set():
@@ -223,7 +247,7 @@ async def _register(
     its `since`; None when the socket was refused (and closed)."""
     timeout = app[LIVE].config.limits.registration_timeout
     try:
-        message = await ws.receive(timeout=timeout)
+        message = await _first_frame(ws, timeout)
     except TimeoutError:
         await _refuse(
             ws, CloseCode.POLICY_VIOLATION, f"no registration within {timeout:g} s", remote
@@ -235,7 +259,7 @@ async def _register(
             "registration refused", remote=remote, code=ws.close_code, reason=str(message.data)
         )
         return None
-    if message.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED):
+    if message.type in _CLOSED:
         return None
     if message.type is not WSMsgType.TEXT:
         await _refuse(ws, CloseCode.UNSUPPORTED_DATA, "registration must be a text frame", remote)
@@ -274,9 +298,33 @@ async def _register(
         return None
 
 
-async def _read_until_closed(ws: web.WebSocketResponse) -> str:
-    """Accept heartbeats until the socket closes; returns why it closed."""
-    async for message in ws:
+async def _first_frame(ws: web.WebSocketResponse, timeout: float) -> WSMessage:
+    """The first message that is not a ping or a pong (pings answered), within `timeout`
+    seconds (else TimeoutError)."""
+    async with asyncio.timeout(timeout):
+        while True:
+            message = await ws.receive()
+            if message.type is WSMsgType.PING:
+                await ws.pong(message.data)
+            elif message.type is not WSMsgType.PONG:
+                return message
+
+
+async def _read_until_closed(ws: web.WebSocketResponse, conn: Subscriber) -> str:
+    """Accept heartbeats, pings and pongs until the socket closes; returns why it closed.
+    Whatever arrives tells the keepalive sweep (publisher.pings) that the listener is alive.
+    (`receive()` rather than `async for`: the iterator's coroutine would be one more frame held
+    for the life of every connection.)"""
+    while True:
+        message = await ws.receive()
+        if message.type in _CLOSED:
+            break
+        conn.quiet = 0
+        if message.type is WSMsgType.PONG:
+            continue
+        if message.type is WSMsgType.PING:
+            await ws.pong(message.data)
+            continue
         if message.type is WSMsgType.TEXT and message.data == HEARTBEAT:
             continue
         if message.type is WSMsgType.TEXT:
