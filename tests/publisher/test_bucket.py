@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Callable
-from typing import cast
+from typing import Any, cast
 
 import aiohttp
 import pytest
@@ -293,7 +293,7 @@ async def test_single_commits_keep_a_connection_and_survive_a_flush_a_kill_and_c
         *(bucket.commit("vm", f"many{n}", ["nic"], {"n": n}) for n in range(20))
     )
     assert bucket._commits is not None and bucket._commits._connection is not None
-    log = await plain.xrange("{test}:log")
+    log: list[tuple[bytes, Any]] = await plain.xrange("{test}:log")  # type: ignore[assignment]
     assert [entry_id.decode() for entry_id, _ in log] == [
         str(Cursor.decode(c).position) for c in sorted(cursors, key=_position_of)
     ]
@@ -334,11 +334,13 @@ async def test_a_single_commit_to_a_master_made_a_replica_is_not_written_and_the
     READONLY, reported as BucketUnavailable (nothing written, not 'outcome unknown'), and the
     kept connection is dropped, so the next commit goes where the pool now connects."""
     await bucket.commit("vm", "a", ["nic"], {"n": 1})
-    await plain.execute_command("REPLICAOF", "127.0.0.1", str(tcp_redis_server.port))
+    await plain.execute_command(  # type: ignore[no-untyped-call]
+        "REPLICAOF", "127.0.0.1", str(tcp_redis_server.port)
+    )
     try:
         with pytest.raises(BucketUnavailable, match="replica"):
             await bucket.commit("vm", "b", ["nic"], {"n": 2})
     finally:
-        await plain.execute_command("REPLICAOF", "NO", "ONE")
+        await plain.execute_command("REPLICAOF", "NO", "ONE")  # type: ignore[no-untyped-call]
     cursor = await bucket.commit("vm", "c", ["nic"], {"n": 3})
     assert await plain.xrange("{test}:log", str(Cursor.decode(cursor).position)) != []
