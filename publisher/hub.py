@@ -206,8 +206,6 @@ class _Pending:
     frames: list[bytes] = field(default_factory=list)
 
 
-
-
 class Hub:
     """The connections of this publisher process and the window they share."""
 

@@ -20,7 +20,7 @@ paused or unreachable) is aborted by a watchdog that looks once a second, rather
 timer per exchange, and fails with redis-py's TimeoutError; it is not sent again. A connection
 answered READONLY (its Redis was made a replica: a Sentinel failover) is dropped too, so that
 the next exchange goes to the master the pool finds. `abandon` ends an exchange in progress at
-once (its caller is stopping).
+once, and every later one (its caller is stopping).
 """
 
 from __future__ import annotations
@@ -68,7 +68,12 @@ class Channel:
         self.busy = True
         try:
             for attempt in (1, 2):
-                connection = await self._live()
+                if not self._abandoned:
+                    connection = await self._live()
+                if self._abandoned:  # before or while connecting: send nothing
+                    raise redis.exceptions.ConnectionError(
+                        f"the {self.name}'s exchanges were abandoned"
+                    )
                 try:
                     out = await self._exchange(connection, command, replies)
                     if any(isinstance(reply, redis.exceptions.ReadOnlyError) for reply in out):
@@ -153,7 +158,9 @@ class Channel:
         return out
 
     def abandon(self) -> None:
-        """End an exchange in progress now (it fails with `Sent`): its caller is stopping."""
+        """End the exchange in progress now, and fail every later one at once: the caller is
+        stopping (an exchange whose command was written fails with `Sent`, any other with
+        redis-py's ConnectionError, before anything is sent)."""
         self._abandoned = True
         connection = self._connection
         if connection is not None and connection._writer is not None:

@@ -8,7 +8,9 @@ so every publisher on a bucket may run it. The key layout is in `keys.py`, the s
 Errors of redis-py are translated into ours here (`translate_redis_errors`) and nowhere else. A
 commit tells two failures apart: `BucketUnavailable` when no connection could be had, so nothing
 was sent; `CommitOutcomeUnknown` when the script was sent and no answer came, so it may have run.
-That is why commits take a connection from the pool themselves before sending anything.
+That is why commits take a connection from the pool themselves before sending anything (or use
+the one single commits keep, `publisher.bucket.channel`, replaced before sending when Redis
+closed it).
 """
 
 from __future__ import annotations
@@ -119,10 +121,10 @@ def _key_reused_error(what: str, message: str) -> ChangefeedError:
 POOL_SIZE = 64
 """Connections a client's pool holds at most (config.js `bucket.poolSize`)."""
 POOL_TIMEOUT = 5.0
+"""Seconds a caller waits for a pooled connection before `BucketBusy` (`bucket.poolTimeout`)."""
 KEEP_FOR_COMMITS = 4
 """Pools of at least this many connections keep one for single commits (`Channel`); a smaller
 pool lends its connections one call at a time to everything, single commits included."""
-"""Seconds a caller waits for a pooled connection before `BucketBusy` (`bucket.poolTimeout`)."""
 _POOL_EXHAUSTED = "No connection available."
 """redis-py's message when no connection of a BlockingConnectionPool came free in time."""
 
@@ -327,6 +329,7 @@ class ChangeBucket:
         self._tail_packed: dict[tuple[int, int, int], tuple[bytes, bytes, bytes]] = {}
         self._channel: Channel | None = None
         """The connection the blocking tail reads keep (made at the first)."""
+        self._reads_abandoned = False
         self._commits: Channel | None = None
         """The connection single commits keep (made at the first)."""
         self._renew_epoch = client.register_script(scripts.RENEW_EPOCH.text)
@@ -932,12 +935,14 @@ class ChangeBucket:
         return b"".join((xread, position * n, evalsha, position, rest))
 
     async def _wait_and_tail(self, command: bytes) -> Any:
-        """Send `_tail_command`'s pipeline on the connection the tail keeps (`TailChannel`) and
+        """Send `_tail_command`'s pipeline on the connection the tail keeps (`Channel`) and
         read both replies off it: tail.lua's reply, or None when Redis does not have the script.
         The XREAD reply only wakes; it is not turned into objects beyond hiredis's parse."""
         channel = self._channel
         if channel is None:
             channel = self._channel = Channel(self.redis.connection_pool, "tail")
+            if self._reads_abandoned:
+                channel.abandon()
         try:
             woke, reply = await channel.exchange(command, 2, retry=True)
         except Sent as sent:
@@ -952,8 +957,9 @@ class ChangeBucket:
         return reply
 
     def abandon_reads(self) -> None:
-        """End a blocking tail read in progress now (it fails as `BucketUnavailable`): its
-        reader is stopping."""
+        """End a blocking tail read in progress now, and any later one, as `BucketUnavailable`
+        before anything is sent: their reader is stopping (`Tail.stop`)."""
+        self._reads_abandoned = True
         if self._channel is not None:
             self._channel.abandon()
 

@@ -204,11 +204,12 @@ async def test_a_blocking_tail_read_survives_a_flushed_script_and_a_killed_conne
     assert [e.position for e in read.entries] == [third] and read.witnessed
 
 
-async def test_a_blocked_tail_read_is_abandoned_at_once_and_the_next_read_gets_a_fresh_connection(
+async def test_a_blocked_tail_read_is_abandoned_at_once_and_later_ones_send_nothing(
     bucket: ChangeBucket,
 ) -> None:
     """The tail's stop() ends its blocked read by aborting the connection the read keeps: the
-    read fails as BucketUnavailable now, not when its 5 s wait ends; a later read works."""
+    read fails as BucketUnavailable now, not when its 5 s wait ends; a later blocking read fails
+    at once too, and the bucket's other calls are not affected."""
     first = Cursor.decode(await bucket.commit("vm", "a", ["nic"], {"n": 1})).position
     blocked = asyncio.create_task(bucket.tail(first, 5000, 100))
     await asyncio.sleep(0.2)
@@ -219,7 +220,9 @@ async def test_a_blocked_tail_read_is_abandoned_at_once_and_the_next_read_gets_a
         await asyncio.wait_for(blocked, 2)
     assert asyncio.get_running_loop().time() - started < 1
     second = Cursor.decode(await bucket.commit("vm", "b", ["nic"], {"n": 2})).position
-    read = await bucket.tail(first, 1000, 100)
+    with pytest.raises(BucketUnavailable, match="abandoned"):
+        await asyncio.wait_for(bucket.tail(first, 5000, 100), 1)
+    read = await bucket.tail(first, None, 100)
     assert [e.position for e in read.entries] == [second]
 
 
@@ -344,3 +347,27 @@ async def test_a_single_commit_to_a_master_made_a_replica_is_not_written_and_the
         await plain.execute_command("REPLICAOF", "NO", "ONE")  # type: ignore[no-untyped-call]
     cursor = await bucket.commit("vm", "c", ["nic"], {"n": 3})
     assert await plain.xrange("{test}:log", str(Cursor.decode(cursor).position)) != []
+
+
+async def test_a_tail_read_abandoned_while_its_connection_opens_sends_nothing(
+    redis_server: RedisServer, config: Config
+) -> None:
+    """stop() during the connection's set-up (Redis slow to answer it): once the connection is
+    up the read fails at once instead of starting a 5 s blocking wait."""
+    assert config.bucket.redis_url
+    bucket = ChangeBucket(connect(config.bucket.redis_url, blocking=True), "opening",
+                          config.resources)
+    try:
+        first = Cursor.decode(await bucket.commit("vm", "a", ["nic"], {"n": 1})).position
+        redis_server.pause()
+        try:
+            reading = asyncio.create_task(bucket.tail(first, 5000, 100))
+            await asyncio.sleep(0.3)
+            assert not reading.done()
+            bucket.abandon_reads()
+        finally:
+            redis_server.resume()
+        with pytest.raises(BucketUnavailable, match="abandoned"):
+            await asyncio.wait_for(reading, 2)
+    finally:
+        await bucket.aclose()
