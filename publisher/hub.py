@@ -371,13 +371,7 @@ class Hub:
             now_ms = time.time() * 1000
             for entry in written:
                 self.observe_latency(max(now_ms - entry.position.ms, 0.0) / 1000)
-        for conn in overflowed:
-            self.close_slow(conn)
-        if self._lagging:
-            fallen = [c for c in self._lagging if not c.replaying and not window.covers(c.position)]
-            for conn in fallen:
-                self.close_slow(conn)
-        self._wake()
+        self._published(overflowed)
 
     def _publish_one(self, raw: LogEntry) -> None:
         """`publish` of one entry (a tail read of one commit, the common case): each matching
@@ -430,9 +424,15 @@ class Hub:
                 self.sse_delivered += sse_sent
                 if self.observe_latency is not None:
                     self.observe_latency(max(time.time() * 1000 - entry.position.ms, 0.0) / 1000)
+        self._published(overflowed)
+
+    def _published(self, overflowed: Iterable[Subscriber]) -> None:
+        """After a publish: close the coalescing connections whose catch-up overflowed and the
+        lagging ones the window has moved past, then wake whoever waits for the window."""
         for conn in overflowed:
             self.close_slow(conn)
         if self._lagging:
+            window = self.window
             fallen = [c for c in self._lagging if not c.replaying and not window.covers(c.position)]
             for conn in fallen:
                 self.close_slow(conn)
