@@ -15,10 +15,10 @@ import click
 
 from changefeed_testing.conformance.cli import conformance
 from listener.snoop import snoop
-from publisher.cli import publish, serve, stats
-from publisher.config import LOG_LEVELS
-from publisher.logs import configure
-from publisher.trace_cli import trace
+from publisher.cli.commands import publish, serve, stats
+from publisher.cli.trace import trace
+from publisher.config.logs import configure
+from publisher.config.settings import LOG_LEVELS
 
 
 @click.group(

@@ -27,7 +27,7 @@ from bench.scenario import Context, ScenarioError
 from bench.stack import ours
 from changefeed.cursor import Cursor, StreamId
 from publisher.bucket import Change
-from publisher.coalesce import Coalesced
+from publisher.delivery.coalesce import Coalesced
 
 RCVBUF = 4096
 """The probes' receive buffers, as P7's paused listeners'."""

@@ -37,7 +37,7 @@ from bench.objects import object_id, state
 from bench.scenario import Check, Context, Figure, Result
 from bench.servers import pinned, redis_server, redis_url, write_config
 from publisher.bucket import BATCH, COMMIT_LUA, Change, ChangeBucket, connect
-from publisher.config import load_config
+from publisher.config.settings import load_config
 
 BATCH_CALLS = 10
 """Batches per `commit_many` call: the call keeps several of them in flight, as a bulk writer

@@ -30,7 +30,7 @@ import structlog
 
 from listener import DurableConsumer, PullConsumer
 from publisher.bucket import Change, ChangeBucket, connect
-from publisher.config import load_config
+from publisher.config.settings import load_config
 from tests.servers import PublisherProcess, RedisServer, write_config
 
 

@@ -29,10 +29,10 @@ import orjson
 from changefeed.cursor import ZERO, StreamId
 from changefeed.protocol import ChangeKind, Registration
 from publisher.bucket import Change, LogEntry
-from publisher.config import load_config
-from publisher.hub import Hub, Subscriber
-from publisher.service import Service
-from publisher.window import Window
+from publisher.config.settings import load_config
+from publisher.delivery.hub import Hub, Subscriber
+from publisher.delivery.window import Window
+from publisher.server.service import Service
 from tests.servers import RedisServer, eventually, write_config
 
 

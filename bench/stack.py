@@ -25,7 +25,7 @@ from bench.servers import (
 )
 from changefeed.protocol import Resource
 from publisher.bucket import ChangeBucket, connect
-from publisher.config import load_config
+from publisher.config.settings import load_config
 
 Seed = Callable[[ChangeBucket], Awaitable[None]]
 

@@ -1,4 +1,4 @@
-"""P1T: what the delivery trace (publisher.trace) costs.
+"""P1T: what the delivery trace (publisher.delivery.trace) costs.
 
 First `Hub.publish` alone, in this process, to 1,000 connections of two services (transports that
 take every write): CPU per delivery with a trace against without, interleaved, best of 5, at 10
@@ -26,10 +26,10 @@ from bench.stack import ours
 from changefeed.cursor import StreamId
 from changefeed.protocol import ChangeKind, Registration
 from publisher.bucket import LogEntry
-from publisher.config import Trace
-from publisher.hub import Hub, Subscriber
-from publisher.trace import TraceLog
-from publisher.window import Window
+from publisher.config.settings import Trace
+from publisher.delivery.hub import Hub, Subscriber
+from publisher.delivery.trace import TraceLog
+from publisher.delivery.window import Window
 
 ORDER = ("off", "on", "on", "off", "off", "on")
 """The real publisher's runs: each side as often early and late in the run."""

@@ -12,7 +12,7 @@ Because every partition's ids come from one sequence, a checkpoint of a partitio
 to its end is the bucket's head at the moment of the read: it moves on even when the partition had
 nothing new, and it stays valid for whatever that partition receives later.
 
-Pure code: the publisher answers requests in `publisher.polls`.
+Pure code: the publisher answers requests in `publisher.pull.polls`.
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ _INTEGER = re.compile(r"^\s*-?[0-9]+\s*$")
 
 
 class PollLimits(Protocol):
-    """What a publisher allows (`publisher.config.Limits` is one)."""
+    """What a publisher allows (`publisher.config.settings.Limits` is one)."""
 
     @property
     def results(self) -> int: ...

@@ -22,17 +22,14 @@ from types import TracebackType
 from typing import Any
 
 import aiohttp
-import orjson
 import structlog
 
 from changefeed.backoff import Backoff
 from changefeed.errors import (
-    AccessDenied,
     ChangefeedError,
     HeartbeatMissed,
     InvalidOption,
     PullFailed,
-    PullRejected,
 )
 from changefeed.longpoll import EventsQuery, EventsReply
 from changefeed.protocol import CHANGEFEEDS, ChangeItem
@@ -45,14 +42,12 @@ from listener.consumer_options import (
 )
 from listener.consumer_state import ConsumeCore, ConsumeState, FetchCore
 from listener.credentials import load_credentials
+from listener.refusal import refusal
 from listener.state import publisher_urls
 
 log = structlog.get_logger(__name__)
 
 EVENTS = CHANGEFEEDS + "/events"
-
-RETRIED_4XX = frozenset({408, 429})
-"""Client errors that say "not now" rather than "never": retried like a 5xx."""
 
 ErrorHandler = Callable[[ChangefeedError], None]
 
@@ -86,22 +81,6 @@ async def request_events(
     if response.status == 200:
         return EventsReply.parse(body)
     raise refusal(url, response.status, body)
-
-
-def refusal(url: str, status: int, body: bytes) -> ChangefeedError:
-    """What an answer of a pull route other than success means: 401 and 403 AccessDenied, another
-    4xx PullRejected (not retried; its JSON error's code and message), anything else (a 5xx, 408,
-    429) PullFailed (retried)."""
-    if 400 <= status < 500 and status not in RETRIED_4XX:
-        try:
-            error = orjson.loads(body)
-            code, message = str(error["code"]), str(error["message"])
-        except (orjson.JSONDecodeError, KeyError, TypeError):
-            code, message = "", body[:200].decode(errors="replace")
-        if status in (401, 403):
-            return AccessDenied(url, status, code, message)
-        return PullRejected(url, status, code, message)
-    return PullFailed(url, f"HTTP {status}: {body[:200]!r}", status)
 
 
 class PullConsumer:

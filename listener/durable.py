@@ -51,9 +51,9 @@ from changefeed.errors import (
 )
 from changefeed.protocol import ChangeItem
 from changefeed.retry import Retrier
-from listener.consumer import refusal
 from listener.consumer_options import DEFAULT_EXPIRES, MIN_EXPIRES, event_filter
 from listener.credentials import load_credentials
+from listener.refusal import refusal
 from listener.state import publisher_urls
 
 log = structlog.get_logger(__name__)

@@ -23,10 +23,10 @@ from changefeed.errors import (
 from changefeed.protocol import ChangeItem, ChangeKind, CloseCode, Registration, Resource
 from changefeed.watch import Watch
 from publisher.bucket import Change, ChangeBucket, connect
-from publisher.config import Config, load_config, parse_config
+from publisher.config.settings import Config, load_config, parse_config
 
 if TYPE_CHECKING:
-    from publisher.service import Service
+    from publisher.server.service import Service
 
 __version__ = _distribution_version("changefeed")
 
@@ -63,7 +63,7 @@ def __getattr__(name: str) -> object:
     """`Service` (the HTTP server and all it needs) is imported when first asked for: the Python
     workers of a Spark job import `publisher.spark` and the bucket, and never serve."""
     if name == "Service":
-        from publisher.service import Service
+        from publisher.server.service import Service
 
         return Service
     raise AttributeError(f"module 'publisher' has no attribute {name!r}")

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from publisher.config import Config, load_config
-from publisher.service import Service
+from publisher.config.settings import Config, load_config
+from publisher.server.service import Service
 from tests.servers import RedisCluster, RedisServer, write_config
 
 

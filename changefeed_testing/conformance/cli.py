@@ -32,8 +32,8 @@ def bucket_url(config: Path, redis_url: str | None) -> Iterator[str]:
     """The Redis URL of the config's bucket: --redis-url, the config's, or its embedded Redis
     (found running, or started for the run, as `changefeed publish` does)."""
     from changefeed.errors import ChangefeedError
-    from publisher.cli import bucket_redis
-    from publisher.config import load_config
+    from publisher.cli.commands import bucket_redis
+    from publisher.config.settings import load_config
 
     try:
         loaded = load_config(config).with_overrides(redis_url=redis_url)

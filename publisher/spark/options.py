@@ -32,10 +32,10 @@ from changefeed.cursor import Cursor
 from changefeed.errors import ConfigError, CursorError, OptionError
 from changefeed.protocol import Resource
 from publisher.bucket import BATCH, Op
+from publisher.bucket.embedded import EmbeddedRedis
 from publisher.bucket.sentinel import SCHEME
 from publisher.bucket.sentinel import redis_url as any_redis_url
-from publisher.config import load_config
-from publisher.embedded import EmbeddedRedis
+from publisher.config.settings import load_config
 
 PIPELINE = 4
 """Lua calls (of `batchSize` changes each) sent per round trip by an executor."""

@@ -24,7 +24,7 @@ from changefeed.protocol import (
     text_frame,
 )
 from changefeed.watch import EVERYTHING, Watch
-from publisher.window import Window, WindowEntry
+from publisher.delivery.window import Window, WindowEntry
 
 RESOURCES = {
     "vm": Resource("vm", ("nic", "alias"), "/vms"),

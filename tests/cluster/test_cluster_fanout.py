@@ -16,8 +16,8 @@ from changefeed.cursor import ZERO, CompositeCursor
 from changefeed.errors import ConfigError
 from publisher.bucket import Change, partition_of
 from publisher.bucket.cluster import ClusterBucket
-from publisher.config import Config
-from publisher.service import Service
+from publisher.config.settings import Config
+from publisher.server.service import Service
 from tests.conftest import PublisherFactory
 from tests.publisher.test_sse import stream
 from tests.servers import RedisCluster

@@ -9,7 +9,7 @@ import aiohttp
 
 from changefeed.cursor import CompositeCursor, StreamId
 from listener import BootstrapRecords, Change, Listener
-from publisher.config import Config
+from publisher.config.settings import Config
 from tests.cluster.test_cluster_fanout import cluster_config, commit
 from tests.conftest import PublisherFactory
 from tests.listener.test_client import FAST

@@ -11,7 +11,7 @@ import orjson
 from changefeed.cursor import CompositeCursor, Cursor
 from listener import ChangeItem, PullConsumer
 from publisher.bucket import partition_of
-from publisher.config import Config
+from publisher.config.settings import Config
 from tests.cluster.test_cluster_fanout import PARTITIONS, cluster_config, commit
 from tests.conftest import PublisherFactory
 from tests.servers import RedisCluster

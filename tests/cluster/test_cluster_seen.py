@@ -4,7 +4,7 @@ sent a commit when its lastCursorSent is at or past the commit's position in its
 from __future__ import annotations
 
 from changefeed.cursor import ZERO, CompositeCursor, StreamId
-from publisher.seen import seen_by
+from publisher.cli.seen import seen_by
 
 
 def test_composite_last_cursors_count_per_partition() -> None:

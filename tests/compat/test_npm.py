@@ -28,8 +28,8 @@ import orjson
 import pytest
 import structlog
 
-from publisher.config import Config
-from publisher.service import Service
+from publisher.config.settings import Config
+from publisher.server.service import Service
 from tests.conftest import PublisherFactory
 from tests.servers import RedisServer, free_port, scaled
 

@@ -20,7 +20,7 @@ import pytest
 from aiohttp import web
 
 from listener import Backoff, ConnectionLost, Listener, ListenerConfig
-from publisher.config import Limits, load_config
+from publisher.config.settings import Limits, load_config
 from tests.deploy.balancers import DEPLOY, Balancer
 from tests.listener.app import View, bucket_of, store_objects, vm
 from tests.servers import PublisherProcess, RedisServer, scaled, write_config

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from publisher.cli import publish, serve
+from publisher.cli.commands import publish, serve
 from tests.servers import scaled
 
 ROOT = Path(__file__).parents[2]

@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from publisher.config import load_config, parse_config
+from publisher.config.settings import load_config, parse_config
 from tests.deploy.balancers import DEPLOY
 from tests.servers import PublisherProcess, RedisServer, scaled
 

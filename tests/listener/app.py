@@ -26,7 +26,7 @@ from listener import (
     Resync,
 )
 from publisher.bucket import ChangeBucket, connect
-from publisher.config import Config
+from publisher.config.settings import Config
 from tests.servers import PublisherProcess, scaled
 
 DOCS = Path(__file__).parents[2] / "docs"

@@ -23,7 +23,7 @@ from listener import (
     Watch,
 )
 from publisher.bucket import Change
-from publisher.service import Service
+from publisher.server.service import Service
 from tests.listener.app import View, WatchedBuffer, consuming, store_objects, vm
 from tests.servers import RedisServer, eventually, scaled
 

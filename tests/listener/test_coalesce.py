@@ -13,7 +13,7 @@ from changefeed_testing.proxy import Proxy
 from listener import BootstrapDone, Change, Listener, ListenerConfig
 from listener.events import Event
 from publisher.bucket import Change as Put
-from publisher.config import Config
+from publisher.config.settings import Config
 from tests.conftest import PublisherFactory
 from tests.servers import RedisServer, scaled
 

@@ -27,8 +27,8 @@ from listener import (
 )
 from listener.consumer_state import item_size
 from publisher.bucket import ChangeBucket
-from publisher.config import Config, load_config
-from publisher.service import Service
+from publisher.config.settings import Config, load_config
+from publisher.server.service import Service
 from tests.listener.app import bucket_of, publisher_process, vm
 from tests.servers import RedisServer, eventually, free_port, scaled, write_config
 

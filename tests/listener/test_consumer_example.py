@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-from publisher.service import Service
+from publisher.server.service import Service
 from tests.listener.app import doc_example, vm
 from tests.servers import eventually, scaled
 

@@ -20,8 +20,8 @@ from changefeed.errors import AccessDenied, InvalidOption, RegistrationRejected
 from listener import Listener, ListenerConfig, PullConsumer
 from listener.credentials import load_credentials
 from listener.events import BootstrapDone, Change
-from publisher.config import Config
-from publisher.service import Service
+from publisher.config.settings import Config
+from publisher.server.service import Service
 from tests.conftest import PublisherFactory
 from tests.pki import Pki, new_token, sha256_hex
 from tests.servers import RedisServer, eventually, scaled

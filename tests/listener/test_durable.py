@@ -17,8 +17,8 @@ from changefeed.durable import Outcome
 from changefeed.errors import ChangefeedError
 from listener import Backoff, DurableConsumer, Msg, PullConsumer, PullFailed, PullRejected
 from publisher.bucket import ChangeBucket
-from publisher.config import Config
-from publisher.service import Service
+from publisher.config.settings import Config
+from publisher.server.service import Service
 from tests.conftest import PublisherFactory
 from tests.servers import RedisServer, eventually, scaled
 

@@ -12,7 +12,7 @@ from typing import Any
 import structlog
 
 from publisher.bucket import Change
-from publisher.config import Config
+from publisher.config.settings import Config
 from tests.conftest import PublisherFactory
 from tests.listener.app import doc_example, store_objects
 from tests.servers import RedisServer, free_port, scaled

@@ -13,7 +13,7 @@ import pytest
 from changefeed.cursor import Cursor
 from changefeed.errors import CursorGone
 from listener import BootstrapDone, Change, Event, Listener
-from publisher.service import Service
+from publisher.server.service import Service
 from tests.listener.test_client import FAST
 from tests.servers import scaled
 

@@ -23,7 +23,7 @@ from listener import (
     ListenerConfig,
     RetriesExhausted,
 )
-from publisher.config import Config, load_config
+from publisher.config.settings import Config, load_config
 from tests.conftest import PublisherFactory
 from tests.listener.app import View, bucket_of, publisher_process, store_objects, vm
 from tests.servers import RedisServer, free_port, scaled, write_config

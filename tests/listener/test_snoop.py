@@ -11,7 +11,7 @@ import orjson
 from changefeed.protocol import ChangeItem
 from listener.events import Change
 from listener.snoop import format_change
-from publisher.service import Service
+from publisher.server.service import Service
 from tests.servers import scaled
 
 

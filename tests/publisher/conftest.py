@@ -8,7 +8,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from publisher.bucket import ChangeBucket, connect
-from publisher.config import Config
+from publisher.config.settings import Config
 from tests.servers import RedisServer
 
 

@@ -18,8 +18,8 @@ import aiohttp
 import orjson
 from structlog.testing import capture_logs
 
-from publisher.config import Config
-from publisher.service import Service
+from publisher.config.settings import Config
+from publisher.server.service import Service
 from tests.conftest import PublisherFactory
 from tests.servers import PublisherProcess, RedisServer, eventually, scaled, write_config
 from tests.wsclient import register, v1

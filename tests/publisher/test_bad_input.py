@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from changefeed import feed, longpoll
 from publisher.bucket import ChangeBucket, connect
-from publisher.config import load_config
+from publisher.config.settings import load_config
 from tests.servers import PublisherProcess, RedisServer, scaled, write_config
 
 PARTITIONS = 2

@@ -15,8 +15,8 @@ from changefeed.cursor import Cursor
 from changefeed.errors import BucketUnavailable, ChangeError
 from publisher.bucket import Change, ChangeBucket, connect, resp
 from publisher.bucket.channel import READ_SIZE
-from publisher.config import Config
-from publisher.service import Service
+from publisher.config.settings import Config
+from publisher.server.service import Service
 from tests.servers import RedisServer
 
 

@@ -12,7 +12,7 @@ import redis.asyncio as aioredis
 from changefeed.cursor import ZERO
 from changefeed.errors import ChangeError
 from publisher.bucket import BATCH, Change, ChangeBucket, connect
-from publisher.config import Config
+from publisher.config.settings import Config
 
 
 async def ids_in_log(bucket: ChangeBucket) -> list[str]:

@@ -11,7 +11,7 @@ import pytest
 from changefeed.cursor import ZERO
 from changefeed.errors import BucketUnavailable, CommitOutcomeUnknown
 from publisher.bucket import Change, ChangeBucket, connect
-from publisher.config import Config
+from publisher.config.settings import Config
 from tests.servers import RedisServer, scaled
 
 

@@ -15,8 +15,8 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 from websockets.typing import Origin
 
-from publisher.config import Config
-from publisher.ratelimit import TokenBuckets, retry_after
+from publisher.config.settings import Config
+from publisher.security.ratelimit import TokenBuckets, retry_after
 from tests.conftest import PublisherFactory
 from tests.servers import RedisServer, eventually, scaled
 from tests.wsclient import refused, register, v1

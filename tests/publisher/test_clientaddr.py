@@ -11,8 +11,8 @@ import aiohttp
 import orjson
 from websockets.asyncio.client import connect
 
-from publisher.clientaddr import Trusted, client_of
-from publisher.config import Config
+from publisher.config.settings import Config
+from publisher.security.clientaddr import Trusted, client_of
 from tests.conftest import PublisherFactory
 from tests.servers import RedisServer
 from tests.wsclient import v1

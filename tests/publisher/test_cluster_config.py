@@ -8,7 +8,7 @@ import pytest
 from changefeed.errors import ConfigError
 from publisher.bucket.cluster_url import parse_cluster_url
 from publisher.bucket.sentinel import redis_url
-from publisher.config import parse_config
+from publisher.config.settings import parse_config
 
 RESOURCES = '[{resource: "vm", subResources: ["nic"], bootstrapRoute: "/vms"}]'
 

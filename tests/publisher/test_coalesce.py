@@ -1,13 +1,13 @@
-"""The coalesced set of a slow listener (publisher.coalesce): one item per id, the newest cursor,
-merged sub-resources, in the order of each id's newest change; bounded by ids. Pure: no Redis,
-no event loop."""
+"""The coalesced set of a slow listener (publisher.delivery.coalesce): one item per id, the newest
+cursor, merged sub-resources, in the order of each id's newest change; bounded by ids. Pure: no
+Redis, no event loop."""
 
 from __future__ import annotations
 
 import pytest
 
 from changefeed.cursor import Cursor, StreamId
-from publisher.coalesce import Coalesced, CoalesceOverflow
+from publisher.delivery.coalesce import Coalesced, CoalesceOverflow
 
 
 def at(ms: int) -> StreamId:

@@ -21,9 +21,9 @@ import orjson
 import pytest
 
 from publisher.bucket import Change
-from publisher.config import Config
-from publisher.hub import Subscriber
-from publisher.service import Service
+from publisher.config.settings import Config
+from publisher.delivery.hub import Subscriber
+from publisher.server.service import Service
 from tests.conftest import PublisherFactory
 from tests.publisher.test_hub import LONG, RawListener
 from tests.servers import RedisServer, scaled

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from changefeed.errors import ConfigError
-from publisher.config import Trace, load_config, parse_config
+from publisher.config.settings import Trace, load_config, parse_config
 
 VM = '{resource: "vm", subResources: ["nic", "alias"], bootstrapRoute: "/vms"}'
 
@@ -174,7 +174,7 @@ def test_missing_file(tmp_path: Path) -> None:
 
 
 def test_bucket_sentinel_becomes_a_sentinel_url_and_excludes_redis_url() -> None:
-    from publisher.config import parse_config
+    from publisher.config.settings import parse_config
 
     resources = '[{resource: "vm", subResources: ["nic"], bootstrapRoute: "/vms"}]'
     text = (

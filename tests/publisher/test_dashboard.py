@@ -18,7 +18,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from publisher.config import Config
+from publisher.config.settings import Config
 from tests.conftest import PublisherFactory
 from tests.servers import RedisServer, scaled
 from tests.wsclient import register, v1, v2

@@ -11,8 +11,8 @@ import aiohttp
 import pytest
 
 from changefeed.cursor import Cursor
-from publisher.config import Config
-from publisher.service import Service
+from publisher.config.settings import Config
+from publisher.server.service import Service
 from tests.conftest import PublisherFactory
 from tests.servers import RedisServer, scaled
 
@@ -510,7 +510,7 @@ def _config_text(durable: str, scopes: str = '["events"]') -> str:
 
 def test_the_durable_section_of_config_js_and_its_scopes() -> None:
     from changefeed.errors import ConfigError
-    from publisher.config import parse_config
+    from publisher.config.settings import parse_config
 
     parsed = parse_config(_config_text(
         "durable: {consumers: ['billing'], maxAckPending: 10, maxAckWait: 60, maxDeadLetters: 5}",

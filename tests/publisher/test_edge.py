@@ -1,4 +1,4 @@
-"""The publisher's one middleware (publisher.edge): checks, JSON errors and counting, together,
+"""The publisher's one middleware (publisher.web.edge): checks, JSON errors and counting, together,
 against a real publisher and Redis."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator, Callable
 import aiohttp
 import pytest
 
-from publisher.config import Config
-from publisher.service import Service
+from publisher.config.settings import Config
+from publisher.server.service import Service
 from tests.conftest import PublisherFactory
 from tests.publisher.test_metrics import scrape
 from tests.servers import RedisServer, eventually

@@ -11,8 +11,8 @@ import aiohttp
 import pytest
 
 from changefeed.cursor import Cursor, new_epoch
-from publisher.config import Config
-from publisher.service import Service
+from publisher.config.settings import Config
+from publisher.server.service import Service
 from tests.conftest import PublisherFactory
 from tests.servers import RedisServer, eventually, scaled
 

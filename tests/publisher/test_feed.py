@@ -11,8 +11,8 @@ import orjson
 import pytest
 
 from publisher.bucket import partition_of
-from publisher.config import Config
-from publisher.service import Service
+from publisher.config.settings import Config
+from publisher.server.service import Service
 from tests.conftest import PublisherFactory
 from tests.servers import RedisServer, eventually, scaled
 

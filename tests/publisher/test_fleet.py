@@ -11,7 +11,7 @@ from typing import Any
 
 import aiohttp
 
-from publisher.config import Config
+from publisher.config.settings import Config
 from tests.conftest import PublisherFactory
 from tests.servers import PublisherProcess, RedisServer, scaled, write_config
 from tests.wsclient import register, v1, v2

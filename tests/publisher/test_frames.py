@@ -8,7 +8,7 @@ from itertools import pairwise
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from publisher.frames import ClientFrames
+from publisher.web.frames import ClientFrames
 
 
 def frame(payload: bytes, masked: bool = True, opcode: int = 0x81) -> bytes:

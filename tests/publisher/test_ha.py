@@ -15,8 +15,8 @@ from websockets.exceptions import ConnectionClosed
 
 from changefeed.cursor import Cursor
 from publisher.bucket import Change
-from publisher.config import Config
-from publisher.service import Service
+from publisher.config.settings import Config
+from publisher.server.service import Service
 from tests.conftest import PublisherFactory
 from tests.servers import RedisServer
 from tests.wsclient import Feed, register, v1, v2

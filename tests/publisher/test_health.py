@@ -8,7 +8,7 @@ from typing import Any
 import aiohttp
 
 from changefeed.cursor import StreamId
-from publisher.config import Config
+from publisher.config.settings import Config
 from tests.conftest import PublisherFactory
 from tests.servers import RedisServer, eventually, scaled
 

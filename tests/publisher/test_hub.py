@@ -24,9 +24,9 @@ import aiohttp
 import orjson
 
 from publisher.bucket import Change
-from publisher.config import Config
-from publisher.hub import CLOSE_GRACE
-from publisher.service import Service
+from publisher.config.settings import Config
+from publisher.delivery.hub import CLOSE_GRACE
+from publisher.server.service import Service
 from tests.conftest import PublisherFactory
 from tests.servers import RedisServer, scaled
 from tests.wsclient import Feed, register, v1, v2

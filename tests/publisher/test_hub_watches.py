@@ -15,9 +15,9 @@ from changefeed.cursor import StreamId
 from changefeed.protocol import ChangeKind, Registration
 from changefeed.watch import Watch
 from publisher.bucket import Change, LogEntry
-from publisher.config import Config
-from publisher.hub import Routes, Subscriber
-from publisher.service import Service
+from publisher.config.settings import Config
+from publisher.delivery.hub import Routes, Subscriber
+from publisher.server.service import Service
 from tests.conftest import PublisherFactory
 from tests.servers import RedisServer
 from tests.wsclient import Feed, refused, register

@@ -174,7 +174,7 @@ def test_publish_prints_only_the_cursor(short_dir: Path) -> None:
 
 def test_library_log_records_are_json_lines_too() -> None:
     code = (
-        "import logging; from publisher.logs import configure; configure(json=True); "
+        "import logging; from publisher.config.logs import configure; configure(json=True); "
         "logging.getLogger('aiohttp.server').error('Error handling request'); "
         "logging.getLogger('asyncio').debug('dropped below the level')"
     )

@@ -8,7 +8,7 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from publisher.service import Service
+from publisher.server.service import Service
 from tests.servers import eventually, scaled
 from tests.wsclient import refused, register, v1, v2
 

@@ -13,7 +13,7 @@ import orjson
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from publisher.config import Config
+from publisher.config.settings import Config
 from tests.conftest import PublisherFactory
 from tests.servers import RedisServer, scaled
 from tests.wsclient import register, v1

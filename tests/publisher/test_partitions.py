@@ -11,7 +11,7 @@ import pytest
 from changefeed.cursor import Cursor, StreamId
 from changefeed.errors import PartitionMismatch
 from publisher.bucket import ChangeBucket, LogEntry, connect, merge_partitions, partition_of
-from publisher.config import Config
+from publisher.config.settings import Config
 from tests.conftest import PublisherFactory
 from tests.servers import RedisServer
 from tests.wsclient import register, v1

@@ -1,5 +1,5 @@
-"""The publisher's keepalive (publisher.pings): one sweep pings quiet listeners and closes those
-that do not answer; against a real publisher and Redis, with a short `limits.pingInterval`."""
+"""The publisher's keepalive (publisher.delivery.pings): one sweep pings quiet listeners and closes
+those that do not answer; against a real publisher and Redis, with a short `limits.pingInterval`."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import orjson
 import pytest
 import structlog
 
-from publisher.config import Config
-from publisher.pings import Verdict, verdict
-from publisher.service import Service
+from publisher.config.settings import Config
+from publisher.delivery.pings import Verdict, verdict
+from publisher.server.service import Service
 from tests.conftest import PublisherFactory
 from tests.publisher.test_metrics import scrape
 from tests.servers import RedisServer, eventually, scaled

@@ -18,8 +18,8 @@ from websockets.exceptions import ConnectionClosed
 
 from changefeed.errors import BucketUnavailable
 from publisher.bucket import COMMIT_LUA, Change
-from publisher.config import Config
-from publisher.service import Service
+from publisher.config.settings import Config
+from publisher.server.service import Service
 from tests.conftest import PublisherFactory
 from tests.servers import RedisServer, eventually, scaled
 from tests.wsclient import refused, register, v1, v2

@@ -20,8 +20,8 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from changefeed.errors import ConfigError
-from publisher.config import Config
-from publisher.service import Service
+from publisher.config.settings import Config
+from publisher.server.service import Service
 from tests.conftest import PublisherFactory
 from tests.pki import Pki, new_token, sha256_hex
 from tests.servers import RedisServer, scaled

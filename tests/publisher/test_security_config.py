@@ -14,10 +14,10 @@ import aiohttp
 import pytest
 
 from changefeed.errors import ConfigError
-from publisher.auth import Authenticator, Denied, Identity, now
-from publisher.config import Config, parse_config
-from publisher.security_config import check_exposure, is_loopback
-from publisher.service import Service
+from publisher.config.security import check_exposure, is_loopback
+from publisher.config.settings import Config, parse_config
+from publisher.security.auth import Authenticator, Denied, Identity, now
+from publisher.server.service import Service
 from tests.pki import new_token, sha256_hex
 from tests.servers import PublisherProcess, RedisServer, scaled, write_config
 

@@ -7,8 +7,8 @@ import time
 from pathlib import Path
 
 from changefeed.cursor import Cursor
-from publisher.seen import parse_wait_seen_by, seen_by
-from publisher.service import Service
+from publisher.cli.seen import parse_wait_seen_by, seen_by
+from publisher.server.service import Service
 from tests.publisher.test_cli import changefeed
 from tests.servers import RedisServer, write_config
 from tests.wsclient import register, v1, v2

@@ -18,8 +18,8 @@ import pytest
 
 from changefeed.sse import Event, EventParser
 from publisher.bucket import Change
-from publisher.config import Config
-from publisher.service import Service
+from publisher.config.settings import Config
+from publisher.server.service import Service
 from tests.conftest import PublisherFactory
 from tests.publisher.test_metrics import scrape
 from tests.servers import RedisServer, eventually, scaled

@@ -26,9 +26,9 @@ from websockets.exceptions import ConnectionClosed
 from changefeed.cursor import Cursor, StreamId
 from listener import Backoff, Listener, ListenerConfig
 from publisher.bucket import Change, ChangeBucket, LogEntry, LogRead
-from publisher.config import Config, load_config
-from publisher.hub import RECREATED, ROLLED_BACK, TRIMMED
-from publisher.tail import Gap, NewHistory, added_after, assess
+from publisher.config.settings import Config, load_config
+from publisher.delivery.hub import RECREATED, ROLLED_BACK, TRIMMED
+from publisher.delivery.tail import Gap, NewHistory, added_after, assess
 from tests.conftest import PublisherFactory
 from tests.listener.app import View, bucket_of, consuming, publisher_process, store_objects, vm
 from tests.servers import PublisherProcess, RedisServer, eventually, scaled, write_config

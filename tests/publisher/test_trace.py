@@ -1,5 +1,6 @@
-"""The delivery trace's pure core (publisher.trace): recording, attribution of the frames of a
-batch to their entries, the bounds by count and age, and every reason a cursor is not traced."""
+"""The delivery trace's pure core (publisher.delivery.trace): recording, attribution of the frames
+of a batch to their entries, the bounds by count and age, and every reason a cursor is not
+traced."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from dataclasses import dataclass
 import pytest
 
 from changefeed.cursor import Cursor, StreamId
-from publisher.trace import (
+from publisher.delivery.trace import (
     MAX_SERVICE_CHARS,
     MAX_SERVICES,
     OTHER,

@@ -4,7 +4,7 @@ itself runs against real publishers in test_trace_route.py)."""
 from __future__ import annotations
 
 from changefeed.cursor import Cursor
-from publisher.trace_cli import Answer, Gathered, advertised, peer_address, render
+from publisher.cli.trace import Answer, Gathered, advertised, peer_address, render
 
 
 def test_a_wildcard_host_is_replaced_by_the_host_asked() -> None:

@@ -15,8 +15,8 @@ import orjson
 
 from changefeed.cursor import Cursor
 from publisher.bucket import ChangeBucket, connect
-from publisher.config import Config, Trace, load_config
-from publisher.service import Service
+from publisher.config.settings import Config, Trace, load_config
+from publisher.server.service import Service
 from tests.conftest import PublisherFactory
 from tests.pki import sha256_hex
 from tests.publisher.test_cli import changefeed

@@ -12,8 +12,8 @@ import pytest
 from changefeed.cursor import Cursor
 from changefeed.watch import Watch
 from publisher.bucket import Change
-from publisher.service import Service
-from publisher.watch_pages import Piece, page_watched, pieces
+from publisher.server.service import Service
+from publisher.web.watch_pages import Piece, page_watched, pieces
 
 W = Watch.of
 

@@ -13,8 +13,8 @@ from websockets.exceptions import InvalidStatus
 
 from changefeed.cursor import Cursor
 from publisher.bucket import Change
-from publisher.config import Config
-from publisher.service import Service
+from publisher.config.settings import Config
+from publisher.server.service import Service
 from tests.conftest import PublisherFactory
 from tests.servers import RedisServer, scaled
 from tests.wsclient import refused, register, v1, v2

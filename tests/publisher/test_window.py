@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from changefeed.cursor import ZERO, StreamId
-from publisher.window import Window, WindowEntry
+from publisher.delivery.window import Window, WindowEntry
 
 
 def entry(ms: int) -> WindowEntry:

@@ -22,7 +22,7 @@ import aiohttp
 import orjson
 import pytest
 
-from publisher.workers import Restarts
+from publisher.server.workers import Restarts
 from tests.faults.harness import QUICK, Rig
 from tests.servers import PublisherProcess, scaled, write_config
 

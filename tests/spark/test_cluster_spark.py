@@ -15,7 +15,7 @@ from websockets.asyncio.client import connect
 from changefeed.cursor import CompositeCursor
 from publisher.bucket import Change
 from publisher.bucket.cluster import open_bucket
-from publisher.config import load_config
+from publisher.config.settings import load_config
 from tests.conftest import PublisherFactory
 from tests.servers import RedisCluster, scaled, write_config
 from tests.spark.test_sink import vms, write

@@ -17,7 +17,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 from websockets.asyncio.client import connect
 
-from publisher.config import load_config
+from publisher.config.settings import load_config
 from publisher.spark.options import sink_options
 from publisher.spark.sink import Span, TaskWritten, abort_report, total, write_task
 from tests.conftest import PublisherFactory

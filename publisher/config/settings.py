@@ -1,0 +1,522 @@
+"""config.js: parsed by one pure function into frozen dataclasses.
+
+The file is a JavaScript object literal (comments, unquoted keys, trailing commas), optionally
+written as ``module.exports = { ... };``. Unknown keys are errors; every error names the key, the
+value and what was expected. docs/config.md describes every key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import json5
+
+from changefeed import configjs as cj
+from changefeed import feed, longpoll
+from changefeed.errors import ConfigError
+from changefeed.protocol import CHANGEFEEDS, WILDCARD, Resource
+from publisher.bucket.cluster_url import cluster_section
+from publisher.bucket.sentinel import redis_url as any_redis_url
+from publisher.bucket.sentinel import sentinel_section
+from publisher.config.scopes import DURABLE_PREFIX
+from publisher.config.security import SECURITY_KEYS, Security, parse_security
+
+T = TypeVar("T")
+
+_ROUTE = re.compile(r"^/[A-Za-z0-9_.~/-]*$")
+
+
+@dataclass(frozen=True, slots=True)
+class Server:
+    """Where the publisher listens, and what one connection, or one client, may hold."""
+
+    host: str = "127.0.0.1"
+    port: int = 8080
+    max_connections: int = 10000
+    """Open connections at most, of every client (lowered to fit the open-file limit)."""
+    max_connections_per_client: int = 1000
+    """Open connections at most from one client address."""
+    idle_timeout: float = 75.0
+    """Seconds a connection may wait without a request in progress: idle between requests, or
+    still sending the head of its request. Then it is closed."""
+    body_timeout: float = 10.0
+    """Seconds a request body may take to arrive (then 408)."""
+    max_body_bytes: int = 65536
+    """Largest request body accepted (a larger one is a 413)."""
+    trusted_proxies: tuple[IPNetwork, ...] = ()
+    """Peers whose X-Forwarded-For is believed (`publisher.security.clientaddr`); empty:
+    nobody's."""
+
+
+@dataclass(frozen=True, slots=True)
+class Bucket:
+    """Where the change bucket and the store live."""
+
+    redis_url: str | None = None
+    """None: start an embedded redis-server under the state directory."""
+    name: str = "changefeed"
+    """Key prefix of every Redis key of this bucket."""
+    partitions: int = 1
+    """Streams the log is split into (a power of two), fixed when the bucket is created."""
+    pool_size: int = 64
+    """Redis connections the publisher's requests share (the tail has its own)."""
+    pool_timeout: float = 5.0
+    """Seconds a request waits for a free Redis connection before it is refused as overload."""
+
+    @property
+    def display_url(self) -> str | None:
+        """The Redis URL with any password masked, for logs."""
+        if self.redis_url is None:
+            return None
+        return cj.masked_url(self.redis_url)
+
+
+@dataclass(frozen=True, slots=True)
+class Feed:
+    """Cursor sets the feed stores for its consumers (docs/pull.md)."""
+
+    consumers: frozenset[str] = frozenset()
+    """The consumers whose cursors may be stored; empty: storing is refused for all."""
+    cursor_set_max_age: float = 7 * 86400.0
+    """Seconds a cursor set lives after it was last stored."""
+    max_cursor_sets: int = 16
+    """Cursor sets one consumer may have at a time."""
+
+
+@dataclass(frozen=True, slots=True)
+class Durable:
+    """Durable pull consumers (docs/pull.md#durable-consumers): which may exist, and bounds on
+    what each may make the publisher keep in Redis."""
+
+    consumers: frozenset[str] = frozenset()
+    """The names a durable consumer may have; empty: durable consumers are refused."""
+    max_ack_pending: int = 10000
+    """The highest `max_ack_pending` a consumer may ask for (items handed out, unsettled)."""
+    max_ack_wait: float = 86400.0
+    """The longest `ack_wait`, and nak `delay`, a consumer may ask for (seconds)."""
+    max_dead_letters: int = 10000
+    """Dead-letter records kept per consumer (the oldest go first)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    registration_bytes: int = 65536
+    registration_timeout: float = 10.0
+    page_size: int = 100
+    max_page_size: int = 1000
+    window: int = 10000
+    send_buffer: int = 1 << 20
+    coalesce_ids: int = 10000
+    """Distinct ids a slow listener's coalesced catch-up may hold (docs/protocol.md#coalesced-
+    catch-up); past them it is closed with 4008."""
+    ping_interval: float = 20.0
+    results: int = longpoll.DEFAULT_RESULTS
+    """Items in an `events` reply or a feed response when the client names no number."""
+    max_results: int = longpoll.MAX_RESULTS
+    wait: float = longpoll.DEFAULT_WAIT
+    """Seconds a long poll waits when the client names no wait time."""
+    max_wait: float = longpoll.MAX_WAIT
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    """When `/readyz` says ready (docs/operations.md#health)."""
+
+    max_lag_items: int = 1000
+    """Log items the tail may be behind the bucket's head and still be ready."""
+    max_lag_seconds: float = 30.0
+    """Seconds (of commit time) the tail may be behind the bucket's head and still be ready."""
+    drain_delay: float = 0.0
+    """Seconds between SIGTERM (`/readyz` answers 503 from then on) and closing listeners, for
+    load balancers to stop sending new ones here."""
+
+
+@dataclass(frozen=True, slots=True)
+class Fleet:
+    """How the publisher advertises itself in Redis for `/changefeeds/stats?scope=cluster`."""
+
+    interval: float = 5.0
+    """Seconds between two advertisements."""
+    ttl: float = 15.0
+    """Seconds an advertisement lives: a publisher that died disappears within it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Trace:
+    """The per-change delivery trace (publisher.delivery.trace, `changefeed trace`)."""
+
+    items: int = 10000
+    """Changes traced at most (the newest); 0: no trace is recorded."""
+    max_age: float | None = 600.0
+    """Seconds a change stays traced after its read; None (0 in config.js): no age limit."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.items > 0
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    resources: tuple[Resource, ...]
+    max_age: float = 3600.0
+    max_items: int | None = None
+    """Most items the log retains (the oldest beyond it are trimmed); None: no limit."""
+    bucket: Bucket = field(default_factory=Bucket)
+    server: Server = field(default_factory=Server)
+    limits: Limits = field(default_factory=Limits)
+    feed: Feed = field(default_factory=Feed)
+    durable: Durable = field(default_factory=Durable)
+    state_dir: Path = Path(".changefeed")
+    gc_interval: float | None = None
+    """Seconds between trims; None derives it from maxAge (a tenth, between 1 s and 60 s)."""
+    security: Security = field(default_factory=Security)
+    """auth, tls, allowedOrigins, clientLimits (publisher.config.security)."""
+    health: Health = field(default_factory=Health)
+    fleet: Fleet = field(default_factory=Fleet)
+    trace: Trace = field(default_factory=Trace)
+    log_level: str | None = None
+    """`logLevel`; None: the command line's (`--log-level`, default info)."""
+
+    @property
+    def resource_map(self) -> dict[str, Resource]:
+        return {r.resource: r for r in self.resources}
+
+    @property
+    def trim_every(self) -> float:
+        if self.gc_interval is not None:
+            return self.gc_interval
+        return min(60.0, max(1.0, self.max_age / 10))
+
+    def with_overrides(
+        self, host: str | None = None, port: int | None = None, redis_url: str | None = None
+    ) -> Config:
+        """The command line's --host, --port and --redis-url, validated like the file's."""
+        server = self.server
+        if host is not None:
+            server = dataclasses.replace(server, host=cj.host("--host", host))
+        if port is not None:
+            server = dataclasses.replace(server, port=cj.port("--port", port))
+        bucket = self.bucket
+        if redis_url is not None:
+            bucket = dataclasses.replace(bucket, redis_url=any_redis_url("--redis-url", redis_url))
+        return dataclasses.replace(self, server=server, bucket=bucket)
+
+
+def load_config(path: str | Path) -> Config:
+    """Read and validate a config.js file."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError("<file>", str(path), f"a readable config.js ({exc.strerror})") from None
+    return parse_config(text, base=path.resolve().parent, source=str(path))
+
+
+def parse_config(text: str, base: Path | None = None, source: str | None = None) -> Config:
+    """Build a Config from the text of a config.js; relative paths resolve against `base`.
+    `source` (the file's name) is named in a syntax error, with the line."""
+    try:
+        raw = json5.loads(cj.object_literal(text), allow_duplicate_keys=False)
+    except ValueError as exc:
+        raise cj.syntax_error(text, exc, source) from None
+    obj = cj.section(raw, "<top level>")
+    cj.only(
+        obj,
+        "",
+        {"resources", "maxAge", "maxItems", "bucket", "server", "limits", "feed", "durable",
+         "stateDir",
+         "gcInterval", *SECURITY_KEYS, *_OPERATIONS_KEYS},
+    )
+
+    if "resources" not in obj:
+        raise ConfigError("resources", None, "a list of {resource, subResources, bootstrapRoute}")
+    resources = _resources(obj["resources"])
+
+    state_dir = Path(cj.get(obj, "", "stateDir", ".changefeed", cj.string))
+    if not state_dir.is_absolute():
+        state_dir = (base or Path.cwd()) / state_dir
+
+    bucket_obj = cj.section(obj.get("bucket", {}), "bucket")
+    limits = _keys(obj, "limits", Limits, _LIMIT_KEYS)
+    server = _keys(obj, "server", Server, _SERVER_KEYS)
+    if server.max_connections_per_client > server.max_connections:
+        raise ConfigError(
+            "server.maxConnectionsPerClient",
+            server.max_connections_per_client,
+            f"at most server.maxConnections ({server.max_connections})",
+        )
+    feed = _keys(obj, "feed", Feed, _FEED_KEYS)
+    durable = _keys(obj, "durable", Durable, _DURABLE_KEYS)
+    bounded = (("pageSize", "maxPageSize"), ("results", "maxResults"), ("wait", "maxWait"))
+    for small, large in bounded:
+        value, bound = (getattr(limits, _LIMIT_KEYS[key][0]) for key in (small, large))
+        if value > bound:
+            raise ConfigError(f"limits.{small}", value, f"at most limits.{large} ({bound})")
+
+    redis_url = bucket_obj.get("redisUrl")
+    if redis_url is not None:
+        redis_url = any_redis_url("bucket.redisUrl", redis_url)
+    if bucket_obj.get("sentinel") is not None:
+        if redis_url is not None:
+            raise ConfigError(
+                "bucket.sentinel", "{...}", "no bucket.redisUrl beside it (one or the other)"
+            )
+        redis_url = sentinel_section("bucket.sentinel", bucket_obj["sentinel"])
+    if bucket_obj.get("cluster") is not None:
+        beside = [k for k in ("redisUrl", "sentinel") if bucket_obj.get(k) is not None]
+        if beside:
+            raise ConfigError(
+                "bucket.cluster", "[...]", f"no bucket.{beside[0]} beside it (one or the other)"
+            )
+        redis_url = cluster_section("bucket.cluster", bucket_obj["cluster"])
+    bucket = dataclasses.replace(
+        _keys(obj, "bucket", Bucket, _BUCKET_KEYS, {"redisUrl", "sentinel", "cluster"}),
+        redis_url=redis_url,
+    )
+    return Config(
+        resources=resources,
+        max_age=cj.get(obj, "", "maxAge", 3600.0, cj.positive),
+        max_items=cj.get(obj, "", "maxItems", None, _max_items),
+        bucket=bucket,
+        server=server,
+        limits=limits,
+        feed=feed,
+        durable=durable,
+        state_dir=state_dir,
+        gc_interval=None
+        if obj.get("gcInterval") is None
+        else cj.positive("gcInterval", obj["gcInterval"]),
+        security=parse_security(
+            obj, [r.resource for r in resources],
+            feed.consumers | {DURABLE_PREFIX + name for name in durable.consumers},
+            base or Path.cwd(),
+        ),
+        **_operations(obj),
+    )
+
+
+# --- what operators run the publisher with: health, fleet advertising, log level ---
+
+_OPERATIONS_KEYS = ("health", "fleet", "trace", "logLevel")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+def _operations(obj: dict[str, Any]) -> dict[str, Any]:
+    """The Config fields of the top-level keys `health`, `fleet` and `logLevel`."""
+    fleet = _keys(obj, "fleet", Fleet, _FLEET_KEYS)
+    if fleet.ttl <= fleet.interval:
+        raise ConfigError("fleet.ttl", fleet.ttl, f"more than fleet.interval ({fleet.interval:g})")
+    return {
+        "health": _keys(obj, "health", Health, _HEALTH_KEYS),
+        "fleet": fleet,
+        "trace": _keys(obj, "trace", Trace, _TRACE_KEYS),
+        "log_level": cj.get(obj, "", "logLevel", None, _log_level),
+    }
+
+
+def _log_level(key: str, value: Any) -> str:
+    if not isinstance(value, str) or value.lower() not in LOG_LEVELS:
+        raise ConfigError(key, value, f"one of {', '.join(LOG_LEVELS)}")
+    return value.lower()
+
+
+def _non_negative(key: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise ConfigError(key, value, "a number of seconds, 0 or more")
+    return float(value)
+
+
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def _networks(key: str, value: Any) -> tuple[IPNetwork, ...]:
+    expected = "a list of IP addresses or networks, e.g. [\"127.0.0.1\", \"10.0.0.0/8\"]"
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(key, value, expected)
+    try:
+        return tuple(ipaddress.ip_network(v, strict=False) for v in value)
+    except ValueError:
+        raise ConfigError(key, value, expected) from None
+
+
+_HEALTH_KEYS: Checks = {
+    "maxLagItems": ("max_lag_items", cj.positive_int),
+    "maxLagSeconds": ("max_lag_seconds", cj.positive),
+    "drainDelay": ("drain_delay", _non_negative),
+}
+
+_FLEET_KEYS: Checks = {
+    "interval": ("interval", cj.positive),
+    "ttl": ("ttl", cj.positive),
+}
+
+MAX_TRACE_ITEMS = 100_000
+
+
+def _trace_items(key: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TRACE_ITEMS:
+        raise ConfigError(key, value, f"an integer from 0 (no trace) to {MAX_TRACE_ITEMS}")
+    return value
+
+
+def _trace_age(key: str, value: Any) -> float | None:
+    if value is None or value == 0:
+        return None
+    return cj.positive(key, value)
+
+
+_TRACE_KEYS: Checks = {
+    "items": ("items", _trace_items),
+    "maxAge": ("max_age", _trace_age),
+}
+
+
+# --- validators of the publisher's own keys (the shared ones are in changefeed.configjs) ---
+
+
+MAX_PARTITIONS = 1024
+
+
+def _partitions(key: str, value: Any) -> int:
+    expected = f"a power of two from 1 to {MAX_PARTITIONS}"
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_PARTITIONS:
+        raise ConfigError(key, value, expected)
+    if value & (value - 1):
+        raise ConfigError(key, value, expected)
+    return value
+
+
+def _max_items(key: str, value: Any) -> int | None:
+    if value is None or value == 0:
+        return None
+    return cj.positive_int(key, value)
+
+
+Checks = dict[str, tuple[str, Callable[[str, Any], Any]]]
+"""config.js key -> (dataclass field, validator) of one section."""
+
+
+def _keys(
+    obj: dict[str, Any],
+    name: str,
+    make: Callable[..., T],
+    checks: Checks,
+    others: frozenset[str] | set[str] = frozenset(),
+) -> T:
+    """The dataclass of section `name` of `obj`: its defaults, overridden by the keys of
+    `checks`, validated (`others` are allowed keys the caller reads itself)."""
+    section = cj.section(obj.get(name, {}), name)
+    cj.only(section, name + ".", {*checks, *others})
+    return make(
+        **{attr: check(f"{name}.{key}", section[key])
+           for key, (attr, check) in checks.items() if key in section}
+    )
+
+
+def _consumers(key: str, value: Any) -> frozenset[str]:
+    expected = "a list of consumer names (1 to 50 letters, digits, '_', '.' or '-'), no duplicates"
+    if not isinstance(value, list) or not all(
+        isinstance(v, str) and feed.NAME.match(v) for v in value
+    ):
+        raise ConfigError(key, value, expected)
+    if len(set(value)) != len(value):
+        raise ConfigError(key, value, expected)
+    return frozenset(value)
+
+
+_BUCKET_KEYS: Checks = {
+    "name": ("name", cj.name),
+    "partitions": ("partitions", _partitions),
+    "poolSize": ("pool_size", cj.positive_int),
+    "poolTimeout": ("pool_timeout", cj.positive),
+}
+
+_SERVER_KEYS: Checks = {
+    "host": ("host", cj.host),
+    "port": ("port", cj.port),
+    "maxConnections": ("max_connections", cj.positive_int),
+    "maxConnectionsPerClient": ("max_connections_per_client", cj.positive_int),
+    "idleTimeout": ("idle_timeout", cj.positive),
+    "bodyTimeout": ("body_timeout", cj.positive),
+    "maxBodyBytes": ("max_body_bytes", cj.positive_int),
+    "trustedProxies": ("trusted_proxies", _networks),
+}
+
+_FEED_KEYS: Checks = {
+    "consumers": ("consumers", _consumers),
+    "cursorSetMaxAge": ("cursor_set_max_age", cj.positive),
+    "maxCursorSets": ("max_cursor_sets", cj.positive_int),
+}
+
+_DURABLE_KEYS: Checks = {
+    "consumers": ("consumers", _consumers),
+    "maxAckPending": ("max_ack_pending", cj.positive_int),
+    "maxAckWait": ("max_ack_wait", cj.positive),
+    "maxDeadLetters": ("max_dead_letters", cj.positive_int),
+}
+
+_LIMIT_KEYS: Checks = {
+    "registrationBytes": ("registration_bytes", cj.positive_int),
+    "registrationTimeout": ("registration_timeout", cj.positive),
+    "pageSize": ("page_size", cj.positive_int),
+    "maxPageSize": ("max_page_size", cj.positive_int),
+    "window": ("window", cj.positive_int),
+    "sendBuffer": ("send_buffer", cj.positive_int),
+    "coalesceIds": ("coalesce_ids", cj.positive_int),
+    "pingInterval": ("ping_interval", cj.positive),
+    "results": ("results", cj.positive_int),
+    "maxResults": ("max_results", cj.positive_int),
+    "wait": ("wait", cj.positive),
+    "maxWait": ("max_wait", cj.positive),
+}
+
+
+def _resources(value: Any) -> tuple[Resource, ...]:
+    if not isinstance(value, list) or not value:
+        raise ConfigError(
+            "resources", value, "a non-empty list of {resource, subResources, bootstrapRoute}"
+        )
+    seen: dict[str, str] = {}
+    routes: dict[str, str] = {}
+    out = []
+    for i, entry in enumerate(value):
+        where = f"resources[{i}]"
+        entry = cj.section(entry, where)
+        cj.only(entry, where + ".", {"resource", "subResources", "bootstrapRoute"})
+        for key in ("resource", "subResources", "bootstrapRoute"):
+            if key not in entry:
+                raise ConfigError(f"{where}.{key}", None, "present")
+        name = cj.name(f"{where}.resource", entry["resource"])
+        if name in seen:
+            raise ConfigError(
+                f"{where}.resource", name, f"a resource not already listed at {seen[name]}"
+            )
+        seen[name] = where
+        subs = entry["subResources"]
+        if (
+            not isinstance(subs, list)
+            or not subs
+            or not all(isinstance(s, str) and cj.NAME.match(s) for s in subs)
+        ):
+            raise ConfigError(f"{where}.subResources", subs, "a non-empty list of names")
+        if len(set(subs)) != len(subs) or WILDCARD in subs:
+            raise ConfigError(f"{where}.subResources", subs, "names without duplicates or '*'")
+        route = entry["bootstrapRoute"]
+        if not isinstance(route, str) or not _ROUTE.match(route) or route.rstrip("/") == "":
+            raise ConfigError(f"{where}.bootstrapRoute", route, "an absolute path such as '/vms'")
+        route = route.rstrip("/")
+        if route == CHANGEFEEDS or route.startswith(CHANGEFEEDS + "/"):
+            raise ConfigError(f"{where}.bootstrapRoute", route, "a path outside /changefeeds")
+        if route in routes:
+            raise ConfigError(
+                f"{where}.bootstrapRoute", route, f"a route not already used by {routes[route]}"
+            )
+        routes[route] = where
+        out.append(Resource(name, tuple(subs), route))
+    return tuple(out)

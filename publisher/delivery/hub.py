@@ -1,0 +1,767 @@
+"""Fan-out: route each new log entry to the connections registered for its change kind.
+
+Connections are indexed (`Routes`) by (resource, sub-resource), or, when they watch only some
+ids, by exact id and by id prefix, so routing an entry costs in proportion to the connections it
+matches (plus one lookup per `/`-separated segment of its id where prefixes are watched). An
+entry's websocket frame is built once and the same bytes are written to every matching
+connection's transport, without awaiting. A connection whose transport buffer passes
+`send_buffer` bytes stops being written to and catches up from the shared window in a task of its
+own; if the window moves past it, it is closed with 4008 (slow consumer) -- unless it registered
+with `coalesce`: then it is switched to a coalesced catch-up (publisher.delivery.coalesce) just
+before the window would move past it, and closed with 4008 only when that set passes `coalesce_ids`
+ids. A resuming connection (registration with `since`) first reads what it missed from Redis.
+
+A connection that cannot be sent a gap-free history any more is closed with 4009 and one of the
+reasons below, exactly as if its `since` had expired: its next registration gets `resumed: false`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from itertools import chain
+from typing import TYPE_CHECKING, Any, Protocol
+
+import structlog
+
+from changefeed.cursor import ZERO, Cursor, StreamId
+from changefeed.errors import BucketBusy, BucketUnavailable
+from changefeed.protocol import (
+    WILDCARD,
+    ChangeKind,
+    CloseCode,
+    Registration,
+    close_frame,
+    text_frame,
+)
+from changefeed.sse import change_chunk, close_chunks
+from changefeed.watch import prefixes_of
+from publisher.bucket import ChangeBucket, LogEntry
+from publisher.delivery.coalesce import Coalesced, CoalesceOverflow
+from publisher.delivery.trace import TraceLog
+from publisher.delivery.window import Window, WindowEntry
+
+if TYPE_CHECKING:
+    from publisher.security.auth import Identity
+
+log = structlog.get_logger(__name__)
+
+CLOSE_GRACE = 2.0
+"""Seconds a congested connection gets to take its close frame before it is aborted."""
+REPLAY_BATCH = 1000
+"""Log entries a resuming connection reads from Redis per call."""
+
+SLOW = "slow consumer: fell behind the window"
+SLOW_COALESCED = "slow consumer: more than {} ids changed while it was behind"
+"""4008 for a coalescing listener whose coalesced set passed `coalesce_ids`."""
+RECREATED = "bucket recreated: bootstrap again"
+"""4009: the bucket's epoch changed (recreated, or a new epoch after a rollback elsewhere)."""
+ROLLED_BACK = "bucket rolled back: bootstrap again"
+"""4009: Redis lost changes this publisher had sent; it started a new epoch."""
+TRIMMED = "items trimmed before they were sent: bootstrap again"
+"""4009: the log was trimmed past what this connection had been sent."""
+
+
+class Transport(Protocol):
+    def write(self, data: bytes) -> None: ...
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None: ...
+    def get_write_buffer_size(self) -> int: ...
+    def is_closing(self) -> bool: ...
+    def close(self) -> None: ...
+    def abort(self) -> None: ...
+
+
+@dataclass(eq=False, slots=True)
+class Subscriber:
+    """A registered websocket: what it listens for and how far it has been sent."""
+
+    registration: Registration
+    transport: Transport
+    protocol: Any
+    """aiohttp's protocol of the connection: its drain waits for the transport buffer."""
+    remote: str
+    connected_at: float = field(default_factory=time.time)
+    live: bool = True
+    """Written to directly by the fan-out; False while it catches up in its own task."""
+    position: StreamId = ZERO
+    """While not live: the last entry it was sent or that did not match it."""
+    last_sent: StreamId | None = None
+    replaying: bool = False
+    """Resuming from `since`: may read what it missed from Redis, not only from the window."""
+    closing: bool = False
+    quiet: int = 0
+    """Keepalive sweeps (publisher.delivery.pings) since the listener last sent anything."""
+    task: asyncio.Task[None] | None = None
+    kinds: dict[str, ChangeKind] = field(default_factory=dict)
+    """The registration's change kinds by resource."""
+    sse: bool = False
+    """A server-sent events stream (publisher.web.sse), not a websocket: written `WindowEntry.sse`
+    chunks instead of frames, and a `close` event instead of a close frame."""
+    identity: Identity | None = None
+    """Who registered it, checked again when credentials are reloaded or expire
+    (publisher.web.revocation); None: not checked."""
+    coalesced: Coalesced | None = None
+    """Set while it is in a coalesced catch-up (registered with `coalesce`, fell out of the
+    window): every item for it is folded in here instead of being sent."""
+
+    def __post_init__(self) -> None:
+        self.kinds = {kind.resource: kind for kind in self.registration.kinds}
+
+    def wants(self, entry: WindowEntry | LogEntry) -> bool:
+        """True when `entry` is for this connection: its sub-resources and its watch."""
+        kind = self.kinds.get(entry.resource)
+        return kind is not None and kind.matches_item(
+            entry.sub_resources, entry.changed_resource_id
+        )
+
+
+Table = dict[str, dict[str, set[Subscriber]]]
+"""resource -> key (a sub-resource, an id or an id prefix) -> connections."""
+
+
+class Routes:
+    """Which connections an item goes to. Pure: no I/O.
+
+    A change kind that watches every id is indexed by its sub-resources: an item costs one lookup
+    per sub-resource it carries. One with a watch is indexed by its exact ids and its prefixes
+    instead, so the many connections that each watch a few ids are not visited for every item of
+    their resource: an item looks up its id and each of its `/`-separated prefixes (the State
+    Watch pattern's walk up the hierarchy), then checks the sub-resources of those found.
+    """
+
+    def __init__(self) -> None:
+        self._by_sub: Table = {}
+        self._by_id: Table = {}
+        self._by_prefix: Table = {}
+
+    def _keys(self, kind: ChangeKind) -> Iterator[tuple[Table, Iterable[str]]]:
+        if kind.watch.everything:
+            yield self._by_sub, kind.sub_resources
+        else:
+            yield self._by_id, kind.watch.ids
+            yield self._by_prefix, kind.watch.prefixes
+
+    def add(self, conn: Subscriber) -> None:
+        for kind in conn.registration.kinds:
+            for table, keys in self._keys(kind):
+                by_key = table.setdefault(kind.resource, {})
+                for key in keys:
+                    by_key.setdefault(key, set()).add(conn)
+
+    def remove(self, conn: Subscriber) -> None:
+        for kind in conn.registration.kinds:
+            for table, keys in self._keys(kind):
+                by_key = table.get(kind.resource, {})
+                for key in keys:
+                    members = by_key.get(key)
+                    if members is not None:
+                        members.discard(conn)
+                        if not members:
+                            del by_key[key]
+                if not by_key:
+                    table.pop(kind.resource, None)
+
+    def matching(
+        self, resource: str, sub_resources: Iterable[str], changed_resource_id: str
+    ) -> Iterable[Subscriber]:
+        """Each connection registered for an item of `resource` with `sub_resources` and
+        `changed_resource_id`, once: often the index's own set (iterate it before the routes
+        change, not after)."""
+        sets: list[set[Subscriber]] = []
+        by_sub = self._by_sub.get(resource)
+        if by_sub:
+            sets.extend(by_sub[s] for s in sub_resources if s in by_sub)
+            if WILDCARD in by_sub:
+                sets.append(by_sub[WILDCARD])
+        by_id = self._by_id.get(resource)
+        by_prefix = self._by_prefix.get(resource)
+        if by_id or by_prefix:
+            found: list[set[Subscriber]] = []
+            if by_id and changed_resource_id in by_id:
+                found.append(by_id[changed_resource_id])
+            if by_prefix:
+                found.extend(
+                    by_prefix[p] for p in prefixes_of(changed_resource_id) if p in by_prefix
+                )
+            if found:
+                sets.append(
+                    {c for c in chain(*found) if c.kinds[resource].matches(sub_resources)}
+                )
+        if len(sets) == 1:
+            return sets[0]
+        if sets:
+            return set().union(*sets)
+        return ()
+
+
+@dataclass(slots=True)
+class _Pending:
+    """What one publish() call will write to a connection, and its queue size with it."""
+
+    size: int
+    frames: list[bytes] = field(default_factory=list)
+
+
+class Hub:
+    """The connections of this publisher process and the window they share."""
+
+    def __init__(
+        self, window: Window, bucket: ChangeBucket, send_buffer: int, *,
+        coalesce_ids: int = 10000,
+    ) -> None:
+        self.window = window
+        self.bucket = bucket
+        self.send_buffer = send_buffer
+        self.coalesce_ids = coalesce_ids
+        """The bound of a coalesced catch-up's set (`limits.coalesceIds`)."""
+        self._coalescible: set[Subscriber] = set()
+        """Lagging connections registered with `coalesce`, catching up from the window: each
+        is switched to a coalesced catch-up before the window moves past it."""
+        self.coalesced: Counter[str] = Counter()
+        """Coalesced catch-ups since start: `started`, `finished`, `items` folded in, `sent`
+        (one per id), for stats and metrics."""
+        self.epoch = ""
+        self.connections: set[Subscriber] = set()
+        self.routes = Routes()
+        self._lagging: set[Subscriber] = set()
+        self._advanced = asyncio.Event()
+        self.waiting = 0
+        """Long polls waiting for the window to advance now (a gauge for stats and metrics)."""
+        self.waits = 0
+        """Waits begun since start: a poll that woke, found nothing for it and waits again
+        counts twice."""
+        self.released = False
+        self.log_head = window.head
+        """The bucket's head at the tail's last read."""
+        self.unread = 0
+        """Log entries after the window head at the tail's last read (items it is behind)."""
+        self.closed: Counter[str] = Counter()
+        """Connections closed because their history broke, by cause (for stats)."""
+        self.delivered = 0
+        """Items written to listeners since start (one per listener it went to)."""
+        self.bytes_written = 0
+        """Bytes of items written to listeners since start."""
+        self.observe_latency: Callable[[float], None] | None = None
+        """Called once per new item written to at least one live listener, with the seconds
+        from its commit (its Redis time) to the write: the metrics' histogram."""
+        self.trace: TraceLog | None = None
+        """The delivery trace (publisher.delivery.trace), None when `trace.items` is 0."""
+        self.sse_delivered = 0
+        """Items written to server-sent events subscribers since start (in `delivered` too)."""
+        self.sse_ended: Counter[str] = Counter()
+        """Server-sent events streams ended since start, by who ended them (publisher.web.sse)."""
+
+    # --- membership ----------------------------------------------------------------------
+
+    def add(self, conn: Subscriber, since: StreamId | None = None) -> None:
+        """Register `conn`: live from the window head, or catching up from `since` (a resumed
+        cursor, or a bucket head the tail has not read up to yet)."""
+        self.connections.add(conn)
+        self.routes.add(conn)
+        if since is not None and since != self.window.head:
+            conn.replaying = True
+            self._fall_behind(conn, since)
+
+    def remove(self, conn: Subscriber) -> None:
+        self.connections.discard(conn)
+        self._lagging.discard(conn)
+        self._coalescible.discard(conn)
+        self.routes.remove(conn)
+        if conn.task is not None and conn.task is not asyncio.current_task():
+            conn.task.cancel()
+
+    # --- fan-out -------------------------------------------------------------------------
+
+    def encode(self, entry: LogEntry) -> WindowEntry:
+        payload = entry.item(self.epoch).encode()
+        return WindowEntry(
+            entry.position,
+            entry.resource,
+            entry.sub_resources,
+            entry.changed_resource_id,
+            payload,
+            text_frame(payload),
+        )
+
+    def sse_of(self, entry: WindowEntry) -> bytes:
+        """`entry` as a server-sent event's chunk, built once for every SSE subscriber."""
+        chunk = entry.sse
+        if chunk is None:
+            chunk = entry.sse = change_chunk(Cursor(self.epoch, entry.position).encode(),
+                                             entry.payload)
+        return chunk
+
+    def publish(self, entries: Sequence[LogEntry]) -> None:
+        """Append new log entries to the window and write them to live matching connections.
+
+        Each connection gets one write per call: the frames of every entry it matches, joined.
+        When the tail brings several entries at once (it fell behind), a connection then costs
+        one system call for all of them instead of one per entry, so the publisher catches up.
+        A connection takes frames while what it has queued, counting those of this call, is
+        within `send_buffer`; past it, it falls behind after the last frame it took.
+        """
+        if len(entries) == 1:
+            self._publish_one(entries[0])
+            return
+        window = self.window
+        send_buffer = self.send_buffer
+        trace = self.trace
+        read_at = time.time() if trace is not None else 0.0
+        pending: dict[Subscriber, _Pending] = {}
+        written: list[WindowEntry] = []
+        fresh: list[WindowEntry] = []
+        sse_sent = 0
+        overflowed: set[Subscriber] = set()
+        for raw in entries:
+            if raw.position <= window.head:
+                continue  # already seen (a re-read after a Redis reconnect)
+            entry = self.encode(raw)
+            previous = window.head
+            if self._coalescible and len(window) >= window.capacity:
+                self._coalesce_before(window.oldest())
+            window.append(entry)
+            fresh.append(entry)
+            matching = self.routes.matching(
+                entry.resource, entry.sub_resources, entry.changed_resource_id
+            )
+            taken = False
+            for conn in matching:
+                if not conn.live:
+                    if conn.coalesced is not None and not self._folded(conn, entry):
+                        overflowed.add(conn)
+                    continue
+                queued = pending.get(conn)
+                if queued is None:
+                    transport = conn.transport
+                    if transport.is_closing():
+                        continue
+                    queued = pending[conn] = _Pending(transport.get_write_buffer_size())
+                if queued.size > send_buffer:
+                    self._fall_behind(conn, previous)
+                    continue
+                if conn.sse:
+                    frame = self.sse_of(entry)
+                    sse_sent += 1
+                else:
+                    frame = entry.frame
+                queued.frames.append(frame)
+                queued.size += len(frame)
+                conn.last_sent = entry.position
+                taken = True
+            if taken:
+                written.append(entry)
+        delivered = sent = 0
+        for conn, queued in pending.items():
+            frames = queued.frames
+            if frames:
+                data = frames[0] if len(frames) == 1 else b"".join(frames)
+                conn.transport.write(data)
+                delivered += len(frames)
+                sent += len(data)
+        self.delivered += delivered
+        self.bytes_written += sent
+        self.sse_delivered += sse_sent
+        if trace is not None:
+            trace.published(self.epoch, fresh, pending, delivered, read_at, time.time())
+        if written and self.observe_latency is not None:
+            now_ms = time.time() * 1000
+            for entry in written:
+                self.observe_latency(max(now_ms - entry.position.ms, 0.0) / 1000)
+        self._published(overflowed)
+
+    def _publish_one(self, raw: LogEntry) -> None:
+        """`publish` of one entry (a tail read of one commit, the common case): each matching
+        connection is written its frame at once, with no per-connection bookkeeping beyond a
+        list of whom it was written to when the delivery trace is on."""
+        window = self.window
+        previous = window.head
+        overflowed: list[Subscriber] = []
+        if raw.position > previous:
+            entry = self.encode(raw)
+            if self._coalescible and len(window) >= window.capacity:
+                self._coalesce_before(window.oldest())
+            window.append(entry)
+            trace = self.trace
+            read_at = time.time() if trace is not None else 0.0
+            written: list[Subscriber] | None = [] if trace is not None else None
+            send_buffer = self.send_buffer
+            frame = entry.frame
+            delivered = sent = sse_sent = 0
+            for conn in self.routes.matching(
+                entry.resource, entry.sub_resources, entry.changed_resource_id
+            ):
+                if not conn.live:
+                    if conn.coalesced is not None and not self._folded(conn, entry):
+                        overflowed.append(conn)
+                    continue
+                transport = conn.transport
+                if transport.is_closing():
+                    continue
+                if transport.get_write_buffer_size() > send_buffer:
+                    self._fall_behind(conn, previous)
+                    continue
+                if conn.sse:
+                    data = self.sse_of(entry)
+                    sse_sent += 1
+                else:
+                    data = frame
+                transport.write(data)
+                conn.last_sent = entry.position
+                delivered += 1
+                sent += len(data)
+                if written is not None:
+                    written.append(conn)
+            if trace is not None:
+                assert written is not None
+                trace.published_one(self.epoch, entry.position, written, read_at, time.time())
+            if delivered:
+                self.delivered += delivered
+                self.bytes_written += sent
+                self.sse_delivered += sse_sent
+                if self.observe_latency is not None:
+                    self.observe_latency(max(time.time() * 1000 - entry.position.ms, 0.0) / 1000)
+        self._published(overflowed)
+
+    def _published(self, overflowed: Iterable[Subscriber]) -> None:
+        """After a publish: close the coalescing connections whose catch-up overflowed and the
+        lagging ones the window has moved past, then wake whoever waits for the window."""
+        for conn in overflowed:
+            self.close_slow(conn)
+        if self._lagging:
+            window = self.window
+            fallen = [c for c in self._lagging if not c.replaying and not window.covers(c.position)]
+            for conn in fallen:
+                self.close_slow(conn)
+        self._wake()
+
+    @staticmethod
+    def _folded(conn: Subscriber, entry: WindowEntry) -> bool:
+        """Fold `entry` into `conn`'s coalesced catch-up; False when that passed its limit (the
+        caller closes it once the batch is written)."""
+        if conn.closing or conn.coalesced is None:
+            return True
+        try:
+            conn.coalesced.fold(entry.resource, entry.sub_resources, entry.changed_resource_id,
+                                entry.position)
+        except CoalesceOverflow:
+            return False
+        return True
+
+    def _wake(self) -> None:
+        self._advanced.set()
+        self._advanced = asyncio.Event()
+
+    async def wait_past(self, position: StreamId, timeout: float) -> bool:
+        """Wait until the window's head passes `position` (or the bucket was recreated), at most
+        `timeout` seconds; True when it did, False on time-out or shutdown.
+
+        Long polls wait here, as catching-up connections do: one shared event, no Redis
+        connection or buffer per waiting client.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        epoch = self.epoch
+        self.waits += 1
+        self.waiting += 1
+        try:
+            while self.window.head <= position and self.epoch == epoch:
+                remaining = deadline - loop.time()
+                if self.released or remaining <= 0:
+                    return False
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._advanced.wait(), remaining)
+            return True
+        finally:
+            self.waiting -= 1
+
+    def release_waiters(self) -> None:
+        """Shutting down: every wait_past() returns now, and later ones at once."""
+        self.released = True
+        self._wake()
+
+    def _fall_behind(self, conn: Subscriber, position: StreamId) -> None:
+        conn.live = False
+        conn.position = position
+        self._lagging.add(conn)
+        if conn.registration.coalesce and not conn.sse and not conn.replaying:
+            self._coalescible.add(conn)
+        conn.task = asyncio.create_task(self._catch_up(conn), name=f"catch-up {conn.remote}")
+
+    def _coalesce_before(self, oldest: WindowEntry | None) -> None:
+        """The window is about to drop `oldest`: switch every coalescible connection not sent
+        it yet to a coalesced catch-up, holding what the window has for it."""
+        if oldest is None:
+            return
+        for conn in [c for c in self._coalescible if c.position < oldest.position]:
+            self._coalescible.discard(conn)
+            self._lagging.discard(conn)
+            coalesced = conn.coalesced = Coalesced(self.coalesce_ids)
+            self.coalesced["started"] += 1
+            try:
+                for entry in self.window.after(conn.position):
+                    if conn.wants(entry):
+                        coalesced.fold(entry.resource, entry.sub_resources,
+                                       entry.changed_resource_id, entry.position)
+            except CoalesceOverflow:
+                self.close_slow(conn)
+                continue
+            log.info(
+                "slow consumer: coalesced catch-up",
+                instance=conn.registration.instance,
+                service=conn.registration.service,
+                remote=conn.remote,
+                ids=len(coalesced),
+            )
+
+    def close_slow(self, conn: Subscriber) -> None:
+        """Close a connection that fell out of the window (or whose coalesced catch-up passed
+        `coalesce_ids`) with 4008, without waiting on it."""
+        coalesced = conn.coalesced
+        behind = len(coalesced) if coalesced is not None else self.window.behind(conn.position)
+        log.warning(
+            "slow consumer closed",
+            instance=conn.registration.instance,
+            service=conn.registration.service,
+            remote=conn.remote,
+            behind=behind,
+            coalesced=coalesced is not None,
+        )
+        self.closed["slowConsumer"] += 1
+        reason = SLOW if coalesced is None else SLOW_COALESCED.format(coalesced.limit)
+        self.close_now(conn, CloseCode.SLOW_CONSUMER, reason)
+
+    def close_trimmed(self, conn: Subscriber) -> None:
+        """Close a connection whose next items were trimmed before it was sent them (4009)."""
+        log.warning(
+            "listener closed: items trimmed before they were sent",
+            instance=conn.registration.instance,
+            service=conn.registration.service,
+            remote=conn.remote,
+            position=str(conn.position),
+        )
+        self.closed["trimGap"] += 1
+        self.close_now(conn, CloseCode.BUCKET_RESET, TRIMMED)
+
+    def close_now(self, conn: Subscriber, code: int, reason: str) -> None:
+        """Queue a close frame and drop the connection, aborting it if it cannot take the frame."""
+        if conn.closing:
+            return
+        conn.closing = True
+        self.remove(conn)
+        transport = conn.transport
+        if transport.is_closing():
+            return
+        transport.write(close_chunks(code, reason) if conn.sse else close_frame(code, reason))
+        transport.close()
+        asyncio.get_running_loop().call_later(CLOSE_GRACE, transport.abort)
+
+    def reset(self, epoch: str, base: StreamId, *, rollback: bool = False) -> None:
+        """A new history (the bucket was recreated or rolled back): forget the window, start it
+        at `base` and close every connection with 4009."""
+        self.epoch = epoch
+        self.window.reset(base)
+        cause, reason = ("rollback", ROLLED_BACK) if rollback else ("epochChange", RECREATED)
+        for conn in list(self.connections):
+            self.closed[cause] += 1
+            self.close_now(conn, CloseCode.BUCKET_RESET, reason)
+        self._wake()
+
+    def skip_to(self, trimmed: StreamId) -> int:
+        """The tail found the log trimmed past the window head: the items up to `trimmed` are
+        gone unread. Close every connection that had not been sent past them (4009) and restart
+        the window at `trimmed`; returns how many were closed.
+
+        A connection resuming ahead of the tail, at or past `trimmed`, has missed nothing.
+        """
+        head = self.window.head
+        behind = [
+            c for c in self.connections
+            if (head if c.live or c.coalesced is not None else c.position) < trimmed
+        ]
+        for conn in behind:
+            self.closed["trimGap"] += 1
+            self.close_now(conn, CloseCode.BUCKET_RESET, TRIMMED)
+        self.window.reset(trimmed)
+        self._wake()
+        return len(behind)
+
+    # --- catching up ---------------------------------------------------------------------
+
+    async def _catch_up(self, conn: Subscriber) -> None:
+        """Send `conn` what it missed, from Redis then from the window, then make it live."""
+        try:
+            while not conn.closing:
+                if conn.coalesced is not None:
+                    await self._drain_coalesced(conn, conn.coalesced)
+                    return
+                window = self.window
+                if conn.position > window.head:
+                    # A cursor from a publisher whose tail is ahead of ours: wait for ours.
+                    await self._advanced.wait()
+                    continue
+                if not window.covers(conn.position):
+                    if not conn.replaying:
+                        self.close_slow(conn)
+                        return
+                    await self._replay_from_bucket(conn, window.base)
+                    continue
+                entries = window.after(conn.position)
+                if not entries:
+                    self._go_live(conn)
+                    return
+                for entry in entries:
+                    if conn.wants(entry):
+                        if not await self._writable(conn):
+                            return
+                        if conn.coalesced is not None:
+                            break  # switched while it waited: `entry` is in its set
+                        frame = self.sse_of(entry) if conn.sse else entry.frame
+                        conn.transport.write(frame)
+                        self._wrote_one(conn, entry.position, len(frame))
+                    conn.position = entry.position
+        except (ConnectionError, RuntimeError) as exc:
+            log.info("catch-up ended: connection gone", remote=conn.remote, error=str(exc))
+        except BucketBusy as exc:
+            log.warning("catch-up failed: publisher overloaded", remote=conn.remote, error=str(exc))
+            self.close_now(conn, CloseCode.OVERLOADED, "publisher overloaded during replay")
+        except BucketUnavailable as exc:
+            log.warning("catch-up failed: bucket unavailable", remote=conn.remote, error=str(exc))
+            self.close_now(conn, CloseCode.TRY_AGAIN_LATER, "bucket unavailable during replay")
+
+    def _go_live(self, conn: Subscriber) -> None:
+        conn.live = True
+        conn.replaying = False
+        conn.coalesced = None
+        self._lagging.discard(conn)
+        self._coalescible.discard(conn)
+        conn.task = None
+
+    async def _drain_coalesced(self, conn: Subscriber, coalesced: Coalesced) -> None:
+        """Send each pending id once, oldest newest-change first, while the fan-out keeps
+        folding new items in; live again right after the last one (`caughtUp`), with nothing
+        awaited in between."""
+        while not conn.closing:
+            if not coalesced:
+                self._go_live(conn)  # only when nothing it wanted fell out of the window
+                return
+            if not await self._writable(conn):
+                return
+            item, position = coalesced.pop(self.epoch)
+            frame = text_frame(item.encode())
+            conn.transport.write(frame)
+            conn.last_sent = position
+            self.delivered += 1
+            self.bytes_written += len(frame)
+            if item.caught_up:
+                self.coalesced["finished"] += 1
+                self.coalesced["items"] += coalesced.folded
+                self.coalesced["sent"] += coalesced.sent_ids
+                log.info(
+                    "slow consumer caught up",
+                    instance=conn.registration.instance,
+                    service=conn.registration.service,
+                    remote=conn.remote,
+                    items=coalesced.folded,
+                    sent=coalesced.sent_ids,
+                )
+                self._go_live(conn)
+                return
+
+    async def _replay_from_bucket(self, conn: Subscriber, until: StreamId) -> None:
+        """Send a resuming connection the matching items in (position, until] from Redis.
+
+        Each read says, in the same snapshot, how far the log was trimmed: a replay that falls
+        behind trimming is closed as the tail's listeners are, never continued over the gap.
+        """
+        while conn.position < until and not conn.closing:
+            read = await self.bucket.tail(conn.position, None, REPLAY_BATCH)
+            if read.epoch != self.epoch:
+                # The tail resets the hub when it reads this too; this one cannot wait for it.
+                self.closed["epochChange"] += 1
+                self.close_now(conn, CloseCode.BUCKET_RESET, RECREATED)
+                return
+            if read.trimmed > conn.position:
+                self.close_trimmed(conn)
+                return
+            rows = [row for row in read.entries if row.position <= until]
+            if not rows:
+                conn.position = until
+                return
+            for row in rows:
+                if conn.wants(row):
+                    if not await self._writable(conn):
+                        return
+                    payload = row.item(self.epoch).encode()
+                    frame = (
+                        change_chunk(Cursor(self.epoch, row.position).encode(), payload)
+                        if conn.sse else text_frame(payload)
+                    )
+                    conn.transport.write(frame)
+                    self._wrote_one(conn, row.position, len(frame))
+                conn.position = row.position
+
+    def _wrote_one(self, conn: Subscriber, position: StreamId, size: int) -> None:
+        """Count one item written to `conn` outside the fan-out (catching up, replaying)."""
+        conn.last_sent = position
+        self.delivered += 1
+        self.bytes_written += size
+        if conn.sse:
+            self.sse_delivered += 1
+        if self.trace is not None:
+            self.trace.wrote_late(position, conn.registration.service, time.time())
+
+    async def _writable(self, conn: Subscriber) -> bool:
+        """Wait until `conn` can take another frame without passing `send_buffer`; False when
+        it is closing instead."""
+        if conn.transport.get_write_buffer_size() > self.send_buffer:
+            # The transport pauses its protocol above `send_buffer` (set at registration);
+            # this is aiohttp's own wait for it to drain below the low-water mark.
+            await conn.protocol._drain_helper()
+        return not (conn.closing or conn.transport.is_closing())
+
+    # --- reporting -----------------------------------------------------------------------
+
+    def coalescing(self) -> dict[str, int]:
+        """The coalesced catch-ups since start (`started`, `finished`, `items`, `sent`), and
+        `listeners` in one now with `pending` ids between them (what they hold in memory)."""
+        sets = [c.coalesced for c in self.connections if c.coalesced is not None]
+        return {**self.coalesced, "listeners": len(sets), "pending": sum(map(len, sets))}
+
+    def stats(self, publisher_id: str) -> list[dict[str, Any]]:
+        """One entry per registered (connection, resource), as /changefeeds/stats shows them.
+
+        `itemsBehindHead` is what the connection may still be due: the matching window items
+        after its position, plus every log item the tail has not read yet (of any kind: the
+        tail cannot know which match before reading them). `headCursor` is the bucket's head.
+        """
+        head = max(self.log_head, self.window.head)
+        out = []
+        for conn in self.connections:
+            reg = conn.registration
+            behind = self.unread
+            if conn.coalesced is not None:
+                behind += len(conn.coalesced)
+            elif not conn.live:
+                behind += sum(1 for e in self.window.after(conn.position) if conn.wants(e))
+            last = conn.last_sent
+            for kind in reg.kinds:
+                out.append(
+                    {
+                        "instance": reg.instance,
+                        "service": reg.service,
+                        "changeKind": kind.to_wire(),
+                        "connectedSince": time.strftime(
+                            "%Y-%m-%dT%H:%M:%SZ", time.gmtime(conn.connected_at)
+                        ),
+                        "remote": conn.remote,
+                        "lastCursorSent": Cursor(self.epoch, last).encode() if last else None,
+                        "itemsBehindHead": behind,
+                        "headCursor": Cursor(self.epoch, head).encode() if self.epoch else None,
+                        "publisher": publisher_id,
+                    }
+                )
+        return out

@@ -1,0 +1,54 @@
+"""What the handlers share, kept on the aiohttp application under `web.AppKey`s.
+
+`service.py` creates the objects and stores them here; the route modules (`routes.py`,
+`websocket.py`, `poll_routes.py`) read them from `request.app`. So no handler module imports the
+service, and the service imports the handlers only to add them: no import circle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from publisher.bucket import ChangeBucket
+from publisher.config.settings import Config
+from publisher.delivery.hub import Hub
+from publisher.delivery.tail import Tail
+from publisher.web.access import Access
+
+
+@dataclass(slots=True)
+class Lifecycle:
+    """The process's state that handlers consult: its id, its sockets not yet registered, and
+    whether it is stopping (a handler cancelled then was stopped, not dropped by its peer)."""
+
+    publisher_id: str
+    unregistered: set[web.WebSocketResponse] = field(default_factory=set)
+    """Sockets still expected to send their registration."""
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    draining: bool = False
+    """SIGTERM was received: `/readyz` answers 503 while listeners are still served."""
+    refused: Counter[int] = field(default_factory=Counter)
+    """Websocket registrations refused since start, by the close code they were sent."""
+
+
+@dataclass(slots=True)
+class Live:
+    """The config as last (re)loaded, for what may change while the process runs (SIGHUP):
+    handlers read the limits here, not from `CONFIG` (the config the process started with)."""
+
+    config: Config
+
+
+CONFIG = web.AppKey("config", Config)
+BUCKET = web.AppKey("bucket", ChangeBucket)
+HUB = web.AppKey("hub", Hub)
+TAIL = web.AppKey("tail", Tail)
+LIFECYCLE = web.AppKey("lifecycle", Lifecycle)
+ACCESS = web.AppKey("access", Access)
+LIVE = web.AppKey("live", Live)
+
+__all__ = ["ACCESS", "BUCKET", "CONFIG", "HUB", "LIFECYCLE", "LIVE", "TAIL", "Lifecycle", "Live"]

@@ -1,0 +1,213 @@
+"""The HTTP routes of durable pull consumers (docs/pull.md#durable-consumers, docs/http.md):
+
+    GET    /changefeeds/durable                      the consumers (names, configured and stored)
+    PUT    /changefeeds/durable/<name>               create                  201, 200 (same), 409
+    GET    /changefeeds/durable/<name>               info                    200, 404
+    DELETE /changefeeds/durable/<name>               delete                  200, 404
+    POST   /changefeeds/durable/<name>/fetch         fetch (long poll)       200, 404
+    POST   /changefeeds/durable/<name>/ack           settle: ack, nak, in_progress, term
+    GET    /changefeeds/durable/<name>/dead          the dead-letter record
+
+Each needs the scope `durable:<name>` (`durable:*` for the list), and a name that config.js lists
+in `durable.consumers` (403 `UnknownConsumer` otherwise: closed by default; info and delete are
+also allowed for a consumer stored in Redis whose name was removed from the list since). Errors
+are `{"code", "message"}` with a 4xx status, 503 while Redis is down.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import structlog
+from aiohttp import web
+
+from changefeed.durable import (
+    DURABLE,
+    NAME,
+    Action,
+    parse_config,
+    parse_fetch,
+    parse_settle,
+)
+from changefeed.errors import (
+    CommitOutcomeUnknown,
+    ConsumerExists,
+    CursorGone,
+    NoSuchConsumer,
+    ParamError,
+)
+from changefeed.longpoll import parse_int
+from publisher.pull.durable import Durables
+from publisher.web.access import requires
+from publisher.web.app_keys import CONFIG, LIVE
+from publisher.web.http import (
+    RETRY_UNAVAILABLE,
+    json_error,
+    json_response,
+    read_body,
+    retry_after,
+)
+
+log = structlog.get_logger(__name__)
+
+DURABLES = web.AppKey("durables", Durables)
+MAX_DEAD_PAGE = 1000
+"""Dead-letter records one request returns at most."""
+
+
+def _scope(request: web.Request) -> str:
+    return "durable:" + request.match_info.get("name", "*")
+
+
+class _Refused(Exception):
+    """A request refused before it reaches the consumer: its response."""
+
+    def __init__(self, response: web.Response) -> None:
+        self.response = response
+
+
+def add_durable_routes(app: web.Application) -> None:
+    """Add the durable consumer routes; `app[DURABLES]` must be set."""
+    config = app[CONFIG]
+    configured = config.durable.consumers
+    resources = config.resource_map
+
+    def checked(request: web.Request, *, stored_ok: bool = False) -> str:
+        name = request.match_info["name"]
+        if not NAME.match(name):
+            raise _Refused(json_error(
+                400, "InvalidParameter",
+                f"consumer name {name[:60]!r} must be 1 to 50 letters, digits, '_', '.' or '-'",
+            ))
+        if name not in configured and not stored_ok:
+            raise _Refused(_unknown(name))
+        return name
+
+    async def body_of(request: web.Request) -> Any:
+        body = await read_body(request, config.server.body_timeout)
+        if isinstance(body, web.Response):
+            raise _Refused(body)
+        if not body.strip():
+            return None
+        try:
+            return orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            raise _Refused(json_error(400, "InvalidJSON", f"the body is not JSON: {exc}")) from None
+
+    def handler(
+        run: Any, *, stored_ok: bool = False
+    ) -> Any:
+        """Wrap `run(request, durables, name)`: refusals, parameter errors and a missing
+        consumer become their JSON answers."""
+
+        @requires(_scope)
+        async def handle(request: web.Request) -> web.Response:
+            try:
+                name = checked(request, stored_ok=stored_ok)
+                response: web.Response = await run(request, request.app[DURABLES], name)
+                return response
+            except _Refused as refused:
+                return refused.response
+            except ParamError as exc:
+                return json_error(400, "InvalidParameter", str(exc))
+            except NoSuchConsumer as exc:
+                if exc.name not in configured:
+                    return _unknown(exc.name)
+                return json_error(404, "ConsumerNotFound", str(exc))
+
+        return handle
+
+    async def create(request: web.Request, durables: Durables, name: str) -> web.Response:
+        durable = request.app[LIVE].config.durable
+        consumer = parse_config(
+            await body_of(request), resources,
+            max_ack_wait=durable.max_ack_wait, max_ack_pending=durable.max_ack_pending,
+        )
+        try:
+            created, info = await durables.create(name, consumer)
+        except ConsumerExists as exc:
+            return json_error(409, "ConsumerExists", str(exc))
+        except CursorGone as exc:
+            return json_error(410, "CursorGone", str(exc))
+        if created:
+            log.info("durable consumer created", consumer=name, config=info["config"])
+        return json_response(info, 201 if created else 200)
+
+    async def info(request: web.Request, durables: Durables, name: str) -> web.Response:
+        return json_response(await durables.info(name))
+
+    async def delete(request: web.Request, durables: Durables, name: str) -> web.Response:
+        if not await durables.delete(name):
+            raise NoSuchConsumer(name)
+        log.info("durable consumer deleted", consumer=name)
+        return json_response({"deleted": name})
+
+    async def fetch(request: web.Request, durables: Durables, name: str) -> web.Response:
+        query = parse_fetch(await body_of(request), request.app[LIVE].config.limits)
+        reply = await durables.fetch(name, query)
+        return json_response(reply.to_wire())
+
+    async def dead(request: web.Request, durables: Durables, name: str) -> web.Response:
+        unknown = sorted(set(request.query) - {"after", "limit"})
+        if unknown:
+            raise ParamError(f"unknown parameter(s) {', '.join(unknown)} (known: after, limit)")
+        after = request.query.get("after") or None
+        if after is not None and not _record_id(after):
+            raise ParamError(f"after must be a record id (<ms>-<seq>), not {after[:60]!r}")
+        limit = parse_int("limit", request.query.get("limit", "100"))
+        if not 1 <= limit <= MAX_DEAD_PAGE:
+            raise ParamError(f"limit must be from 1 to {MAX_DEAD_PAGE}, not {limit}")
+        return json_response(await durables.dead_letters(name, after, limit))
+
+    def settler(action: Action) -> Any:
+        async def settle(request: web.Request, durables: Durables, name: str) -> web.Response:
+            durable = request.app[LIVE].config.durable
+            query = parse_settle(
+                await body_of(request), action,
+                most=request.app[LIVE].config.limits.max_results, max_delay=durable.max_ack_wait,
+            )
+            try:
+                reply = await durables.settle(name, action, query)
+            except CommitOutcomeUnknown as exc:
+                log.warning("settlement outcome unknown", consumer=name, action=action.value,
+                            error=str(exc))
+                return json_error(
+                    503, "OutcomeUnknown",
+                    f"Redis did not answer the {action.value}: it may or may not have taken "
+                    "effect. Send it again: a delivery already settled answers not_pending",
+                    retry_after(RETRY_UNAVAILABLE),
+                )
+            return json_response(reply.to_wire())
+
+        return settle
+
+    @requires(_scope)
+    async def listing(request: web.Request) -> web.Response:
+        stored = await request.app[DURABLES].store.names()
+        return json_response({"configured": sorted(configured), "stored": stored})
+
+    app.router.add_get(DURABLE, listing)
+    app.router.add_put(DURABLE + "/{name}", handler(create))
+    app.router.add_get(DURABLE + "/{name}", handler(info, stored_ok=True))
+    app.router.add_delete(DURABLE + "/{name}", handler(delete, stored_ok=True))
+    app.router.add_post(DURABLE + "/{name}/fetch", handler(fetch))
+    app.router.add_get(DURABLE + "/{name}/dead", handler(dead, stored_ok=True))
+    for action in Action:
+        app.router.add_post(f"{DURABLE}/{{name}}/{action.value}", handler(settler(action)))
+
+
+def _unknown(name: str) -> web.Response:
+    return json_error(
+        403, "UnknownConsumer",
+        f"durable consumer {name!r} is not one of durable.consumers in this publisher's "
+        "config.js",
+    )
+
+
+def _record_id(text: str) -> bool:
+    ms, dash, seq = text.partition("-")
+    return bool(dash) and ms.isascii() and ms.isdigit() and seq.isascii() and seq.isdigit()
+
+
+__all__ = ["DURABLES", "MAX_DEAD_PAGE", "add_durable_routes"]

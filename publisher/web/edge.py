@@ -1,0 +1,60 @@
+"""The publisher's one middleware: what happens to every request around its handler.
+
+In this order, for every request:
+
+1. `Access.check` (publisher.web.access): refused (429, 403, 401...), a CORS preflight answered, or
+   passed on with its identity and the CORS headers its answer gets;
+2. the handler; an error it raises becomes a JSON answer (`publisher.web.http.error_as_json`), or
+   is raised on when it already is one;
+3. `Metrics.count` (publisher.web.metrics): the request by route pattern and status, refusals and
+   errors too (an exception that is no HTTP error counts as 500).
+
+One layer, not a middleware per concern: a websocket's handler runs for the life of its
+connection, and every middleware layer between aiohttp and it would hold a coroutine frame for
+all of that time, for every listener (docs/benchmarks.md, P5).
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
+
+from changefeed.errors import ChangefeedError
+from publisher.web.access import Access
+from publisher.web.http import error_as_json
+from publisher.web.metrics import Metrics
+
+
+def edge(metrics: Metrics, access: Access) -> Middleware:
+    """The middleware of a service with these metrics and access checks."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        status = 500
+        try:
+            refusal, cors = access.check(request)
+            response: web.StreamResponse
+            if refusal is not None:
+                response = refusal
+            else:
+                try:
+                    response = await handler(request)
+                except (web.HTTPException, ChangefeedError) as exc:
+                    answer = error_as_json(request, exc)
+                    if answer is None:
+                        raise
+                    response = answer
+                if cors is not None and not response.prepared:
+                    response.headers.update(cors)
+            status = response.status
+            return response
+        except web.HTTPException as exc:
+            status = exc.status
+            raise
+        finally:
+            metrics.count(request, status)
+
+    return middleware
+
+
+__all__ = ["edge"]

@@ -1,0 +1,263 @@
+"""`GET /metrics`: the publisher in Prometheus' text format, with the `prometheus-client` library.
+
+Each `Service` has its own `CollectorRegistry`. What the publisher counts already (the hub's
+deliveries and closes, the tail's faults and lag, the long polls waiting, the admission's
+refusals) is read when Prometheus scrapes, by `_Collector`, never counted twice; only the
+commit-to-write latency (a histogram, observed once per item written, not per listener) and the
+HTTP requests (`Metrics.count`, called by the middleware, publisher.web.edge) are recorded as they
+happen. docs/operations.md#metrics lists them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Histogram, PlatformCollector, ProcessCollector
+from prometheus_client import Counter as PromCounter
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.registry import Collector
+
+from changefeed.protocol import CloseCode
+from publisher.web.admission import Admission
+from publisher.web.app_keys import HUB, LIFECYCLE, TAIL
+from publisher.web.health import tail_reasons
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+"""Seconds from a commit to its write to listeners: milliseconds when all is well, seconds when
+the tail fell behind."""
+
+REFUSAL_REASONS = {
+    1002: "protocol_error",
+    CloseCode.UNSUPPORTED_DATA: "unsupported_data",
+    CloseCode.POLICY_VIOLATION: "invalid_registration",
+    CloseCode.MESSAGE_TOO_BIG: "too_big",
+    CloseCode.TRY_AGAIN_LATER: "bucket_unavailable",
+    CloseCode.OVERLOADED: "overloaded",
+}
+"""The `reason` label of a refused registration, by the close code it was sent."""
+
+RESYNC_CAUSES = {"trimGap": "trim_gap", "epochChange": "epoch_change", "rollback": "rollback"}
+"""Closes with 4009 (the listener must bootstrap again), by the hub's cause."""
+
+
+def package_version() -> str:
+    try:
+        return version("changefeed")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+@dataclass(slots=True)
+class Activity:
+    """What the service's own background work counts: trimming and advertising."""
+
+    items_trimmed: int = 0
+    redis_errors: Counter[str] = field(default_factory=Counter)
+    """Failed Redis operations of background work, by operation (trim, advertise)."""
+
+
+class _Collector(Collector):
+    """Reads the publisher's own counters and gauges at each scrape."""
+
+    def __init__(self, app: web.Application, admission: Admission, activity: Activity) -> None:
+        self.app = app
+        self.admission = admission
+        self.activity = activity
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily | InfoMetricFamily]:
+        app = self.app
+        hub, tail, lifecycle = app[HUB], app[TAIL], app[LIFECYCLE]
+        info = InfoMetricFamily("changefeed_publisher", "This publisher process.")
+        info.add_metric([], {"publisher": lifecycle.publisher_id, "version": package_version()})
+        yield info
+
+        listeners = GaugeMetricFamily(
+            "changefeed_listeners", "Registered websocket listeners, by resource and protocol "
+            "version (a listener of several resources counts once for each).",
+            labels=["resource", "version"],
+        )
+        by_kind: Counter[tuple[str, str]] = Counter()
+        for conn in hub.connections:
+            version_ = str(conn.registration.version)
+            for kind in conn.registration.kinds:
+                by_kind[kind.resource, version_] += 1
+        for (resource, version_), count in sorted(by_kind.items()):
+            listeners.add_metric([resource, version_], count)
+        yield listeners
+        yield GaugeMetricFamily(
+            "changefeed_connections", "Open TCP connections (HTTP, long polls and websockets).",
+            value=self.admission.open,
+        )
+        refused = CounterMetricFamily(
+            "changefeed_registrations_refused", "Websocket registrations refused, by reason.",
+            labels=["reason"],
+        )
+        reasons: Counter[str] = Counter()
+        for code, count in lifecycle.refused.items():
+            reasons[REFUSAL_REASONS.get(code, f"close_{code}")] += count
+        for reason, count in sorted(reasons.items()):
+            refused.add_metric([reason], count)
+        yield refused
+        connections_refused = CounterMetricFamily(
+            "changefeed_connections_refused", "TCP connections refused at admission, by limit.",
+            labels=["limit"],
+        )
+        for limit, count in sorted(self.admission.refusals.items()):
+            connections_refused.add_metric([limit], count)
+        yield connections_refused
+        yield CounterMetricFamily(
+            "changefeed_items_delivered", "Change items written to listeners (one per listener).",
+            value=hub.delivered,
+        )
+        yield CounterMetricFamily(
+            "changefeed_written_bytes", "Bytes of change items written to listeners.",
+            value=hub.bytes_written,
+        )
+        yield GaugeMetricFamily(
+            "changefeed_sse_subscribers", "Open server-sent events streams (/changefeeds/sse).",
+            value=sum(1 for conn in hub.connections if conn.sse),
+        )
+        yield CounterMetricFamily(
+            "changefeed_sse_items_sent",
+            "Change items written to server-sent events streams (in items_delivered too).",
+            value=hub.sse_delivered,
+        )
+        sse_ended = CounterMetricFamily(
+            "changefeed_sse_disconnects",
+            "Server-sent events streams ended, by who ended them (listener or publisher).",
+            labels=["by"],
+        )
+        for by in ("listener", "publisher"):
+            sse_ended.add_metric([by], hub.sse_ended[by])
+        yield sse_ended
+        yield CounterMetricFamily(
+            "changefeed_slow_consumer_closes", "Listeners closed with 4008 (slow consumer).",
+            value=hub.closed["slowConsumer"],
+        )
+        yield CounterMetricFamily(
+            "changefeed_no_pong_closes",
+            "Listeners closed with 1001 for not answering a ping (dead peers).",
+            value=hub.closed["noPong"],
+        )
+        yield CounterMetricFamily(
+            "changefeed_credentials_revoked_closes",
+            "Listeners closed with 1008: their token or identity was revoked or expired.",
+            value=hub.closed["credentialsRevoked"],
+        )
+        yield CounterMetricFamily(
+            "changefeed_coalesced_catch_ups",
+            "Coalesced catch-ups of slow listeners (registered with coalesce) that ended live.",
+            value=hub.coalesced["finished"],
+        )
+        yield CounterMetricFamily(
+            "changefeed_coalesced_items",
+            "Change items folded into coalesced catch-ups (sent as one item per id).",
+            value=hub.coalesced["items"],
+        )
+        resyncs = CounterMetricFamily(
+            "changefeed_resyncs", "Listeners closed with 4009 (bootstrap again), by cause.",
+            labels=["cause"],
+        )
+        for cause, label in RESYNC_CAUSES.items():
+            resyncs.add_metric([label], hub.closed[cause])
+        yield resyncs
+        items, seconds = tail.lag()
+        yield GaugeMetricFamily(
+            "changefeed_tail_lag_items", "Log items the tail is behind the bucket's head.",
+            value=items,
+        )
+        yield GaugeMetricFamily(
+            "changefeed_tail_lag_seconds",
+            "Commit time between the bucket's head and the tail's last item read.",
+            value=seconds,
+        )
+        yield GaugeMetricFamily(
+            "changefeed_tail_healthy", "1 while the tail reads the bucket, 0 while it retries.",
+            value=int(tail.healthy),
+        )
+        yield CounterMetricFamily(
+            "changefeed_items_lost", "Items trimmed before the tail read them.",
+            value=tail.faults.items_lost,
+        )
+        errors = CounterMetricFamily(
+            "changefeed_redis_errors", "Redis operations that failed (unreachable), by operation.",
+            labels=["operation"],
+        )
+        errors.add_metric(["tail"], tail.faults.redis_errors)
+        for operation in ("trim", "advertise"):
+            errors.add_metric([operation], self.activity.redis_errors[operation])
+        yield errors
+        yield CounterMetricFamily(
+            "changefeed_redis_reconnects", "Times the tail read the bucket again after failing.",
+            value=tail.faults.reconnects,
+        )
+        yield GaugeMetricFamily(
+            "changefeed_long_polls_waiting", "Long polls (events, feed) waiting for new items.",
+            value=hub.waiting,
+        )
+        yield CounterMetricFamily(
+            "changefeed_items_trimmed", "Items this publisher trimmed from the log.",
+            value=self.activity.items_trimmed,
+        )
+        yield GaugeMetricFamily(
+            "changefeed_ready", "1 when /readyz would say ready as far as the tail and draining "
+            "go (Redis's PING is /readyz's own).",
+            value=int(not tail_reasons(app)),
+        )
+        yield GaugeMetricFamily(
+            "changefeed_draining", "1 after SIGTERM, while listeners are closed.",
+            value=int(lifecycle.draining),
+        )
+
+
+class Metrics:
+    """The registry of one publisher, its live instruments and its `/metrics` route."""
+
+    def __init__(self, app: web.Application, admission: Admission) -> None:
+        self.registry = CollectorRegistry()
+        self.activity = Activity()
+        self.latency = Histogram(
+            "changefeed_commit_to_write_seconds",
+            "Seconds from a change's commit (its Redis time) to its write to listeners, once per "
+            "item written (clocks of Redis and the publisher's host differ by their skew).",
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.requests = PromCounter(
+            "changefeed_http_requests",
+            "HTTP requests answered, by route (its pattern), method and status (101: websocket).",
+            ["route", "method", "status"],
+            registry=self.registry,
+        )
+        self.registry.register(_Collector(app, admission, self.activity))
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+
+    def count(self, request: web.Request, status: int) -> None:
+        """Count `request`, answered with `status`, by route pattern (so ids do not make new
+        series); publisher.web.edge calls it for every request."""
+        info = request.match_info.route.resource
+        route = info.canonical if info is not None else "unmatched"
+        self.requests.labels(route, request.method, str(status)).inc()
+
+    async def handle(self, request: web.Request) -> web.Response:
+        """The text format, or OpenMetrics when the scraper asks for it (`Accept`)."""
+        started = time.perf_counter()
+        encode, content_type = choose_encoder(request.headers.get("Accept", ""))
+        body = encode(self.registry)
+        response = web.Response(body=body)
+        response.headers["Content-Type"] = content_type
+        response.headers["X-Scrape-Seconds"] = f"{time.perf_counter() - started:.4f}"
+        return response
+
+    def add_route(self, app: web.Application) -> None:
+        app.router.add_get("/metrics", self.handle)
+
+
+__all__ = ["LATENCY_BUCKETS", "Activity", "Metrics", "package_version"]

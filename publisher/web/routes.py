@@ -1,0 +1,211 @@
+"""The HTTP routes: /changefeeds, /changefeeds/stats and each resource's bootstrap route.
+
+Every error is a JSON body `{"code", "message"}` with a 4xx status (503 when Redis is down,
+through `publisher.web.http.error_as_json`); bad input never produces a 500. docs/http.md documents
+the formats. Handlers find the config, bucket and hub under the application's keys
+(`publisher.web.app_keys`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+from urllib.parse import quote, urlencode
+
+import orjson
+from aiohttp import web
+
+from changefeed.cursor import CompositeCursor, Cursor, StreamId
+from changefeed.errors import CursorError
+from changefeed.protocol import CHANGEFEEDS, Resource
+from changefeed.watch import Watch, parse_watch
+from publisher.bucket import decode_marker, encode_marker
+from publisher.delivery.cluster_hub import ClusterHub
+from publisher.web.app_keys import BUCKET, CONFIG, HUB, LIVE
+from publisher.web.fleet import stats_of_scope
+from publisher.web.http import bad_request, json_error
+from publisher.web.sse import add_sse_routes
+from publisher.web.watch_pages import page_watched
+from publisher.web.websocket import handle_changefeeds
+
+
+def _limit(request: web.Request, default: int, maximum: int) -> int:
+    text = request.query.get("limit")
+    if text is None:
+        return default
+    # ASCII digits only: `'²'.isdigit()` is true and `int('²')` raises.
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= maximum:
+        raise bad_request("InvalidLimit", f"limit must be an integer from 1 to {maximum}")
+    return int(text)
+
+
+def _watch(request: web.Request) -> Watch:
+    """The watch of a bootstrap page: its repeated `id=` and `prefix=` parameters."""
+    try:
+        return parse_watch(
+            request.query.getall("id", []),
+            request.query.getall("prefix", []),
+            names=("id", "prefix"),
+        )
+    except ValueError as exc:
+        raise bad_request("InvalidWatch", str(exc)) from None
+
+
+def _before(position: StreamId) -> StreamId:
+    """The position just before `position`: the hub's wait_past(it) ends once `position` is in."""
+    if position.seq:
+        return StreamId(position.ms, position.seq - 1)
+    return StreamId(position.ms - 1, (1 << 64) - 1) if position.ms else position
+
+
+async def at_least(request: web.Request) -> web.Response | None:
+    """`?min_cursor=` (and `?wait=`): None once the bucket's head is at or past the cursor, so
+    that what the route reads next holds that change; else the error to answer.
+
+    A cursor of another epoch is 409 `CursorGone` (bootstrap from scratch, it will never be
+    reached); one ahead of the head (a writer served by a publisher, or Redis, that is ahead of
+    ours) waits up to `wait` seconds (default `limits.wait`, at most `limits.maxWait`) on the
+    hub's shared wake-up, then is 504 `MinCursorTimeout`.
+    """
+    text = request.query.get("min_cursor")
+    if text is None:
+        return None
+    hub = request.app[HUB]
+    try:
+        wanted = (CompositeCursor.decode if isinstance(hub, ClusterHub) else Cursor.decode)(text)
+    except CursorError as exc:
+        return json_error(400, "InvalidCursor", f"min_cursor: {exc}")
+    limits = request.app[LIVE].config.limits
+    wait = limits.wait
+    if "wait" in request.query:
+        try:
+            wait = float(request.query["wait"])
+        except ValueError:
+            wait = -1.0
+        if not 0 <= wait <= limits.max_wait:
+            return json_error(400, "InvalidWait",
+                              f"wait must be seconds from 0 to {limits.max_wait:g}")
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait
+    bucket = request.app[BUCKET]
+    if isinstance(wanted, CompositeCursor):
+        assert isinstance(hub, ClusterHub)
+        return await _cluster_at_least(hub, wanted, text, deadline, wait)
+    while True:
+        retention = await bucket.retention()
+        if retention.epoch != wanted.epoch:
+            return json_error(
+                409, "CursorGone",
+                f"min_cursor {text} is of another bucket epoch than {retention.epoch}: the "
+                "bucket was recreated; bootstrap without it",
+            )
+        if retention.head >= wanted.position:
+            return None
+        remaining = deadline - loop.time()
+        if remaining <= 0 or not await hub.wait_past(_before(wanted.position), remaining):
+            head = Cursor(retention.epoch, retention.head).encode()
+            return json_error(
+                504, "MinCursorTimeout",
+                f"the bucket's head ({head}) did not reach min_cursor {text} within {wait:g} s",
+            )
+
+
+async def _cluster_at_least(
+    hub: ClusterHub, wanted: CompositeCursor, text: str, deadline: float, wait: float
+) -> web.Response | None:
+    """`at_least` for a bucket in a Redis Cluster: every partition's head at or past the
+    composite cursor's position in it."""
+    loop = asyncio.get_running_loop()
+    while True:
+        head = await hub.cluster.head_cursor()
+        if head is None or head.epoch != wanted.epoch or len(head.positions) != len(
+            wanted.positions
+        ):
+            return json_error(
+                409, "CursorGone",
+                f"min_cursor {text} is not of this bucket's epoch and partitions: the bucket was "
+                "recreated; bootstrap without it",
+            )
+        if head.covers(wanted):
+            return None
+        remaining = deadline - loop.time()
+        if remaining <= 0 or not await hub.wait_past(hub.window.head, remaining):
+            return json_error(
+                504, "MinCursorTimeout",
+                f"the bucket's head ({head}) did not reach min_cursor {text} within {wait:g} s",
+            )
+
+
+def next_page(route: str, limit: int, watch: Watch, last_id: str) -> str:
+    """The relative URL of the page after `last_id`, with the same limit and watch."""
+    params = [("limit", str(limit)), *watch.to_query(), ("marker", encode_marker(last_id))]
+    return f"{route}?{urlencode(params, safe='/', quote_via=quote)}"
+
+
+def add_routes(app: web.Application) -> None:
+    """Add the routes of `app[CONFIG]` (its resources decide the bootstrap routes)."""
+    config = app[CONFIG]
+
+    async def stats(request: web.Request) -> web.Response:
+        return await stats_of_scope(request)  # this process, or ?scope=cluster: publisher.web.fleet
+
+    def bootstrap(resource: Resource) -> Any:
+        async def page(request: web.Request) -> web.Response:
+            limits = request.app[LIVE].config.limits
+            limit = _limit(request, limits.page_size, limits.max_page_size)
+            marker = request.query.get("marker")
+            try:
+                after = None if marker is None else decode_marker(marker)
+            except ValueError as exc:
+                return json_error(400, "InvalidMarker", f"marker: {exc}")
+            unknown = set(request.query) - {"limit", "marker", "id", "prefix", "min_cursor",
+                                            "wait"}
+            if unknown:
+                return json_error(
+                    400, "InvalidQuery", f"unknown parameter(s): {', '.join(sorted(unknown))}"
+                )
+            watch = _watch(request)
+            refused = await at_least(request)
+            if refused is not None:
+                return refused
+            bucket = request.app[BUCKET]
+            if watch.everything:
+                result = await bucket.page(resource.resource, after, limit)
+            else:
+                result = await page_watched(bucket, resource.resource, watch, after, limit)
+            next_url = None
+            if len(result.ids) == limit:
+                next_url = next_page(resource.bootstrap_route, limit, watch, result.ids[-1])
+            cursor = result.cursor.encode() if result.cursor else None
+            body = (
+                b'{"items":['
+                + b",".join(s for s in result.states if s is not None)
+                + b'],"next":'
+                + orjson.dumps(next_url)
+                + b',"cursor":'
+                + orjson.dumps(cursor)
+                + b"}"
+            )
+            return web.Response(body=body, content_type="application/json")
+
+        async def one(request: web.Request) -> web.Response:
+            id = request.match_info["id"]
+            refused = await at_least(request)
+            if refused is not None:
+                return refused
+            state = await request.app[BUCKET].get(resource.resource, id)
+            if state is None:
+                return json_error(404, "ResourceNotFound", f"no {resource.resource} {id!r}")
+            return web.Response(body=state, content_type="application/json")
+
+        return page, one
+
+    # GET /changefeeds, plain (the resources) or an upgrade (a listener): one handler, so that
+    # a listener's connection holds no coroutine frame of a dispatcher in front of it.
+    app.router.add_get(CHANGEFEEDS, handle_changefeeds)
+    app.router.add_get("/changefeeds/stats", stats)
+    add_sse_routes(app)
+    for resource in config.resources:
+        page, one = bootstrap(resource)
+        app.router.add_get(resource.bootstrap_route, page)
+        app.router.add_get(resource.bootstrap_route + "/{id:.+}", one)

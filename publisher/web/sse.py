@@ -1,0 +1,168 @@
+"""`GET /changefeeds/sse`: the change feed as server-sent events, for browsers and `curl -N`.
+
+The query is a registration: `resource`, repeated `sub` (sub-resources, `*` for all), repeated
+`id` and `prefix` (a watch), `since` (or the `Last-Event-ID` header, which wins: what a browser's
+EventSource sends when it reconnects), and optionally `instance` and `service` (how
+/changefeeds/stats names it). It is checked as a websocket registration is (the same parser, the
+same `listen:<resource>` scope, registration rate and listener cap in publisher.web.access), then
+the stream is one more subscriber of the hub: the same window, catch-up and slow-consumer closing,
+only with `change_chunk`s instead of websocket frames (changefeed.sse). docs/sse.md documents it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import orjson
+import structlog
+from aiohttp import web
+
+from changefeed import sse
+from changefeed.cursor import CompositeCursor, Cursor, StreamId
+from changefeed.errors import CursorError, RegistrationError
+from changefeed.protocol import CloseCode, Registration, parse_registration, registration_reply
+from publisher.delivery.cluster_hub import ClusterHub
+from publisher.delivery.hub import Subscriber
+from publisher.security.clientaddr import client_address
+from publisher.web.access import LISTEN, identity_of, requires
+from publisher.web.app_keys import ACCESS, BUCKET, CONFIG, HUB, LIVE, TAIL
+from publisher.web.http import UNAVAILABLE, json_error
+from publisher.web.websocket import start_position
+
+log = structlog.get_logger(__name__)
+
+SSE_ROUTE = "/changefeeds/sse"
+_PARAMS = frozenset({"resource", "sub", "id", "prefix", "since", "instance", "service"})
+
+
+def registration_of(query: dict[str, list[str]], remote: str, identity: str) -> bytes:
+    """The query as the v2 registration frame it stands for (parse_registration checks it)."""
+    resources = query.get("resource", [])
+    if len(resources) != 1:
+        raise RegistrationError(CloseCode.POLICY_VIOLATION, "name exactly one resource=")
+    kind: dict[str, object] = {"resource": resources[0], "subResources": query.get("sub", [])}
+    if query.get("id"):
+        kind["ids"] = query["id"]
+    if query.get("prefix"):
+        kind["prefixes"] = query["prefix"]
+    frame: dict[str, object] = {
+        "instance": (query.get("instance") or [f"sse:{identity}@{remote}"])[0],
+        "service": (query.get("service") or ["sse"])[0],
+        "resources": [kind],
+    }
+    if query.get("since"):
+        frame["since"] = query["since"][0]
+    return orjson.dumps(frame)
+
+
+_REFUSED_STATUS = {
+    CloseCode.POLICY_VIOLATION: (403, "Forbidden"),
+    CloseCode.TRY_AGAIN_LATER: (503, "TryAgainLater"),
+}
+
+
+@requires(LISTEN)
+async def handle_sse(request: web.Request) -> web.StreamResponse:
+    app = request.app
+    limits = app[LIVE].config.limits
+    hub = app[HUB]
+    remote = client_address(request, app[CONFIG].server.trusted_proxies)
+    identity = identity_of(request)
+    unknown = set(request.query) - _PARAMS
+    if unknown:
+        names = ", ".join(sorted(unknown))
+        return json_error(400, "InvalidQuery", f"unknown parameter(s): {names}")
+    if request.version < (1, 1):
+        return json_error(400, "HttpVersion", "server-sent events need HTTP/1.1")
+    query = {key: request.query.getall(key) for key in set(request.query)}
+    last_id = request.headers.get("Last-Event-ID")
+    if last_id:
+        query["since"] = [last_id]
+    try:
+        registration = parse_registration(
+            registration_of(query, remote, identity.name), 2, app[CONFIG].resource_map
+        )
+    except RegistrationError as exc:
+        return json_error(400, "InvalidRegistration", exc.reason)
+    cursor = None
+    if registration.since is not None and not isinstance(hub, ClusterHub):
+        try:
+            cursor = Cursor.decode(registration.since)
+        except CursorError as exc:
+            return json_error(400, "InvalidCursor", f"since: {exc}")
+    refusal = app[ACCESS].registration_refusal(identity, registration, remote,
+                                               len(hub.connections))
+    if refusal is not None:
+        status, code = _REFUSED_STATUS.get(CloseCode(refusal[0]), (403, "Forbidden"))
+        headers = {"Retry-After": "1"} if status == 503 else None
+        return json_error(status, code, refusal[1], headers)
+    if not app[TAIL].healthy:
+        return json_error(503, "BucketUnavailable", UNAVAILABLE, {"Retry-After": "5"})
+    start: StreamId | CompositeCursor
+    if isinstance(hub, ClusterHub):  # a bucket in a Redis Cluster: composite cursors
+        start, resumed = await hub.start_of(registration.since)
+    else:
+        start, resumed = await start_position(hub, app[BUCKET], cursor)
+
+    response = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                 "X-Accel-Buffering": "no"}
+    )
+    response.enable_chunked_encoding()
+    await response.prepare(request)
+    transport = request.transport
+    if transport is None or transport.is_closing():
+        return response
+    start_cursor = (
+        start if isinstance(start, CompositeCursor) else Cursor(hub.epoch, start)
+    ).encode()
+    reply = registration_reply(registration, app[CONFIG].resource_map, start_cursor, resumed)
+    # From here to hub.add nothing awaits: the registered event's id is where the stream starts.
+    first = sse.event(sse.REGISTERED, orjson.dumps(reply), start_cursor)
+    if registration.since is not None and not resumed:
+        reason = f"cannot resume from {registration.since}: bootstrap again"
+        first += sse.event(sse.RESYNC, orjson.dumps({"reason": reason}))
+    transport.write(sse.chunk(first))
+    transport.set_write_buffer_limits(high=limits.send_buffer)
+    conn = Subscriber(registration, transport, request.protocol, remote, sse=True,
+                      identity=identity)
+    if isinstance(start, CompositeCursor):
+        assert isinstance(hub, ClusterHub)
+        hub.add_at(conn, start)
+    else:
+        hub.add(conn, start)
+    bound = _bound(registration, remote)
+    bound.info("sse listener registered", resumed=resumed, listeners=len(hub.connections))
+    try:
+        while not (conn.closing or transport.is_closing()):
+            await asyncio.sleep(app[LIVE].config.limits.ping_interval)
+            if conn.closing or transport.is_closing():
+                break
+            if transport.get_write_buffer_size() <= limits.send_buffer:
+                transport.write(sse.chunk(sse.PING))
+        # The hub ended the stream (its close event and last chunk are written): aiohttp must
+        # not write another end; the transport closes under the handler, which it cancels.
+        await asyncio.Event().wait()
+    finally:
+        hub.remove(conn)
+        hub.sse_ended["publisher" if conn.closing else "listener"] += 1
+        bound.info("sse listener disconnected", listeners=len(hub.connections),
+                   reason="closed by publisher" if conn.closing else "closed by listener")
+    return response
+
+
+def _bound(registration: Registration, remote: str) -> structlog.stdlib.BoundLogger:
+    bound: structlog.stdlib.BoundLogger = log.bind(
+        instance=registration.instance,
+        service=registration.service,
+        resources=[k.resource for k in registration.kinds],
+        remote=remote,
+    )
+    return bound
+
+
+def add_sse_routes(app: web.Application) -> None:
+    app.router.add_get(SSE_ROUTE, handle_sse)
+
+
+__all__ = ["SSE_ROUTE", "add_sse_routes", "handle_sse", "registration_of"]

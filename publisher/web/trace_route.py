@@ -1,0 +1,68 @@
+"""`GET /changefeeds/trace/<cursor>`: what this publisher did with one change
+(publisher.delivery.trace).
+
+It needs the `stats` scope (or `admin`): like `/changefeeds/stats` it tells who listens and when
+they were sent what. A malformed cursor is 400 `InvalidCursor`; a change this publisher has no
+record of is 404 with the reason's code (`NotTraced`: outside the trace window, `NotReadYet`,
+`OtherEpoch`, `NoSuchChange`; `TraceDisabled` when `trace.items` is 0 or the bucket is a
+Redis Cluster). Every answer names the
+publisher and its trace window. docs/http.md documents the shape; `changefeed trace` asks every
+publisher of the fleet.
+"""
+
+from __future__ import annotations
+
+import time
+
+from aiohttp import web
+
+from changefeed.cursor import Cursor
+from changefeed.errors import CursorError
+from publisher.delivery.trace import NotTraced, record_body
+from publisher.web.access import requires
+from publisher.web.app_keys import HUB, LIFECYCLE
+from publisher.web.http import json_error, json_response
+
+TRACE_ROUTE = "/changefeeds/trace"
+STATS = "stats"
+
+
+@requires(STATS)
+async def handle_trace(request: web.Request) -> web.Response:
+    text = request.match_info.get("cursor", "")
+    if request.query:
+        names = ", ".join(sorted(request.query))
+        return json_error(400, "InvalidQuery", f"unknown parameter(s): {names}")
+    if not text:
+        return json_error(400, "InvalidCursor", f"name a cursor: {TRACE_ROUTE}/<cursor>")
+    hub = request.app[HUB]
+    publisher_id = request.app[LIFECYCLE].publisher_id
+    trace = hub.trace
+    if trace is None:  # before the cursor: a cluster bucket's cursors are composite
+        return json_response(
+            {"code": "TraceDisabled", "publisher": publisher_id,
+             "message": "this publisher records no trace (trace.items is 0 in its config, or "
+                        "its bucket is a Redis Cluster)"},
+            404,
+        )
+    try:
+        cursor = Cursor.decode(text)
+    except CursorError as exc:
+        return json_error(400, "InvalidCursor", f"cursor: {exc}")
+    window = trace.describe(hub.epoch)
+    found = trace.find(cursor, hub.epoch, hub.window.head, time.time())
+    if isinstance(found, NotTraced):
+        return json_response(
+            {"code": found.code, "message": found.message, "publisher": publisher_id,
+             "window": window},
+            404,
+        )
+    return json_response({**record_body(found, cursor, publisher_id), "window": window})
+
+
+def add_trace_route(app: web.Application) -> None:
+    app.router.add_get(TRACE_ROUTE, handle_trace)
+    app.router.add_get(TRACE_ROUTE + "/{cursor}", handle_trace)
+
+
+__all__ = ["TRACE_ROUTE", "add_trace_route", "handle_trace"]
