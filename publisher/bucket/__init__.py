@@ -4,8 +4,12 @@
     values.py    what goes in and comes out: `Change`, `LogEntry`, `StatePage`, `Committed`, ...
     markers.py   the keyset marker of bootstrap pages
     scripts.py   the Lua scripts (`*.lua` beside it), loaded with importlib.resources
-    client.py    `ChangeBucket` and `connect`: the only code that talks to Redis or runs a script,
-                 and the one place where redis-py's errors become ours
+    client.py    `ChangeBucket` and `connect`: the commit path, the reads and the tail
+    translate.py `translate_redis_errors`: the one place where redis-py's errors become ours
+    fleet.py, ledgers.py, cursor_sets.py, durable.py
+                 small stores of bucket-wide keys: the fleet's reports (`bucket.fleet`), the
+                 Spark ledgers (`bucket.ledgers`), the feed's cursor sets (`bucket.cursor_sets`),
+                 the durable consumers (`DurableStore`)
 
 This module re-exports what the rest of the tree uses.
 """

@@ -5,8 +5,11 @@ never disagree. `trim` removes items older than maxAge and records the horizon; 
 so every publisher on a bucket may run it. The key layout is in `keys.py`, the scripts in the
 `.lua` files beside this module.
 
-Errors of redis-py are translated into ours here (`translate_redis_errors`) and nowhere else. A
-commit tells two failures apart: `BucketUnavailable` when no connection could be had, so nothing
+Errors of redis-py are translated into ours by `translate_redis_errors` (`translate.py`) and
+nowhere else. The bucket-wide stores beside the log (`fleet`, `ledgers`, `cursor_sets`) are small
+classes of their own modules, as `durable.py`'s `DurableStore` is.
+
+A commit tells two failures apart: `BucketUnavailable` when no connection could be had, so nothing
 was sent; `CommitOutcomeUnknown` when the script was sent and no answer came, so it may have run.
 That is why commits take a connection from the pool themselves before sending anything (or use
 the one single commits keep, `publisher.bucket.channel`, replaced before sending when Redis
@@ -19,9 +22,8 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from types import TracebackType
+from functools import cached_property
 from typing import Any, cast
 
 import redis.asyncio as aioredis
@@ -34,12 +36,9 @@ from redis.backoff import NoBackoff
 
 from changefeed.cursor import Cursor, StreamId, new_epoch
 from changefeed.errors import (
-    BucketBusy,
     BucketUnavailable,
     ChangeError,
     ChangefeedError,
-    CommitOutcomeUnknown,
-    PartitionMismatch,
     ReplicationTimeout,
 )
 from changefeed.protocol import Resource
@@ -47,8 +46,12 @@ from publisher.bucket import scripts
 from publisher.bucket.channel import Channel, Sent
 from publisher.bucket.cluster_client import connect_cluster
 from publisher.bucket.cluster_url import is_cluster_url
+from publisher.bucket.cursor_sets import CursorSets
+from publisher.bucket.fleet import FleetStore
 from publisher.bucket.keys import Keys
+from publisher.bucket.ledgers import SparkLedgers
 from publisher.bucket.sentinel import is_sentinel_url, sentinel_pool
+from publisher.bucket.translate import translate_redis_errors
 from publisher.bucket.values import (
     MAX_ID_BYTES,
     Change,
@@ -104,20 +107,6 @@ class StreamStats:
     redis_seconds: float = 0.0
 
 
-def _partitions_error(what: str, message: str) -> ChangefeedError:
-    return PartitionMismatch(
-        f"bucket.partitions: {message} (the partition count is fixed when the bucket is created)"
-    )
-
-
-def _key_reused_error(what: str, message: str) -> ChangefeedError:
-    count, _, key = message.partition(" ")
-    return ChangeError(
-        f"{what}: idempotency key {key!r} was first used for other changes ({count} of them); "
-        "a key names one commit, retried with the same changes"
-    )
-
-
 POOL_SIZE = 64
 """Connections a client's pool holds at most (config.js `bucket.poolSize`)."""
 POOL_TIMEOUT = 5.0
@@ -125,73 +114,6 @@ POOL_TIMEOUT = 5.0
 KEEP_FOR_COMMITS = 4
 """Pools of at least this many connections keep one for single commits (`Channel`); a smaller
 pool lends its connections one call at a time to everything, single commits included."""
-_POOL_EXHAUSTED = "No connection available."
-"""redis-py's message when no connection of a BlockingConnectionPool came free in time."""
-
-_SCRIPT_ERRORS = {"PARTITIONS ": _partitions_error, "KEYREUSED ": _key_reused_error}
-"""Errors our scripts reply with, by prefix: the error of ours each one becomes."""
-
-
-_CLUSTER_REFUSALS = (
-    redis.exceptions.ClusterDownError,
-    redis.exceptions.TryAgainError,
-    redis.exceptions.RedisClusterException,
-)
-
-
-class _Translated:
-    """`translate_redis_errors`' context: a class rather than a generator-based context manager,
-    as every commit enters two and a single commit is a few hundred microseconds."""
-
-    __slots__ = ("sent", "what")
-
-    def __init__(self, what: str, sent: bool) -> None:
-        self.what = what
-        self.sent = sent
-
-    async def __aenter__(self) -> None:
-        return None
-
-    async def __aexit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        what = self.what
-        if exc is None:
-            return
-        if isinstance(
-            exc, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
-        ):
-            if isinstance(exc.__cause__, TimeoutError) and str(exc) == _POOL_EXHAUSTED:
-                # Raised while waiting for a pooled connection: nothing was sent.
-                raise BucketBusy(
-                    f"{what}: every Redis connection of the pool was busy", exc
-                ) from exc
-            if self.sent:
-                raise CommitOutcomeUnknown(
-                    f"{what}: no answer from Redis ({exc}); the commit may have been written", exc
-                ) from exc
-            raise BucketUnavailable(f"{what}: Redis unreachable ({exc})", exc) from exc
-        if isinstance(exc, _CLUSTER_REFUSALS):
-            # A Redis Cluster refused before running anything (down, a slot not served, no
-            # node reachable): nothing was written.
-            raise BucketUnavailable(f"{what}: Redis Cluster unavailable ({exc})", exc) from exc
-        if isinstance(exc, redis.exceptions.ResponseError):
-            for prefix, error in _SCRIPT_ERRORS.items():
-                if str(exc).startswith(prefix):
-                    raise error(what, str(exc).removeprefix(prefix)) from None
-            raise ChangefeedError(f"{what}: Redis error ({exc})") from exc
-        if isinstance(exc, redis.exceptions.RedisError):
-            raise ChangefeedError(f"{what}: Redis error ({exc})") from exc
-
-
-def translate_redis_errors(what: str, *, sent: bool = False) -> AbstractAsyncContextManager[None]:
-    """The one place where redis-py's errors become ours.
-
-    `sent`: the block has sent (or may have sent) a commit when it fails to hear the answer, so
-    a lost connection or a timeout means the commit may have been written (CommitOutcomeUnknown),
-    not that nothing was (BucketUnavailable).
-    """
-    return _Translated(what, sent)
 
 
 def connect(
@@ -324,7 +246,6 @@ class ChangeBucket:
         self._trim = client.register_script(scripts.TRIM.text)
         self._retention = client.register_script(scripts.RETENTION.text)
         self._page = client.register_script(scripts.PAGE.text)
-        self._save_cursors = client.register_script(scripts.SAVE_CURSORS.text)
         self._tail = client.register_script(scripts.TAIL.text)
         self._tail_packed: dict[tuple[int, int, int], tuple[bytes, bytes, bytes]] = {}
         self._channel: Channel | None = None
@@ -986,102 +907,22 @@ class ChangeBucket:
                 return removed
             max_age = None
 
-    # --- cursors stored for feed consumers -------------------------------------------------
+    # --- the small stores of bucket-wide keys ({name}: one slot, on any Redis) ----------------
 
-    async def save_cursors(
-        self,
-        consumer: str,
-        cursorset: str,
-        cursors: Mapping[int, str],
-        *,
-        max_age: float,
-        most: int,
-    ) -> bool:
-        """Store `cursors` in the consumer's `cursorset`, which then lives `max_age` seconds.
-        False (nothing stored) when that is a new set and the consumer has `most` already."""
-        if not cursors:
-            return True
-        args: list[Any] = [cursorset, max(1, int(max_age * 1000)), most]
-        for partition, cursor in cursors.items():
-            args += [partition, cursor]
-        async with translate_redis_errors("cursorset"):
-            stored = await self._save_cursors(
-                keys=[self.keys.cursorsets(consumer), self.keys.cursorset(consumer, cursorset)],
-                args=args,
-            )
-        return bool(stored)
+    @cached_property
+    def fleet(self) -> FleetStore:
+        """The reports of the publishers on this bucket (advertise, withdraw, publishers)."""
+        return FleetStore(self.redis, self.keys)
 
-    async def load_cursors(
-        self, consumer: str, cursorset: str, partitions: Sequence[int]
-    ) -> dict[int, str | None]:
-        async with translate_redis_errors("cursorset"):
-            values: Any = await self.redis.hmget(
-                self.keys.cursorset(consumer, cursorset), [str(p) for p in partitions]
-            )
-        return {p: v.decode() if v else None for p, v in zip(partitions, values, strict=True)}
+    @cached_property
+    def ledgers(self) -> SparkLedgers:
+        """The Spark writers' micro-batch ledgers and txn records."""
+        return SparkLedgers(self.redis, self.keys)
 
-    # --- the micro-batches of Spark streaming writers ----------------------------------------
-
-    async def batch_recorded(self, writer: str, batch: int) -> str | None:
-        """What `writer` recorded for micro-batch `batch` when it committed it, or None."""
-        async with translate_redis_errors("spark ledger"):
-            summary: Any = await self.redis.hget(self.keys.ledger(writer), str(batch))
-        return summary.decode() if summary is not None else None
-
-    async def ledger(self, writer: str) -> dict[int, str]:
-        """Every micro-batch `writer` recorded (batch id -> what it recorded)."""
-        async with translate_redis_errors("spark ledger"):
-            entries: Any = await self.redis.hgetall(self.keys.ledger(writer))
-        return {int(batch): summary.decode() for batch, summary in entries.items()}
-
-    async def record_batch(
-        self, writer: str, batch: int, summary: str, retain: int, ttl_ms: int | None = None
-    ) -> None:
-        """Record micro-batch `batch` of `writer` as committed (the first record stays) and
-        forget the one `retain` batches older; with `ttl_ms`, the whole record expires that long
-        after its newest micro-batch."""
-        ledger = self.keys.ledger(writer)
-        async with (
-            translate_redis_errors("spark ledger"),
-            self.redis.pipeline(transaction=True) as pipe,
-        ):
-            pipe.hsetnx(ledger, str(batch), summary)
-            if batch >= retain:
-                pipe.hdel(ledger, str(batch - retain))
-            if ttl_ms is not None:
-                pipe.pexpire(ledger, ttl_ms)
-            await pipe.execute()
-
-    async def txn_record(self, app_id: str) -> str | None:
-        """The record of the newest version a Spark job of `app_id` committed
-        ("<version> <summary>"), or None (never, or expired)."""
-        async with translate_redis_errors("spark txn"):
-            record: Any = await self.redis.get(self.keys.txn(app_id))
-        return record.decode() if record is not None else None
-
-    async def record_txn(self, app_id: str, version: int, summary: str, ttl_ms: int) -> str:
-        """Record `version` of `app_id` as committed ("<version> <summary>"), expiring after
-        `ttl_ms`, unless a version as high is recorded; returns the record that stands.
-
-        A check-and-set (WATCH, MULTI): a concurrent record makes it look again."""
-        key = self.keys.txn(app_id)
-        record = f"{version} {summary}"
-        async with translate_redis_errors("spark txn"), self.redis.pipeline() as pipe:
-            while True:
-                try:
-                    await pipe.watch(key)
-                    known: Any = await pipe.get(key)
-                    if known is not None:
-                        found = known.decode()
-                        number = found.partition(" ")[0]
-                        if number.isdigit() and int(number) >= version:
-                            return str(found)
-                    pipe.multi()  # type: ignore[no-untyped-call]
-                    pipe.set(key, record, px=ttl_ms)
-                    await pipe.execute()
-                    return record
-                except redis.exceptions.WatchError:
-                    continue
+    @cached_property
+    def cursor_sets(self) -> CursorSets:
+        """The cursor sets feed consumers store (save_cursors, load_cursors)."""
+        return CursorSets(self.redis, self.keys)
 
     async def states(self, resource: str, ids: Sequence[str]) -> list[bytes | None]:
         """The stored states of `ids` (JSON bytes, None where none is stored), in order."""
@@ -1126,55 +967,6 @@ class ChangeBucket:
         async with translate_redis_errors("get"):
             state: Any = await self.redis.hget(self.keys.state(resource), id)
         return state if state is None else bytes(state)
-
-    # --- the fleet: publishers advertising themselves ---------------------------------------
-
-    async def advertise(self, publisher_id: str, report: bytes, ttl: float) -> None:
-        """Store `report` as publisher `publisher_id`'s, living `ttl` seconds unless renewed.
-
-        The index of publishers forgets an id ten TTLs after its last advertisement (by this
-        host's clock); `publishers()` drops earlier whoever's report has expired.
-        """
-        now_ms = int(time.time() * 1000)
-        ttl_ms = max(int(ttl * 1000), 1)
-        async with translate_redis_errors("advertise"):
-            pipe = self.redis.pipeline(transaction=True)
-            pipe.set(self.keys.publisher(publisher_id), report, px=ttl_ms)
-            pipe.zadd(self.keys.publishers, {publisher_id: now_ms})
-            pipe.zremrangebyscore(self.keys.publishers, "-inf", now_ms - 10 * ttl_ms)
-            await pipe.execute()
-
-    async def withdraw(self, publisher_id: str) -> None:
-        """Remove publisher `publisher_id`'s report at once (it stops cleanly)."""
-        async with translate_redis_errors("withdraw"):
-            pipe = self.redis.pipeline(transaction=True)
-            pipe.delete(self.keys.publisher(publisher_id))
-            pipe.zrem(self.keys.publishers, publisher_id)
-            await pipe.execute()
-
-    async def publishers(self) -> list[tuple[str, bytes, float]]:
-        """Every live publisher's (id, report, seconds its report has left to live), by id."""
-        async with translate_redis_errors("publishers"):
-            ids: Any = await self.redis.zrange(self.keys.publishers, 0, -1)
-            names = sorted(i.decode() for i in ids)
-            if not names:
-                return []
-            pipe = self.redis.pipeline(transaction=False)
-            for name in names:
-                pipe.get(self.keys.publisher(name))
-                pipe.pttl(self.keys.publisher(name))
-            replies = await pipe.execute()
-            out = []
-            gone = []
-            for i, name in enumerate(names):
-                report, left_ms = replies[2 * i], replies[2 * i + 1]
-                if report is None:
-                    gone.append(name)
-                else:
-                    out.append((name, bytes(report), max(int(left_ms), 0) / 1000))
-            if gone:
-                await self.redis.zrem(self.keys.publishers, *gone)
-        return out
 
     async def aclose(self) -> None:
         for channel in (self._channel, self._commits):

@@ -29,7 +29,9 @@ async def feed_cursors(
     cursors = dict(request.cursors)
     if request.resume:
         assert request.cursorset is not None and request.consumer is not None
-        stored = await bucket.load_cursors(request.consumer, request.cursorset, request.resume)
+        stored = await bucket.cursor_sets.load_cursors(
+            request.consumer, request.cursorset, request.resume
+        )
         missing = [str(p) for p, c in stored.items() if c is None]
         if missing:
             raise ParamError(
@@ -39,7 +41,7 @@ async def feed_cursors(
         cursors = {p: c for p, c in stored.items() if c is not None}
     elif request.cursorset is not None:
         assert request.consumer is not None
-        saved = await bucket.save_cursors(
+        saved = await bucket.cursor_sets.save_cursors(
             request.consumer,
             request.cursorset,
             cursors,

@@ -106,5 +106,5 @@ def committed_batches(query: str | _NamedQuery, **options: str) -> dict[int, Com
         raise OptionError(
             "queryName", None, "the name of the query (started with queryName(...))"
         )
-    entries = with_bucket(target_of(options), lambda bucket: bucket.ledger(name))
+    entries = with_bucket(target_of(options), lambda bucket: bucket.ledgers.ledger(name))
     return {batch: parse_entry(batch, text) for batch, text in sorted(entries.items())}

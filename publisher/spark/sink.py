@@ -142,7 +142,7 @@ async def _write_task(
     done = TaskWritten(task, 0, Span(), 0)
     stats = StreamStats()
     try:
-        if options.query is not None and await bucket.batch_recorded(writer, batch_id):
+        if options.query is not None and await bucket.ledgers.batch_recorded(writer, batch_id):
             return skip_task(batches, task)
         encoder = RowEncoder(options, bucket.validate)
         changes: Iterable[Encoded] = (
@@ -219,7 +219,7 @@ async def finish_batch(
     entry = ledger_entry(span.count, span.first, span.last, figures(messages))
     bucket = _bucket(options.target)
     try:
-        await bucket.record_batch(
+        await bucket.ledgers.record_batch(
             writer, batch_id, entry, RETAIN_BATCHES, options.record_retention * 1000
         )
     finally:
@@ -232,7 +232,7 @@ async def committed_version(options: SinkOptions) -> tuple[int, str] | None:
     assert options.txn_app_id is not None
     bucket = _bucket(options.target)
     try:
-        record = await bucket.txn_record(options.txn_app_id)
+        record = await bucket.ledgers.txn_record(options.txn_app_id)
     finally:
         await bucket.aclose()
     if record is None:
@@ -247,7 +247,7 @@ async def record_version(options: SinkOptions, span: Span) -> int:
     assert options.txn_app_id is not None and options.txn_version is not None
     bucket = _bucket(options.target)
     try:
-        record = await bucket.record_txn(
+        record = await bucket.ledgers.record_txn(
             options.txn_app_id, options.txn_version, f"{span.count} {span.first} {span.last}",
             options.record_retention * 1000,
         )

@@ -85,7 +85,7 @@ async def cluster_stats(app: web.Application) -> dict[str, Any]:
     summary per publisher (its report without the registrations, with `lastSeen`)."""
     publishers = []
     registrations: list[Any] = []
-    for publisher_id, raw, left in await app[BUCKET].publishers():
+    for publisher_id, raw, left in await app[BUCKET].fleet.publishers():
         try:
             one = orjson.loads(raw)
         except orjson.JSONDecodeError:
@@ -130,7 +130,7 @@ class Advertiser:
     async def advertise_once(self) -> None:
         app = self.app
         body = orjson.dumps(report(app, self.url, self.started_at))
-        await app[BUCKET].advertise(
+        await app[BUCKET].fleet.advertise(
             app[LIFECYCLE].publisher_id, body, app[LIVE].config.fleet.ttl
         )
 
@@ -152,7 +152,7 @@ class Advertiser:
         """Remove the report (a clean stop): the fleet sees this publisher gone at once."""
         try:
             await asyncio.wait_for(
-                self.app[BUCKET].withdraw(self.app[LIFECYCLE].publisher_id), 2.0
+                self.app[BUCKET].fleet.withdraw(self.app[LIFECYCLE].publisher_id), 2.0
             )
         except (BucketUnavailable, TimeoutError) as exc:
             log.info("fleet: report left to expire", error=str(exc))

@@ -99,7 +99,7 @@ async def test_the_usual_five_lines_work_with_a_cluster_url(
         assert isinstance(bucket, ClusterBucket)
         cursor = await bucket.commit("vm", "vm-1", ["nic"], {"uuid": "vm-1"})
         assert CompositeCursor.decode(cursor).epoch == await bucket.current_epoch()
-        await bucket.advertise("p-1", b"{}", 10)  # the fleet's keys: one slot, {name}
-        assert [name for name, _, _ in await bucket.publishers()] == ["p-1"]
+        await bucket.fleet.advertise("p-1", b"{}", 10)  # the fleet's keys: one slot, {name}
+        assert [name for name, _, _ in await bucket.fleet.publishers()] == ["p-1"]
     finally:
         await bucket.aclose()
