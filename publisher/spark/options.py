@@ -204,19 +204,56 @@ def sink_options(options: Mapping[str, str], schema: StructType, streaming: bool
     opts.check_known(SINK_OPTIONS)
     target = target_of(options)
     columns = {field.name: field.dataType for field in schema.fields}
+    resource, configured = _resource(opts, target)
+    id_column = _column(opts, columns, "idColumn", "id", ID_TYPES, "strings or integers")
+    assert id_column is not None
+    sub_resources, subs_column = _sub_resources(opts, columns, resource, configured)
+    state_column = _column(opts, columns, "stateColumn", None, (StringType,), "JSON strings")
+    op_column = _column(
+        opts, columns, "opColumn", None, (StringType,), "strings: put, delete or publish"
+    )
+    control = {name for name in (subs_column, op_column) if name is not None}
+    state, state_columns = _state(opts, columns, state_column, control)
+    query = _query(opts) if streaming else None
+    app_id, version = _txn(opts, streaming)
+    return SinkOptions(
+        target=target,
+        resource=resource,
+        id_column=id_column,
+        sub_resources=sub_resources,
+        sub_resources_column=subs_column,
+        state=state,
+        state_column=state_column,
+        state_columns=state_columns,
+        op_column=op_column,
+        default_op="publish" if state == "none" else "put",
+        batch_size=opts.integer("batchSize", BATCH),
+        pipeline=opts.integer("pipeline", PIPELINE),
+        query=query,
+        txn_app_id=app_id,
+        txn_version=version,
+        record_retention=opts.integer("recordRetention", RECORD_RETENTION),
+        sort_rows=opts.boolean("sortRows", False),
+    )
 
-    def column(
-        key: str, default: str | None, kinds: tuple[type[DataType], ...], what: str
-    ) -> str | None:
-        name = opts.get(key) or default
-        if name is None:
-            return None
-        if name not in columns:
-            raise OptionError(key, name, f"a column of the DataFrame ({', '.join(columns)})")
-        if not isinstance(columns[name], kinds):
-            raise OptionError(key, name, f"a column of {what}, not {columns[name].simpleString()}")
-        return name
 
+def _column(
+    opts: Options, columns: Mapping[str, DataType], key: str, default: str | None,
+    kinds: tuple[type[DataType], ...], what: str,
+) -> str | None:
+    """The column option `key` names (or `default`), checked to be of one of `kinds`."""
+    name = opts.get(key) or default
+    if name is None:
+        return None
+    if name not in columns:
+        raise OptionError(key, name, f"a column of the DataFrame ({', '.join(columns)})")
+    if not isinstance(columns[name], kinds):
+        raise OptionError(key, name, f"a column of {what}, not {columns[name].simpleString()}")
+    return name
+
+
+def _resource(opts: Options, target: Target) -> tuple[str, Resource | None]:
+    """The resource the rows are changes of, with its definition in the config (if any)."""
     resource = opts.get("resource")
     if not resource:
         raise OptionError("resource", resource, "the name of the resource the rows are changes of")
@@ -224,10 +261,14 @@ def sink_options(options: Mapping[str, str], schema: StructType, streaming: bool
     if target.resources is not None and configured is None:
         known = ", ".join(r.resource for r in target.resources)
         raise OptionError("resource", resource, f"a resource of the config ({known})")
+    return resource, configured
 
-    id_column = column("idColumn", "id", ID_TYPES, "strings or integers")
-    assert id_column is not None
 
+def _sub_resources(
+    opts: Options, columns: Mapping[str, DataType], resource: str, configured: Resource | None
+) -> tuple[tuple[str, ...] | None, str | None]:
+    """The sub-resources of every row (`subResources`), or the column that names each row's
+    (`subResourcesColumn`): exactly one of them."""
     listed, subs_column = opts.get("subResources"), opts.get("subResourcesColumn")
     if (listed is None) == (subs_column is None):
         raise OptionError(
@@ -242,31 +283,43 @@ def sink_options(options: Mapping[str, str], schema: StructType, streaming: bool
         if unknown:
             known = ", ".join(configured.sub_resources) if configured else ""
             raise OptionError("subResources", listed, f"sub-resources of {resource!r} ({known})")
-    subs_column = column(
-        "subResourcesColumn", None, (ArrayType, StringType), "arrays of strings or strings"
+    subs_column = _column(
+        opts, columns, "subResourcesColumn", None, (ArrayType, StringType),
+        "arrays of strings or strings",
     )
-    state_column = column("stateColumn", None, (StringType,), "JSON strings")
-    op_column = column("opColumn", None, (StringType,), "strings: put, delete or publish")
+    return sub_resources, subs_column
 
+
+def _state(
+    opts: Options, columns: Mapping[str, DataType], state_column: str | None, control: set[str]
+) -> tuple[StateSource, tuple[str, ...]]:
+    """Where a row's state comes from (none, the row, a JSON column) and, from the row, its
+    columns: all but the `control` columns (sub-resources, op)."""
     state = opts.get("state") or ("column" if state_column else "none")
     if state not in ("none", "row", "column") or (state == "column") != bool(state_column):
         raise OptionError(
             "state", state, "none, row, or column (with stateColumn naming a JSON column)"
         )
-    control = {subs_column, op_column} - {None}
     state_columns = tuple(name for name in columns if name not in control)
     if state == "row":
         for name in state_columns:
             _check_json_type(name, columns[name])
+    return state, state_columns  # type: ignore[return-value]  # checked above
 
-    query = None
-    if streaming:
-        query = opts.get("queryName") or _digest(opts.get("checkpointLocation"))
-        if query is None:
-            raise OptionError(
-                "queryName", None, "a query name or checkpointLocation (the key of the record "
-                "of committed micro-batches that makes retries publish nothing twice)"
-            )
+
+def _query(opts: Options) -> str:
+    """A streaming write's query name: the key of its record of committed micro-batches."""
+    query = opts.get("queryName") or _digest(opts.get("checkpointLocation"))
+    if query is None:
+        raise OptionError(
+            "queryName", None, "a query name or checkpointLocation (the key of the record "
+            "of committed micro-batches that makes retries publish nothing twice)"
+        )
+    return query
+
+
+def _txn(opts: Options, streaming: bool) -> tuple[str | None, int | None]:
+    """A batch write's txnAppId and txnVersion (both or neither; never when streaming)."""
     app_id, version = opts.get("txnAppId"), opts.non_negative("txnVersion")
     if (app_id is None) != (version is None):
         raise OptionError(
@@ -280,25 +333,7 @@ def sink_options(options: Mapping[str, str], schema: StructType, streaming: bool
             "txnAppId", app_id, "no txnAppId on a streaming write (its micro-batches are "
             "recorded under the query's name); use it in foreachBatch or batch writes",
         )
-    return SinkOptions(
-        target=target,
-        resource=resource,
-        id_column=id_column,
-        sub_resources=sub_resources,
-        sub_resources_column=subs_column,
-        state=state,  # type: ignore[arg-type]  # checked above
-        state_column=state_column,
-        state_columns=state_columns,
-        op_column=op_column,
-        default_op="publish" if state == "none" else "put",
-        batch_size=opts.integer("batchSize", BATCH),
-        pipeline=opts.integer("pipeline", PIPELINE),
-        query=query,
-        txn_app_id=app_id,
-        txn_version=version,
-        record_retention=opts.integer("recordRetention", RECORD_RETENTION),
-        sort_rows=opts.boolean("sortRows", False),
-    )
+    return app_id, version
 
 
 def source_options(options: Mapping[str, str], streaming: bool = False) -> SourceOptions:

@@ -148,6 +148,23 @@ class Access:
         refusal, or the 204 of a CORS preflight), or None to run the handler; and the CORS
         headers to add to the handler's answer (None: none). Sets the request's identity
         (`identity_of`). publisher.web.edge calls it for every request."""
+        origin = request.headers.get("Origin")
+        refused = self._screen(request, origin)
+        if refused is not None:
+            return refused, None
+        cors = cors_headers(origin) if origin is not None else None
+        if (origin is not None and request.method == "OPTIONS"
+                and "Access-Control-Request-Method" in request.headers):
+            return web.Response(status=204, headers=preflight_headers(origin)), None
+        route_handler = request.match_info.handler
+        if getattr(route_handler, _PUBLIC, False):
+            return None, None
+        refused = self._authorize(request, cors)
+        return (None, cors) if refused is None else (refused, None)
+
+    def _screen(self, request: web.Request, origin: str | None) -> web.Response | None:
+        """The refusal of `request` before anyone is identified (its client's request rate, its
+        origin, its host without an auth section), or None."""
         remote = client_address(request, self.trusted)
         if self._requests is not None:
             wait = self._requests.take(remote)
@@ -158,26 +175,23 @@ class Access:
                     f"too many requests from {remote} (clientLimits.requestsPerSecond "
                     f"{self._requests.rate:g}); retry after {seconds} s",
                     {"Retry-After": str(seconds)},
-                ), None
-        origin = request.headers.get("Origin")
+                )
         if origin is not None and origin_refused(origin, self.security.allowed_origins):
             return self._refuse(
                 request, 403, "OriginNotAllowed",
                 f"origin {origin[:200]!r} is not one of this publisher's allowedOrigins",
-            ), None
+            )
         if self.security.auth is None and host_refused(request.headers.get("Host")):
             return self._refuse(
                 request, 403, "HostNotAllowed",
                 "without an auth section the publisher answers only requests to a loopback "
                 "host name or address",
-            ), None
-        cors = cors_headers(origin) if origin is not None else None
-        if (origin is not None and request.method == "OPTIONS"
-                and "Access-Control-Request-Method" in request.headers):
-            return web.Response(status=204, headers=preflight_headers(origin)), None
-        route_handler = request.match_info.handler
-        if getattr(route_handler, _PUBLIC, False):
-            return None, None
+            )
+        return None
+
+    def _authorize(self, request: web.Request, cors: dict[str, str] | None) -> web.Response | None:
+        """Identify `request` (401 unless its credentials are valid) and check that the identity
+        has the scope its route needs (403 unless): the refusal, or None."""
         peercert = None
         if request.transport is not None:
             peercert = request.transport.get_extra_info("peercert")
@@ -194,7 +208,7 @@ class Access:
                 request, 401, "Unauthorized", message,
                 {"WWW-Authenticate": challenge, **(cors or {})}, why=found.reason,
                 token_hash=found.token_hash,
-            ), None
+            )
         request[IDENTITY] = found
         needed = self.scope_needed(request)
         if needed is not None and not (
@@ -205,8 +219,8 @@ class Access:
                 f"identity {found.name!r} lacks the scope {needed} for {request.method} "
                 f"{request.path}",
                 cors, identity=found.name,
-            ), None
-        return None, cors
+            )
+        return None
 
     def scope_needed(self, request: web.Request) -> str | None:
         """The scope `request`'s route needs; None: any identity (or no such route)."""

@@ -16,6 +16,7 @@ are `{"code", "message"}` with a 4xx status, 503 while Redis is down.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -39,7 +40,7 @@ from changefeed.errors import (
 )
 from changefeed.longpoll import parse_int
 from publisher.pull.durable import Durables
-from publisher.web.access import requires
+from publisher.web.access import Handler, requires
 from publisher.web.app_keys import CONFIG, LIVE
 from publisher.web.http import (
     RETRY_UNAVAILABLE,
@@ -67,134 +68,162 @@ class _Refused(Exception):
         self.response = response
 
 
-def add_durable_routes(app: web.Application) -> None:
-    """Add the durable consumer routes; `app[DURABLES]` must be set."""
-    config = app[CONFIG]
-    configured = config.durable.consumers
-    resources = config.resource_map
+_Run = Callable[[web.Request, Durables, str], Awaitable[web.Response]]
+"""What a consumer's route does once its name is checked: (request, durables, name) -> answer."""
 
-    def checked(request: web.Request, *, stored_ok: bool = False) -> str:
-        name = request.match_info["name"]
-        if not NAME.match(name):
-            raise _Refused(json_error(
-                400, "InvalidParameter",
-                f"consumer name {name[:60]!r} must be 1 to 50 letters, digits, '_', '.' or '-'",
-            ))
-        if name not in configured and not stored_ok:
-            raise _Refused(_unknown(name))
-        return name
 
-    async def body_of(request: web.Request) -> Any:
-        body = await read_body(request, config.server.body_timeout)
-        if isinstance(body, web.Response):
-            raise _Refused(body)
-        if not body.strip():
-            return None
-        try:
-            return orjson.loads(body)
-        except orjson.JSONDecodeError as exc:
-            raise _Refused(json_error(400, "InvalidJSON", f"the body is not JSON: {exc}")) from None
+def _checked(request: web.Request, *, stored_ok: bool = False) -> str:
+    """The consumer name of the path, refused unless it is well formed and configured (or
+    `stored_ok`: the route also serves a consumer only stored in Redis)."""
+    name = request.match_info["name"]
+    if not NAME.match(name):
+        raise _Refused(json_error(
+            400, "InvalidParameter",
+            f"consumer name {name[:60]!r} must be 1 to 50 letters, digits, '_', '.' or '-'",
+        ))
+    if name not in request.app[CONFIG].durable.consumers and not stored_ok:
+        raise _Refused(_unknown(name))
+    return name
 
-    def handler(
-        run: Any, *, stored_ok: bool = False
-    ) -> Any:
-        """Wrap `run(request, durables, name)`: refusals, parameter errors and a missing
-        consumer become their JSON answers."""
 
+async def _body_of(request: web.Request) -> Any:
+    """The request's JSON body (None when empty), refused when it is not JSON."""
+    body = await read_body(request, request.app[CONFIG].server.body_timeout)
+    if isinstance(body, web.Response):
+        raise _Refused(body)
+    if not body.strip():
+        return None
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise _Refused(json_error(400, "InvalidJSON", f"the body is not JSON: {exc}")) from None
+
+
+def consumer_route(*, stored_ok: bool = False) -> Callable[[_Run], Handler]:
+    """Make `run(request, durables, name)` a handler: it needs `durable:<name>`, and refusals,
+    parameter errors and a missing consumer become their JSON answers."""
+
+    def wrap(run: _Run) -> Handler:
         @requires(_scope)
         async def handle(request: web.Request) -> web.Response:
             try:
-                name = checked(request, stored_ok=stored_ok)
-                response: web.Response = await run(request, request.app[DURABLES], name)
-                return response
+                name = _checked(request, stored_ok=stored_ok)
+                return await run(request, request.app[DURABLES], name)
             except _Refused as refused:
                 return refused.response
             except ParamError as exc:
                 return json_error(400, "InvalidParameter", str(exc))
             except NoSuchConsumer as exc:
-                if exc.name not in configured:
+                if exc.name not in request.app[CONFIG].durable.consumers:
                     return _unknown(exc.name)
                 return json_error(404, "ConsumerNotFound", str(exc))
 
         return handle
 
-    async def create(request: web.Request, durables: Durables, name: str) -> web.Response:
-        durable = request.app[LIVE].config.durable
-        consumer = parse_config(
-            await body_of(request), resources,
-            max_ack_wait=durable.max_ack_wait, max_ack_pending=durable.max_ack_pending,
+    return wrap
+
+
+@requires(_scope)
+async def listing(request: web.Request) -> web.Response:
+    """`GET /changefeeds/durable`: the consumers config.js names, and those stored in Redis."""
+    stored = await request.app[DURABLES].store.names()
+    configured = request.app[CONFIG].durable.consumers
+    return json_response({"configured": sorted(configured), "stored": stored})
+
+
+@consumer_route()
+async def create(request: web.Request, durables: Durables, name: str) -> web.Response:
+    durable = request.app[LIVE].config.durable
+    consumer = parse_config(
+        await _body_of(request), request.app[CONFIG].resource_map,
+        max_ack_wait=durable.max_ack_wait, max_ack_pending=durable.max_ack_pending,
+    )
+    try:
+        created, info = await durables.create(name, consumer)
+    except ConsumerExists as exc:
+        return json_error(409, "ConsumerExists", str(exc))
+    except CursorGone as exc:
+        return json_error(410, "CursorGone", str(exc))
+    if created:
+        log.info("durable consumer created", consumer=name, config=info["config"])
+    return json_response(info, 201 if created else 200)
+
+
+@consumer_route(stored_ok=True)
+async def info(request: web.Request, durables: Durables, name: str) -> web.Response:
+    return json_response(await durables.info(name))
+
+
+@consumer_route(stored_ok=True)
+async def delete(request: web.Request, durables: Durables, name: str) -> web.Response:
+    if not await durables.delete(name):
+        raise NoSuchConsumer(name)
+    log.info("durable consumer deleted", consumer=name)
+    return json_response({"deleted": name})
+
+
+@consumer_route()
+async def fetch(request: web.Request, durables: Durables, name: str) -> web.Response:
+    query = parse_fetch(await _body_of(request), request.app[LIVE].config.limits)
+    reply = await durables.fetch(name, query)
+    return json_response(reply.to_wire())
+
+
+@consumer_route(stored_ok=True)
+async def dead(request: web.Request, durables: Durables, name: str) -> web.Response:
+    unknown = sorted(set(request.query) - {"after", "limit"})
+    if unknown:
+        raise ParamError(f"unknown parameter(s) {', '.join(unknown)} (known: after, limit)")
+    after = request.query.get("after") or None
+    if after is not None and not _record_id(after):
+        raise ParamError(f"after must be a record id (<ms>-<seq>), not {after[:60]!r}")
+    limit = parse_int("limit", request.query.get("limit", "100"))
+    if not 1 <= limit <= MAX_DEAD_PAGE:
+        raise ParamError(f"limit must be from 1 to {MAX_DEAD_PAGE}, not {limit}")
+    return json_response(await durables.dead_letters(name, after, limit))
+
+
+async def _settle(
+    request: web.Request, durables: Durables, name: str, action: Action
+) -> web.Response:
+    durable = request.app[LIVE].config.durable
+    query = parse_settle(
+        await _body_of(request), action,
+        most=request.app[LIVE].config.limits.max_results, max_delay=durable.max_ack_wait,
+    )
+    try:
+        reply = await durables.settle(name, action, query)
+    except CommitOutcomeUnknown as exc:
+        log.warning("settlement outcome unknown", consumer=name, action=action.value,
+                    error=str(exc))
+        return json_error(
+            503, "OutcomeUnknown",
+            f"Redis did not answer the {action.value}: it may or may not have taken "
+            "effect. Send it again: a delivery already settled answers not_pending",
+            retry_after(RETRY_UNAVAILABLE),
         )
-        try:
-            created, info = await durables.create(name, consumer)
-        except ConsumerExists as exc:
-            return json_error(409, "ConsumerExists", str(exc))
-        except CursorGone as exc:
-            return json_error(410, "CursorGone", str(exc))
-        if created:
-            log.info("durable consumer created", consumer=name, config=info["config"])
-        return json_response(info, 201 if created else 200)
+    return json_response(reply.to_wire())
 
-    async def info(request: web.Request, durables: Durables, name: str) -> web.Response:
-        return json_response(await durables.info(name))
 
-    async def delete(request: web.Request, durables: Durables, name: str) -> web.Response:
-        if not await durables.delete(name):
-            raise NoSuchConsumer(name)
-        log.info("durable consumer deleted", consumer=name)
-        return json_response({"deleted": name})
+def settler(action: Action) -> Handler:
+    """The handler of `POST .../<name>/<action>` (ack, nak, in_progress, term)."""
 
-    async def fetch(request: web.Request, durables: Durables, name: str) -> web.Response:
-        query = parse_fetch(await body_of(request), request.app[LIVE].config.limits)
-        reply = await durables.fetch(name, query)
-        return json_response(reply.to_wire())
+    async def settle(request: web.Request, durables: Durables, name: str) -> web.Response:
+        return await _settle(request, durables, name, action)
 
-    async def dead(request: web.Request, durables: Durables, name: str) -> web.Response:
-        unknown = sorted(set(request.query) - {"after", "limit"})
-        if unknown:
-            raise ParamError(f"unknown parameter(s) {', '.join(unknown)} (known: after, limit)")
-        after = request.query.get("after") or None
-        if after is not None and not _record_id(after):
-            raise ParamError(f"after must be a record id (<ms>-<seq>), not {after[:60]!r}")
-        limit = parse_int("limit", request.query.get("limit", "100"))
-        if not 1 <= limit <= MAX_DEAD_PAGE:
-            raise ParamError(f"limit must be from 1 to {MAX_DEAD_PAGE}, not {limit}")
-        return json_response(await durables.dead_letters(name, after, limit))
+    return consumer_route()(settle)
 
-    def settler(action: Action) -> Any:
-        async def settle(request: web.Request, durables: Durables, name: str) -> web.Response:
-            durable = request.app[LIVE].config.durable
-            query = parse_settle(
-                await body_of(request), action,
-                most=request.app[LIVE].config.limits.max_results, max_delay=durable.max_ack_wait,
-            )
-            try:
-                reply = await durables.settle(name, action, query)
-            except CommitOutcomeUnknown as exc:
-                log.warning("settlement outcome unknown", consumer=name, action=action.value,
-                            error=str(exc))
-                return json_error(
-                    503, "OutcomeUnknown",
-                    f"Redis did not answer the {action.value}: it may or may not have taken "
-                    "effect. Send it again: a delivery already settled answers not_pending",
-                    retry_after(RETRY_UNAVAILABLE),
-                )
-            return json_response(reply.to_wire())
 
-        return settle
-
-    @requires(_scope)
-    async def listing(request: web.Request) -> web.Response:
-        stored = await request.app[DURABLES].store.names()
-        return json_response({"configured": sorted(configured), "stored": stored})
-
+def add_durable_routes(app: web.Application) -> None:
+    """Add the durable consumer routes; `app[DURABLES]` must be set."""
     app.router.add_get(DURABLE, listing)
-    app.router.add_put(DURABLE + "/{name}", handler(create))
-    app.router.add_get(DURABLE + "/{name}", handler(info, stored_ok=True))
-    app.router.add_delete(DURABLE + "/{name}", handler(delete, stored_ok=True))
-    app.router.add_post(DURABLE + "/{name}/fetch", handler(fetch))
-    app.router.add_get(DURABLE + "/{name}/dead", handler(dead, stored_ok=True))
+    app.router.add_put(DURABLE + "/{name}", create)
+    app.router.add_get(DURABLE + "/{name}", info)
+    app.router.add_delete(DURABLE + "/{name}", delete)
+    app.router.add_post(DURABLE + "/{name}/fetch", fetch)
+    app.router.add_get(DURABLE + "/{name}/dead", dead)
     for action in Action:
-        app.router.add_post(f"{DURABLE}/{{name}}/{action.value}", handler(settler(action)))
+        app.router.add_post(f"{DURABLE}/{{name}}/{action.value}", settler(action))
 
 
 def _unknown(name: str) -> web.Response:

@@ -62,6 +62,10 @@ class Activity:
     """Failed Redis operations of background work, by operation (trim, advertise)."""
 
 
+_Family = GaugeMetricFamily | CounterMetricFamily | InfoMetricFamily
+"""What a collector yields."""
+
+
 class _Collector(Collector):
     """Reads the publisher's own counters and gauges at each scrape."""
 
@@ -70,13 +74,24 @@ class _Collector(Collector):
         self.admission = admission
         self.activity = activity
 
-    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily | InfoMetricFamily]:
-        app = self.app
-        hub, tail, lifecycle = app[HUB], app[TAIL], app[LIFECYCLE]
+    def collect(self) -> Iterator[_Family]:
+        yield from self._process()
+        yield from self._registrations()
+        yield from self._deliveries()
+        yield from self._closes()
+        yield from self._tail()
+        yield from self._background()
+
+    def _process(self) -> Iterator[_Family]:
         info = InfoMetricFamily("changefeed_publisher", "This publisher process.")
-        info.add_metric([], {"publisher": lifecycle.publisher_id, "version": package_version()})
+        info.add_metric(
+            [], {"publisher": self.app[LIFECYCLE].publisher_id, "version": package_version()}
+        )
         yield info
 
+    def _registrations(self) -> Iterator[_Family]:
+        """The listeners, the connections, and what was refused."""
+        hub, lifecycle = self.app[HUB], self.app[LIFECYCLE]
         listeners = GaugeMetricFamily(
             "changefeed_listeners", "Registered websocket listeners, by resource and protocol "
             "version (a listener of several resources counts once for each).",
@@ -111,6 +126,10 @@ class _Collector(Collector):
         for limit, count in sorted(self.admission.refusals.items()):
             connections_refused.add_metric([limit], count)
         yield connections_refused
+
+    def _deliveries(self) -> Iterator[_Family]:
+        """What the hub wrote, to websockets and server-sent events streams."""
+        hub = self.app[HUB]
         yield CounterMetricFamily(
             "changefeed_items_delivered", "Change items written to listeners (one per listener).",
             value=hub.delivered,
@@ -136,6 +155,10 @@ class _Collector(Collector):
         for by in ("listener", "publisher"):
             sse_ended.add_metric([by], hub.sse_ended[by])
         yield sse_ended
+
+    def _closes(self) -> Iterator[_Family]:
+        """Listeners the hub closed, and the coalesced catch-ups of slow ones."""
+        hub = self.app[HUB]
         yield CounterMetricFamily(
             "changefeed_slow_consumer_closes", "Listeners closed with 4008 (slow consumer).",
             value=hub.closed["slowConsumer"],
@@ -167,6 +190,10 @@ class _Collector(Collector):
         for cause, label in RESYNC_CAUSES.items():
             resyncs.add_metric([label], hub.closed[cause])
         yield resyncs
+
+    def _tail(self) -> Iterator[_Family]:
+        """The tail's lag, health and faults."""
+        tail = self.app[TAIL]
         items, seconds = tail.lag()
         yield GaugeMetricFamily(
             "changefeed_tail_lag_items", "Log items the tail is behind the bucket's head.",
@@ -197,9 +224,12 @@ class _Collector(Collector):
             "changefeed_redis_reconnects", "Times the tail read the bucket again after failing.",
             value=tail.faults.reconnects,
         )
+
+    def _background(self) -> Iterator[_Family]:
+        """The long polls waiting, the trimming, readiness and draining."""
         yield GaugeMetricFamily(
             "changefeed_long_polls_waiting", "Long polls (events, feed) waiting for new items.",
-            value=hub.waiting,
+            value=self.app[HUB].waiting,
         )
         yield CounterMetricFamily(
             "changefeed_items_trimmed", "Items this publisher trimmed from the log.",
@@ -208,11 +238,11 @@ class _Collector(Collector):
         yield GaugeMetricFamily(
             "changefeed_ready", "1 when /readyz would say ready as far as the tail and draining "
             "go (Redis's PING is /readyz's own).",
-            value=int(not tail_reasons(app)),
+            value=int(not tail_reasons(self.app)),
         )
         yield GaugeMetricFamily(
             "changefeed_draining", "1 after SIGTERM, while listeners are closed.",
-            value=int(lifecycle.draining),
+            value=int(self.app[LIFECYCLE].draining),
         )
 
 

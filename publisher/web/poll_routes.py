@@ -56,97 +56,112 @@ def rpc_error(
     return json_response(body, status, headers)
 
 
+async def events_get(request: web.Request) -> web.Response:
+    """`GET /changefeeds/events`: a long poll of the log, its query in the URL."""
+    try:
+        query = longpoll.from_query(
+            request.query, lambda name: request.query.getall(name, []),
+            request.app[CONFIG].resource_map, request.app[LIVE].config.limits,
+        )
+    except ParamError as exc:
+        return json_error(400, "InvalidParameter", str(exc))
+    try:
+        reply = await polls.answer(request.app[BUCKET], request.app[HUB], query)
+    except ParamError as exc:  # what this bucket cannot answer (a cluster's `before`)
+        return json_error(400, "InvalidParameter", str(exc))
+    return json_response(reply.to_wire())
+
+
+def _events_call(body: bytes) -> tuple[Any, Any] | web.Response:
+    """The (id, params) of a JSON-RPC call of `events`, or its answer: an error, or 204 for a
+    notification."""
+    try:
+        call = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        return rpc_error(None, PARSE_ERROR, f"parse error: {exc}", 400)
+    if isinstance(call, list):
+        return rpc_error(None, INVALID_REQUEST, "batch requests are not supported", 400)
+    if not isinstance(call, dict):
+        return rpc_error(None, INVALID_REQUEST, "a request must be a JSON object", 400)
+    id = call.get("id")
+    if call.get("jsonrpc") != "2.0":
+        return rpc_error(id, INVALID_REQUEST, 'jsonrpc must be "2.0"', 400)
+    if isinstance(id, bool) or not isinstance(id, str | int | float | None):
+        return rpc_error(None, INVALID_REQUEST, "id must be a string, a number or null", 400)
+    method = call.get("method")
+    if not isinstance(method, str):
+        return rpc_error(id, INVALID_REQUEST, "method must be a string", 400)
+    if "id" not in call:
+        # A notification: its reply is never seen and `events` changes nothing, so it is
+        # answered at once, without running it (or holding the connection for a long poll).
+        return web.Response(status=204)
+    if method != "events":
+        return rpc_error(id, METHOD_NOT_FOUND, f"method {method!r} not found (events)", 404)
+    return id, call.get("params")
+
+
+async def rpc(request: web.Request) -> web.Response:
+    """`POST /changefeeds/rpc`: JSON-RPC 2.0, method `events` (the long poll's params)."""
+    body = await read_body(request, request.app[CONFIG].server.body_timeout)
+    if isinstance(body, web.Response):
+        return body
+    call = _events_call(body)
+    if isinstance(call, web.Response):
+        return call
+    id, params = call
+    try:
+        limits = request.app[LIVE].config.limits
+        query = longpoll.from_params(params, request.app[CONFIG].resource_map, limits)
+    except ParamError as exc:
+        return rpc_error(id, INVALID_PARAMS, f"invalid params: {exc}", 400)
+    try:
+        reply = await polls.answer(request.app[BUCKET], request.app[HUB], query)
+    except ParamError as exc:
+        return rpc_error(id, INVALID_PARAMS, f"invalid params: {exc}", 400)
+    except BucketBusy as exc:
+        overloaded(request.path, exc)
+        return rpc_error(id, SERVER_ERROR, OVERLOADED, 503, retry_after(RETRY_OVERLOADED))
+    except BucketUnavailable as exc:
+        log.warning("rpc failed: bucket unavailable", error=str(exc))
+        return rpc_error(id, SERVER_ERROR, UNAVAILABLE, 503, retry_after(RETRY_UNAVAILABLE))
+    return json_response({"jsonrpc": "2.0", "id": id, "result": reply.to_wire()})
+
+
+async def feed_get(request: web.Request) -> web.Response:
+    """`GET /changefeeds/feed/v1`: the ZeroEventHub feed (NDJSON lines)."""
+    config = request.app[CONFIG]
+    try:
+        query = feed.parse_request(
+            request.query, lambda name: request.query.getall(name, []),
+            request.app[LIVE].config.limits,
+        )
+    except ParamError as exc:
+        return json_error(400, "InvalidParameter", str(exc))
+    if query.cursorset is not None and query.consumer not in config.feed.consumers:
+        return _unknown_consumer(request, query.consumer)
+    if query.cursorset is not None and not identity_of(request).allows(
+        f"feed:{query.consumer}"
+    ):
+        return _forbidden_consumer(request, query.consumer)
+    try:
+        bucket = request.app[BUCKET]
+        partitions = await bucket.partition_count()
+        lines = await polls.respond_feed(
+            bucket, request.app[HUB], query, partitions, config.feed
+        )
+    except ParamError as exc:
+        return json_error(400, "InvalidParameter", str(exc))
+    except CursorGone as exc:
+        return json_error(410, "CursorGone", str(exc))
+    except CursorSetsFull as exc:
+        _refusals_log(request, "cursor sets full", consumer=exc.consumer, most=exc.most)
+        return json_error(409, "TooManyCursorSets", str(exc))
+    return web.Response(body=b"".join(lines), content_type="application/x-ndjson")
+
+
 def add_poll_routes(app: web.Application) -> None:
-    """Add the pull routes for `app[CONFIG]`."""
-    config = app[CONFIG]
-    resources = config.resource_map
-
-    async def events_get(request: web.Request) -> web.Response:
-        try:
-            query = longpoll.from_query(
-                request.query, lambda name: request.query.getall(name, []), resources,
-                request.app[LIVE].config.limits,
-            )
-        except ParamError as exc:
-            return json_error(400, "InvalidParameter", str(exc))
-        try:
-            reply = await polls.answer(request.app[BUCKET], request.app[HUB], query)
-        except ParamError as exc:  # what this bucket cannot answer (a cluster's `before`)
-            return json_error(400, "InvalidParameter", str(exc))
-        return json_response(reply.to_wire())
-
-    async def rpc(request: web.Request) -> web.Response:
-        body = await read_body(request, config.server.body_timeout)
-        if isinstance(body, web.Response):
-            return body
-        try:
-            call = orjson.loads(body)
-        except orjson.JSONDecodeError as exc:
-            return rpc_error(None, PARSE_ERROR, f"parse error: {exc}", 400)
-        if isinstance(call, list):
-            return rpc_error(None, INVALID_REQUEST, "batch requests are not supported", 400)
-        if not isinstance(call, dict):
-            return rpc_error(None, INVALID_REQUEST, "a request must be a JSON object", 400)
-        id = call.get("id")
-        if call.get("jsonrpc") != "2.0":
-            return rpc_error(id, INVALID_REQUEST, 'jsonrpc must be "2.0"', 400)
-        if isinstance(id, bool) or not isinstance(id, str | int | float | None):
-            return rpc_error(None, INVALID_REQUEST, "id must be a string, a number or null", 400)
-        method = call.get("method")
-        if not isinstance(method, str):
-            return rpc_error(id, INVALID_REQUEST, "method must be a string", 400)
-        if "id" not in call:
-            # A notification: its reply is never seen and `events` changes nothing, so it is
-            # answered at once, without running it (or holding the connection for a long poll).
-            return web.Response(status=204)
-        if method != "events":
-            return rpc_error(id, METHOD_NOT_FOUND, f"method {method!r} not found (events)", 404)
-        try:
-            limits = request.app[LIVE].config.limits
-            query = longpoll.from_params(call.get("params"), resources, limits)
-        except ParamError as exc:
-            return rpc_error(id, INVALID_PARAMS, f"invalid params: {exc}", 400)
-        try:
-            reply = await polls.answer(request.app[BUCKET], request.app[HUB], query)
-        except ParamError as exc:
-            return rpc_error(id, INVALID_PARAMS, f"invalid params: {exc}", 400)
-        except BucketBusy as exc:
-            overloaded(request.path, exc)
-            return rpc_error(id, SERVER_ERROR, OVERLOADED, 503, retry_after(RETRY_OVERLOADED))
-        except BucketUnavailable as exc:
-            log.warning("rpc failed: bucket unavailable", error=str(exc))
-            return rpc_error(id, SERVER_ERROR, UNAVAILABLE, 503, retry_after(RETRY_UNAVAILABLE))
-        return json_response({"jsonrpc": "2.0", "id": id, "result": reply.to_wire()})
-
-    async def feed_get(request: web.Request) -> web.Response:
-        try:
-            query = feed.parse_request(
-                request.query, lambda name: request.query.getall(name, []),
-                request.app[LIVE].config.limits,
-            )
-        except ParamError as exc:
-            return json_error(400, "InvalidParameter", str(exc))
-        if query.cursorset is not None and query.consumer not in config.feed.consumers:
-            return _unknown_consumer(request, query.consumer)
-        if query.cursorset is not None and not identity_of(request).allows(
-            f"feed:{query.consumer}"
-        ):
-            return _forbidden_consumer(request, query.consumer)
-        try:
-            bucket = request.app[BUCKET]
-            partitions = await bucket.partition_count()
-            lines = await polls.respond_feed(
-                bucket, request.app[HUB], query, partitions, config.feed
-            )
-        except ParamError as exc:
-            return json_error(400, "InvalidParameter", str(exc))
-        except CursorGone as exc:
-            return json_error(410, "CursorGone", str(exc))
-        except CursorSetsFull as exc:
-            _refusals_log(request, "cursor sets full", consumer=exc.consumer, most=exc.most)
-            return json_error(409, "TooManyCursorSets", str(exc))
-        return web.Response(body=b"".join(lines), content_type="application/x-ndjson")
-
+    """Add the pull routes (their handlers read `app[CONFIG]`, `app[LIVE]`, `app[BUCKET]` and
+    `app[HUB]`)."""
     app.router.add_get("/changefeeds/events", events_get)
     app.router.add_post("/changefeeds/rpc", rpc)
     app.router.add_get("/changefeeds/feed/v1", feed_get)
