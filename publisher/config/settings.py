@@ -8,28 +8,39 @@ value and what was expected. docs/config.md describes every key.
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
-import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import json5
 
 from changefeed import configjs as cj
-from changefeed import feed, longpoll
+from changefeed import longpoll
 from changefeed.errors import ConfigError
-from changefeed.protocol import CHANGEFEEDS, WILDCARD, Resource
+from changefeed.protocol import Resource
 from publisher.bucket.cluster_url import cluster_section
 from publisher.bucket.sentinel import redis_url as any_redis_url
 from publisher.bucket.sentinel import sentinel_section
+from publisher.config.checks import (
+    BUCKET_KEYS,
+    DURABLE_KEYS,
+    FEED_KEYS,
+    FLEET_KEYS,
+    HEALTH_KEYS,
+    LIMIT_KEYS,
+    LOG_LEVELS,
+    MAX_PARTITIONS,
+    MAX_TRACE_ITEMS,
+    SERVER_KEYS,
+    TRACE_KEYS,
+    IPNetwork,
+    log_level,
+    max_items,
+    resources_of,
+    section_of,
+)
 from publisher.config.scopes import DURABLE_PREFIX
 from publisher.config.security import SECURITY_KEYS, Security, parse_security
-
-T = TypeVar("T")
-
-_ROUTE = re.compile(r"^/[A-Za-z0-9_.~/-]*$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,68 +232,24 @@ def load_config(path: str | Path) -> Config:
 def parse_config(text: str, base: Path | None = None, source: str | None = None) -> Config:
     """Build a Config from the text of a config.js; relative paths resolve against `base`.
     `source` (the file's name) is named in a syntax error, with the line."""
-    try:
-        raw = json5.loads(cj.object_literal(text), allow_duplicate_keys=False)
-    except ValueError as exc:
-        raise cj.syntax_error(text, exc, source) from None
-    obj = cj.section(raw, "<top level>")
-    cj.only(
-        obj,
-        "",
-        {"resources", "maxAge", "maxItems", "bucket", "server", "limits", "feed", "durable",
-         "stateDir",
-         "gcInterval", *SECURITY_KEYS, *_OPERATIONS_KEYS},
-    )
-
+    obj = _top_level(text, source)
     if "resources" not in obj:
         raise ConfigError("resources", None, "a list of {resource, subResources, bootstrapRoute}")
-    resources = _resources(obj["resources"])
-
+    resources = resources_of(obj["resources"])
     state_dir = Path(cj.get(obj, "", "stateDir", ".changefeed", cj.string))
     if not state_dir.is_absolute():
         state_dir = (base or Path.cwd()) / state_dir
-
     bucket_obj = cj.section(obj.get("bucket", {}), "bucket")
-    limits = _keys(obj, "limits", Limits, _LIMIT_KEYS)
-    server = _keys(obj, "server", Server, _SERVER_KEYS)
-    if server.max_connections_per_client > server.max_connections:
-        raise ConfigError(
-            "server.maxConnectionsPerClient",
-            server.max_connections_per_client,
-            f"at most server.maxConnections ({server.max_connections})",
-        )
-    feed = _keys(obj, "feed", Feed, _FEED_KEYS)
-    durable = _keys(obj, "durable", Durable, _DURABLE_KEYS)
-    bounded = (("pageSize", "maxPageSize"), ("results", "maxResults"), ("wait", "maxWait"))
-    for small, large in bounded:
-        value, bound = (getattr(limits, _LIMIT_KEYS[key][0]) for key in (small, large))
-        if value > bound:
-            raise ConfigError(f"limits.{small}", value, f"at most limits.{large} ({bound})")
-
-    redis_url = bucket_obj.get("redisUrl")
-    if redis_url is not None:
-        redis_url = any_redis_url("bucket.redisUrl", redis_url)
-    if bucket_obj.get("sentinel") is not None:
-        if redis_url is not None:
-            raise ConfigError(
-                "bucket.sentinel", "{...}", "no bucket.redisUrl beside it (one or the other)"
-            )
-        redis_url = sentinel_section("bucket.sentinel", bucket_obj["sentinel"])
-    if bucket_obj.get("cluster") is not None:
-        beside = [k for k in ("redisUrl", "sentinel") if bucket_obj.get(k) is not None]
-        if beside:
-            raise ConfigError(
-                "bucket.cluster", "[...]", f"no bucket.{beside[0]} beside it (one or the other)"
-            )
-        redis_url = cluster_section("bucket.cluster", bucket_obj["cluster"])
-    bucket = dataclasses.replace(
-        _keys(obj, "bucket", Bucket, _BUCKET_KEYS, {"redisUrl", "sentinel", "cluster"}),
-        redis_url=redis_url,
-    )
+    limits = section_of(obj, "limits", Limits, LIMIT_KEYS)
+    server = _server(obj)
+    feed = section_of(obj, "feed", Feed, FEED_KEYS)
+    durable = section_of(obj, "durable", Durable, DURABLE_KEYS)
+    _check_bounds(limits)
+    bucket = _bucket(obj, bucket_obj)
     return Config(
         resources=resources,
         max_age=cj.get(obj, "", "maxAge", 3600.0, cj.positive),
-        max_items=cj.get(obj, "", "maxItems", None, _max_items),
+        max_items=cj.get(obj, "", "maxItems", None, max_items),
         bucket=bucket,
         server=server,
         limits=limits,
@@ -301,222 +268,99 @@ def parse_config(text: str, base: Path | None = None, source: str | None = None)
     )
 
 
+def _top_level(text: str, source: str | None) -> dict[str, Any]:
+    """The object of a config.js, with no key the publisher does not know."""
+    try:
+        raw = json5.loads(cj.object_literal(text), allow_duplicate_keys=False)
+    except ValueError as exc:
+        raise cj.syntax_error(text, exc, source) from None
+    obj = cj.section(raw, "<top level>")
+    cj.only(
+        obj,
+        "",
+        {"resources", "maxAge", "maxItems", "bucket", "server", "limits", "feed", "durable",
+         "stateDir",
+         "gcInterval", *SECURITY_KEYS, *_OPERATIONS_KEYS},
+    )
+    return obj
+
+
+def _server(obj: dict[str, Any]) -> Server:
+    server = section_of(obj, "server", Server, SERVER_KEYS)
+    if server.max_connections_per_client > server.max_connections:
+        raise ConfigError(
+            "server.maxConnectionsPerClient",
+            server.max_connections_per_client,
+            f"at most server.maxConnections ({server.max_connections})",
+        )
+    return server
+
+
+def _check_bounds(limits: Limits) -> None:
+    """Each default of `limits` at most its bound (pageSize and maxPageSize, ...)."""
+    bounded = (("pageSize", "maxPageSize"), ("results", "maxResults"), ("wait", "maxWait"))
+    for small, large in bounded:
+        value, bound = (getattr(limits, LIMIT_KEYS[key][0]) for key in (small, large))
+        if value > bound:
+            raise ConfigError(f"limits.{small}", value, f"at most limits.{large} ({bound})")
+
+
+def _bucket(obj: dict[str, Any], bucket_obj: dict[str, Any]) -> Bucket:
+    """The `bucket` section: its Redis is one of `redisUrl`, `sentinel` or `cluster`."""
+    redis_url = bucket_obj.get("redisUrl")
+    if redis_url is not None:
+        redis_url = any_redis_url("bucket.redisUrl", redis_url)
+    if bucket_obj.get("sentinel") is not None:
+        if redis_url is not None:
+            raise ConfigError(
+                "bucket.sentinel", "{...}", "no bucket.redisUrl beside it (one or the other)"
+            )
+        redis_url = sentinel_section("bucket.sentinel", bucket_obj["sentinel"])
+    if bucket_obj.get("cluster") is not None:
+        beside = [k for k in ("redisUrl", "sentinel") if bucket_obj.get(k) is not None]
+        if beside:
+            raise ConfigError(
+                "bucket.cluster", "[...]", f"no bucket.{beside[0]} beside it (one or the other)"
+            )
+        redis_url = cluster_section("bucket.cluster", bucket_obj["cluster"])
+    return dataclasses.replace(
+        section_of(obj, "bucket", Bucket, BUCKET_KEYS, {"redisUrl", "sentinel", "cluster"}),
+        redis_url=redis_url,
+    )
+
+
 # --- what operators run the publisher with: health, fleet advertising, log level ---
 
 _OPERATIONS_KEYS = ("health", "fleet", "trace", "logLevel")
-LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
 def _operations(obj: dict[str, Any]) -> dict[str, Any]:
     """The Config fields of the top-level keys `health`, `fleet` and `logLevel`."""
-    fleet = _keys(obj, "fleet", Fleet, _FLEET_KEYS)
+    fleet = section_of(obj, "fleet", Fleet, FLEET_KEYS)
     if fleet.ttl <= fleet.interval:
         raise ConfigError("fleet.ttl", fleet.ttl, f"more than fleet.interval ({fleet.interval:g})")
     return {
-        "health": _keys(obj, "health", Health, _HEALTH_KEYS),
+        "health": section_of(obj, "health", Health, HEALTH_KEYS),
         "fleet": fleet,
-        "trace": _keys(obj, "trace", Trace, _TRACE_KEYS),
-        "log_level": cj.get(obj, "", "logLevel", None, _log_level),
+        "trace": section_of(obj, "trace", Trace, TRACE_KEYS),
+        "log_level": cj.get(obj, "", "logLevel", None, log_level),
     }
 
 
-def _log_level(key: str, value: Any) -> str:
-    if not isinstance(value, str) or value.lower() not in LOG_LEVELS:
-        raise ConfigError(key, value, f"one of {', '.join(LOG_LEVELS)}")
-    return value.lower()
-
-
-def _non_negative(key: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise ConfigError(key, value, "a number of seconds, 0 or more")
-    return float(value)
-
-
-IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
-
-
-def _networks(key: str, value: Any) -> tuple[IPNetwork, ...]:
-    expected = "a list of IP addresses or networks, e.g. [\"127.0.0.1\", \"10.0.0.0/8\"]"
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise ConfigError(key, value, expected)
-    try:
-        return tuple(ipaddress.ip_network(v, strict=False) for v in value)
-    except ValueError:
-        raise ConfigError(key, value, expected) from None
-
-
-_HEALTH_KEYS: Checks = {
-    "maxLagItems": ("max_lag_items", cj.positive_int),
-    "maxLagSeconds": ("max_lag_seconds", cj.positive),
-    "drainDelay": ("drain_delay", _non_negative),
-}
-
-_FLEET_KEYS: Checks = {
-    "interval": ("interval", cj.positive),
-    "ttl": ("ttl", cj.positive),
-}
-
-MAX_TRACE_ITEMS = 100_000
-
-
-def _trace_items(key: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TRACE_ITEMS:
-        raise ConfigError(key, value, f"an integer from 0 (no trace) to {MAX_TRACE_ITEMS}")
-    return value
-
-
-def _trace_age(key: str, value: Any) -> float | None:
-    if value is None or value == 0:
-        return None
-    return cj.positive(key, value)
-
-
-_TRACE_KEYS: Checks = {
-    "items": ("items", _trace_items),
-    "maxAge": ("max_age", _trace_age),
-}
-
-
-# --- validators of the publisher's own keys (the shared ones are in changefeed.configjs) ---
-
-
-MAX_PARTITIONS = 1024
-
-
-def _partitions(key: str, value: Any) -> int:
-    expected = f"a power of two from 1 to {MAX_PARTITIONS}"
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_PARTITIONS:
-        raise ConfigError(key, value, expected)
-    if value & (value - 1):
-        raise ConfigError(key, value, expected)
-    return value
-
-
-def _max_items(key: str, value: Any) -> int | None:
-    if value is None or value == 0:
-        return None
-    return cj.positive_int(key, value)
-
-
-Checks = dict[str, tuple[str, Callable[[str, Any], Any]]]
-"""config.js key -> (dataclass field, validator) of one section."""
-
-
-def _keys(
-    obj: dict[str, Any],
-    name: str,
-    make: Callable[..., T],
-    checks: Checks,
-    others: frozenset[str] | set[str] = frozenset(),
-) -> T:
-    """The dataclass of section `name` of `obj`: its defaults, overridden by the keys of
-    `checks`, validated (`others` are allowed keys the caller reads itself)."""
-    section = cj.section(obj.get(name, {}), name)
-    cj.only(section, name + ".", {*checks, *others})
-    return make(
-        **{attr: check(f"{name}.{key}", section[key])
-           for key, (attr, check) in checks.items() if key in section}
-    )
-
-
-def _consumers(key: str, value: Any) -> frozenset[str]:
-    expected = "a list of consumer names (1 to 50 letters, digits, '_', '.' or '-'), no duplicates"
-    if not isinstance(value, list) or not all(
-        isinstance(v, str) and feed.NAME.match(v) for v in value
-    ):
-        raise ConfigError(key, value, expected)
-    if len(set(value)) != len(value):
-        raise ConfigError(key, value, expected)
-    return frozenset(value)
-
-
-_BUCKET_KEYS: Checks = {
-    "name": ("name", cj.name),
-    "partitions": ("partitions", _partitions),
-    "poolSize": ("pool_size", cj.positive_int),
-    "poolTimeout": ("pool_timeout", cj.positive),
-}
-
-_SERVER_KEYS: Checks = {
-    "host": ("host", cj.host),
-    "port": ("port", cj.port),
-    "maxConnections": ("max_connections", cj.positive_int),
-    "maxConnectionsPerClient": ("max_connections_per_client", cj.positive_int),
-    "idleTimeout": ("idle_timeout", cj.positive),
-    "bodyTimeout": ("body_timeout", cj.positive),
-    "maxBodyBytes": ("max_body_bytes", cj.positive_int),
-    "trustedProxies": ("trusted_proxies", _networks),
-}
-
-_FEED_KEYS: Checks = {
-    "consumers": ("consumers", _consumers),
-    "cursorSetMaxAge": ("cursor_set_max_age", cj.positive),
-    "maxCursorSets": ("max_cursor_sets", cj.positive_int),
-}
-
-_DURABLE_KEYS: Checks = {
-    "consumers": ("consumers", _consumers),
-    "maxAckPending": ("max_ack_pending", cj.positive_int),
-    "maxAckWait": ("max_ack_wait", cj.positive),
-    "maxDeadLetters": ("max_dead_letters", cj.positive_int),
-}
-
-_LIMIT_KEYS: Checks = {
-    "registrationBytes": ("registration_bytes", cj.positive_int),
-    "registrationTimeout": ("registration_timeout", cj.positive),
-    "pageSize": ("page_size", cj.positive_int),
-    "maxPageSize": ("max_page_size", cj.positive_int),
-    "window": ("window", cj.positive_int),
-    "sendBuffer": ("send_buffer", cj.positive_int),
-    "coalesceIds": ("coalesce_ids", cj.positive_int),
-    "pingInterval": ("ping_interval", cj.positive),
-    "results": ("results", cj.positive_int),
-    "maxResults": ("max_results", cj.positive_int),
-    "wait": ("wait", cj.positive),
-    "maxWait": ("max_wait", cj.positive),
-}
-
-
-def _resources(value: Any) -> tuple[Resource, ...]:
-    if not isinstance(value, list) or not value:
-        raise ConfigError(
-            "resources", value, "a non-empty list of {resource, subResources, bootstrapRoute}"
-        )
-    seen: dict[str, str] = {}
-    routes: dict[str, str] = {}
-    out = []
-    for i, entry in enumerate(value):
-        where = f"resources[{i}]"
-        entry = cj.section(entry, where)
-        cj.only(entry, where + ".", {"resource", "subResources", "bootstrapRoute"})
-        for key in ("resource", "subResources", "bootstrapRoute"):
-            if key not in entry:
-                raise ConfigError(f"{where}.{key}", None, "present")
-        name = cj.name(f"{where}.resource", entry["resource"])
-        if name in seen:
-            raise ConfigError(
-                f"{where}.resource", name, f"a resource not already listed at {seen[name]}"
-            )
-        seen[name] = where
-        subs = entry["subResources"]
-        if (
-            not isinstance(subs, list)
-            or not subs
-            or not all(isinstance(s, str) and cj.NAME.match(s) for s in subs)
-        ):
-            raise ConfigError(f"{where}.subResources", subs, "a non-empty list of names")
-        if len(set(subs)) != len(subs) or WILDCARD in subs:
-            raise ConfigError(f"{where}.subResources", subs, "names without duplicates or '*'")
-        route = entry["bootstrapRoute"]
-        if not isinstance(route, str) or not _ROUTE.match(route) or route.rstrip("/") == "":
-            raise ConfigError(f"{where}.bootstrapRoute", route, "an absolute path such as '/vms'")
-        route = route.rstrip("/")
-        if route == CHANGEFEEDS or route.startswith(CHANGEFEEDS + "/"):
-            raise ConfigError(f"{where}.bootstrapRoute", route, "a path outside /changefeeds")
-        if route in routes:
-            raise ConfigError(
-                f"{where}.bootstrapRoute", route, f"a route not already used by {routes[route]}"
-            )
-        routes[route] = where
-        out.append(Resource(name, tuple(subs), route))
-    return tuple(out)
+__all__ = [
+    "LOG_LEVELS",
+    "MAX_PARTITIONS",
+    "MAX_TRACE_ITEMS",
+    "Bucket",
+    "Config",
+    "Durable",
+    "Feed",
+    "Fleet",
+    "Health",
+    "IPNetwork",
+    "Limits",
+    "Server",
+    "Trace",
+    "load_config",
+    "parse_config",
+]
