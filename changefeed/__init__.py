@@ -8,6 +8,8 @@ on it and never import each other.
     changefeed.watch      watches on exact ids and id prefixes
     changefeed.longpoll   the `events` long poll's requests and replies (ADR-075)
     changefeed.feed       the ZeroEventHub feed's requests and lines
+    changefeed.durable    durable pull consumers' wire format: configuration, fetch, settle
+    changefeed.deliveries what a durable consumer hands out: delivery ids, actions, outcomes
     changefeed.backoff    exponential backoff as a pure generator of delays
     changefeed.retry      which failures are retried, and after how long
     changefeed.configjs   validators shared by every config.js reader

@@ -78,24 +78,8 @@ def parse_request(
         raise ParamError("n (the number of partitions the client assumes) must be a positive "
                          "integer")
     n = int(text)
-    cursors: dict[int, str] = {}
-    for name, value in query.items():
-        match = _CURSOR_PARAM.match(name)
-        if match is None:
-            continue
-        partition = int(match.group(1))
-        if partition >= n:
-            raise ParamError(f"{name}: partition {partition} is not below n={n}")
-        if not value or not value.isascii() or not value.isprintable():
-            raise ParamError(f"{name} must be {FIRST}, {LAST} or a cursor this feed issued")
-        cursors[partition] = value
-    hint_text = query.get("pagesizehint")
-    if hint_text is None:
-        page_size = limits.results
-    elif _digits(hint_text):
-        page_size = min(int(hint_text), limits.max_results)
-    else:
-        raise ParamError("pagesizehint must be a non-negative integer")
+    cursors = _cursors(query, n)
+    page_size = _page_size(query.get("pagesizehint"), limits)
     selected = query.get("headers", "")
     headers = tuple(h for h in selected.split(",") if h)
     if ALL_HEADERS in headers:
@@ -126,6 +110,31 @@ def parse_request(
         n, dict(sorted(cursors.items())), page_size, headers, min(wait, limits.max_wait),
         cursorset, consumer, resume,
     )
+
+
+def _cursors(query: Mapping[str, str], n: int) -> dict[int, str]:
+    """The `cursorN` parameters, by partition (each below `n`)."""
+    cursors: dict[int, str] = {}
+    for name, value in query.items():
+        match = _CURSOR_PARAM.match(name)
+        if match is None:
+            continue
+        partition = int(match.group(1))
+        if partition >= n:
+            raise ParamError(f"{name}: partition {partition} is not below n={n}")
+        if not value or not value.isascii() or not value.isprintable():
+            raise ParamError(f"{name} must be {FIRST}, {LAST} or a cursor this feed issued")
+        cursors[partition] = value
+    return cursors
+
+
+def _page_size(hint_text: str | None, limits: PollLimits) -> int:
+    """`pagesizehint`, at most the publisher's maximum (its default when absent)."""
+    if hint_text is None:
+        return limits.results
+    if _digits(hint_text):
+        return min(int(hint_text), limits.max_results)
+    raise ParamError("pagesizehint must be a non-negative integer")
 
 
 def resolve(text: str, name: str, epoch: str, trimmed: StreamId, head: StreamId) -> StreamId:

@@ -77,6 +77,15 @@ READY_TIMEOUT = 10.0
 """How long start() waits for the first read of the bucket before serving anyway."""
 
 
+def _security(config: Config) -> tuple[Access, ssl.SSLContext | None]:
+    """The access checks and the TLS context of `config`: raises ConfigError when it may not
+    serve (a public address without auth, unreadable token or certificate files)."""
+    security = config.security
+    check_exposure(config.server.host, security)
+    access = Access(security, {r.bootstrap_route: r.resource for r in config.resources})
+    return access, None if security.tls is None else tls.server_context(security.tls)
+
+
 class Service:
     """A publisher process: `await start()`, then `url`; `await stop()` closes listeners (1001)."""
 
@@ -88,14 +97,7 @@ class Service:
         if config.bucket.redis_url is None:
             raise ChangefeedError("Service needs a Redis URL (the CLI starts an embedded Redis)")
         # Security first: a config that may not serve fails before anything is opened.
-        security = config.security
-        check_exposure(config.server.host, security)
-        self.access = Access(
-            security, {r.bootstrap_route: r.resource for r in config.resources}
-        )
-        self.ssl: ssl.SSLContext | None = (
-            None if security.tls is None else tls.server_context(security.tls)
-        )
+        self.access, self.ssl = _security(config)
         self.config = config
         self.resources = config.resource_map
         self.id = publisher_id or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
@@ -133,6 +135,19 @@ class Service:
                 coalesce_ids=config.limits.coalesce_ids,
             )
             self.tail = Tail(self._tail_bucket, self.hub)
+        self._assemble(config)
+        self._runner: web.AppRunner | None = None
+        self._server: asyncio.Server | None = None
+        self.on_reload: list[Callable[[Config, Config], list[str]]] = []
+        """Reloadable parts beyond this module's (the security settings: tokens, TLS): each is
+        called with (old, new) config on `reload` and returns the keys it could not apply."""
+        self.on_reload.append(self._reload_security)
+        self.url = ""
+        self.reuse_port = reuse_port
+
+    def _assemble(self, config: Config) -> None:
+        """The application: its admission, its middleware, the shared objects under their
+        `AppKey`s (publisher.web.app_keys), its routes and background work."""
         self.lifecycle = Lifecycle(self.id)
         self.live = Live(config)
         self.admission = Admission(
@@ -156,25 +171,20 @@ class Service:
         self.app[HUB] = self.hub
         self.app[TAIL] = self.tail
         self.app[LIFECYCLE] = self.lifecycle
+        self.app[DURABLES] = Durables(self.bucket, self.hub, config.durable, self.resources)
+        self._add_routes()
+        self.advertiser = Advertiser(self.app, self.metrics.activity)
+        self.app.cleanup_ctx.append(self._background)
+        self.app.on_shutdown.append(self._close_listeners)
+
+    def _add_routes(self) -> None:
         add_routes(self.app)
         add_poll_routes(self.app)
-        self.app[DURABLES] = Durables(self.bucket, self.hub, config.durable, self.resources)
         add_durable_routes(self.app)
         add_health_routes(self.app)
         self.metrics.add_route(self.app)
         add_dashboard_route(self.app)
         add_trace_route(self.app)
-        self.advertiser = Advertiser(self.app, self.metrics.activity)
-        self.app.cleanup_ctx.append(self._background)
-        self.app.on_shutdown.append(self._close_listeners)
-        self._runner: web.AppRunner | None = None
-        self._server: asyncio.Server | None = None
-        self.on_reload: list[Callable[[Config, Config], list[str]]] = []
-        """Reloadable parts beyond this module's (the security settings: tokens, TLS): each is
-        called with (old, new) config on `reload` and returns the keys it could not apply."""
-        self.on_reload.append(self._reload_security)
-        self.url = ""
-        self.reuse_port = reuse_port
 
     @property
     def unregistered(self) -> set[web.WebSocketResponse]:
