@@ -183,9 +183,11 @@ async def dead(request: web.Request, durables: Durables, name: str) -> web.Respo
     return json_response(await durables.dead_letters(name, after, limit))
 
 
-async def _settle(
-    request: web.Request, durables: Durables, name: str, action: Action
-) -> web.Response:
+@consumer_route()
+async def settle(request: web.Request, durables: Durables, name: str) -> web.Response:
+    """`POST .../<name>/ack` (or nak, in_progress, term: the action is the path's last
+    segment, as its route names it)."""
+    action = Action(request.path.rpartition("/")[2])
     durable = request.app[LIVE].config.durable
     query = parse_settle(
         await _body_of(request), action,
@@ -205,15 +207,6 @@ async def _settle(
     return json_response(reply.to_wire())
 
 
-def settler(action: Action) -> Handler:
-    """The handler of `POST .../<name>/<action>` (ack, nak, in_progress, term)."""
-
-    async def settle(request: web.Request, durables: Durables, name: str) -> web.Response:
-        return await _settle(request, durables, name, action)
-
-    return consumer_route()(settle)
-
-
 def add_durable_routes(app: web.Application) -> None:
     """Add the durable consumer routes; `app[DURABLES]` must be set."""
     app.router.add_get(DURABLE, listing)
@@ -223,7 +216,7 @@ def add_durable_routes(app: web.Application) -> None:
     app.router.add_post(DURABLE + "/{name}/fetch", fetch)
     app.router.add_get(DURABLE + "/{name}/dead", dead)
     for action in Action:
-        app.router.add_post(f"{DURABLE}/{{name}}/{action.value}", settler(action))
+        app.router.add_post(f"{DURABLE}/{{name}}/{action.value}", settle)
 
 
 def _unknown(name: str) -> web.Response:
