@@ -361,9 +361,12 @@ async def _publish(
 @click.argument("url", envvar="CHANGEFEED_URL")
 @click.option("--json", "as_json", is_flag=True, help="Print the raw JSON.")
 @click.option(
+    "--fleet",
     "--cluster",
+    "fleet",
     is_flag=True,
-    help="Every live publisher of the fleet (?scope=cluster), not only the one at URL.",
+    help="Every live publisher of the fleet (?scope=fleet), not only the one at URL. "
+    "--cluster is an alias.",
 )
 @click.option(
     "--token-file",
@@ -376,14 +379,14 @@ async def _publish(
     help="PEM CA bundle that verifies an https:// publisher (default: the system's CAs).",
 )
 def stats(
-    url: str, as_json: bool, cluster: bool, token_file: Path | None, cafile: Path | None
+    url: str, as_json: bool, fleet: bool, token_file: Path | None, cafile: Path | None
 ) -> None:
     """Print a publisher's /changefeeds/stats readably (URL: the publisher's base URL).
 
     Registrations and addresses are shown to a token with the `stats` scope; counts to others.
     """
     credentials = _credentials(token_file, cafile)
-    stats_url = url.rstrip("/") + "/changefeeds/stats" + ("?scope=cluster" if cluster else "")
+    stats_url = url.rstrip("/") + "/changefeeds/stats" + ("?scope=fleet" if fleet else "")
     try:
         body = asyncio.run(_get_json(stats_url, credentials, url))
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
@@ -391,7 +394,7 @@ def stats(
     if as_json:
         click.echo(orjson.dumps(body, option=orjson.OPT_INDENT_2).decode())
         return
-    if cluster:
+    if fleet:
         publishers = body["publishers"]
         click.echo(f"{len(publishers)} publisher(s), {body['listeners']} listener(s)")
         _table(
@@ -418,7 +421,7 @@ def stats(
     rows: list[tuple[str, ...]] = [
         ("INSTANCE", "SERVICE", "RESOURCE", "SUB-RESOURCES", "SINCE", "BEHIND", "LAST CURSOR")
     ]
-    if cluster:
+    if fleet:
         rows[0] = ("PUBLISHER", *rows[0])
     for reg in body["registrations"]:
         kind = reg["changeKind"]
@@ -431,7 +434,7 @@ def stats(
             str(reg.get("itemsBehindHead", "")),
             reg.get("lastCursorSent") or "-",
         )
-        rows.append((reg.get("publisher", ""), *row) if cluster else row)
+        rows.append((reg.get("publisher", ""), *row) if fleet else row)
     _table(rows)
 
 

@@ -147,7 +147,7 @@ def add_routes(app: web.Application) -> None:
     config = app[CONFIG]
 
     async def stats(request: web.Request) -> web.Response:
-        return await stats_of_scope(request)  # this process, or ?scope=cluster: publisher.web.fleet
+        return await stats_of_scope(request)  # this process, or ?scope=fleet: publisher.web.fleet
 
     def bootstrap(resource: Resource) -> Any:
         async def page(request: web.Request) -> web.Response:
