@@ -65,7 +65,7 @@ from publisher.web.health import add_health_routes
 from publisher.web.metrics import Metrics
 from publisher.web.poll_routes import add_poll_routes
 from publisher.web.revocation import expire_forever, revoke
-from publisher.web.routes import add_routes
+from publisher.web.bootstrap_routes import add_routes
 from publisher.web.trace_route import add_trace_route
 from publisher.web.websocket import resume_position
 
