@@ -365,8 +365,9 @@ async def _publish(
     "--cluster",
     "fleet",
     is_flag=True,
+    envvar=["CHANGEFEED_STATS_FLEET", "CHANGEFEED_STATS_CLUSTER"],
     help="Every live publisher of the fleet (?scope=fleet), not only the one at URL. "
-    "--cluster is an alias.",
+    "--cluster (CHANGEFEED_STATS_CLUSTER) is an alias.",
 )
 @click.option(
     "--token-file",

@@ -5,6 +5,7 @@ and `--cluster`, the first spellings, are aliases that answer the same."""
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -61,11 +62,12 @@ async def wait_for_fleet(
         await asyncio.sleep(0.05)
 
 
-async def stats_command(*args: str) -> list[str]:
-    """The lines `changefeed stats ARGS` prints (it must exit 0)."""
+async def stats_command(*args: str, env: dict[str, str] | None = None) -> list[str]:
+    """The lines `changefeed stats ARGS` prints (it must exit 0), with `env` added to ours."""
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "changefeed_cli", "stats", *args,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, **(env or {})},
     )
     out, err = await asyncio.wait_for(process.communicate(), scaled(30))
     assert process.returncode == 0, err
@@ -132,6 +134,12 @@ async def test_a_publisher_that_died_disappears_within_the_ttl(
             # `--cluster` is an alias: the same tables, but for the seconds since each report.
             alias = await stats_command("--cluster", survivor.url)
             assert [line.split()[:6] for line in alias] == [line.split()[:6] for line in lines]
+            # And so are their environment variables.
+            for variable in ("CHANGEFEED_STATS_FLEET", "CHANGEFEED_STATS_CLUSTER"):
+                by_env = await stats_command(survivor.url, env={variable: "1"})
+                assert [line.split()[:6] for line in by_env] == [
+                    line.split()[:6] for line in lines
+                ], variable
 
             victim.kill()  # SIGKILL: no withdrawal, the report expires
             body = await wait_for_fleet(
