@@ -175,7 +175,7 @@ workers' `listening` line."""
 GC_THRESHOLDS = (700, 10, 100)
 """Full collections ten times rarer than Python's default (700, 10, 10). With a thousand
 listeners a full collection stops the event loop for 45-75 ms on the benchmark machine, and the
-default ran 15 of them in a 35 s run at 200 changes/s (docs/benchmarks.md, P2)."""
+default ran 15 of them in a 35 s run at 200 changes/s (docs/benchmarks-history.md, P2)."""
 
 
 def _serve_workers(
