@@ -29,7 +29,7 @@ ALLOWED: dict[str, str] = {
     "publisher/delivery/hub.py::Hub.publish": _UNIFICATION,
     "publisher/web/websocket.py::handle_changefeeds": _UNIFICATION,
     "publisher/web/sse.py::handle_sse": _UNIFICATION,
-    "publisher/web/routes.py::add_routes": _UNIFICATION,
+    "publisher/web/bootstrap_routes.py::add_routes": _UNIFICATION,
 }
 
 

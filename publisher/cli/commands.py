@@ -175,7 +175,7 @@ workers' `listening` line."""
 GC_THRESHOLDS = (700, 10, 100)
 """Full collections ten times rarer than Python's default (700, 10, 10). With a thousand
 listeners a full collection stops the event loop for 45-75 ms on the benchmark machine, and the
-default ran 15 of them in a 35 s run at 200 changes/s (docs/benchmarks.md, P2)."""
+default ran 15 of them in a 35 s run at 200 changes/s (docs/benchmarks-history.md, P2)."""
 
 
 def _serve_workers(
@@ -361,9 +361,13 @@ async def _publish(
 @click.argument("url", envvar="CHANGEFEED_URL")
 @click.option("--json", "as_json", is_flag=True, help="Print the raw JSON.")
 @click.option(
+    "--fleet",
     "--cluster",
+    "fleet",
     is_flag=True,
-    help="Every live publisher of the fleet (?scope=cluster), not only the one at URL.",
+    envvar=["CHANGEFEED_STATS_FLEET", "CHANGEFEED_STATS_CLUSTER"],
+    help="Every live publisher of the fleet (?scope=fleet), not only the one at URL. "
+    "--cluster (CHANGEFEED_STATS_CLUSTER) is an alias.",
 )
 @click.option(
     "--token-file",
@@ -376,14 +380,14 @@ async def _publish(
     help="PEM CA bundle that verifies an https:// publisher (default: the system's CAs).",
 )
 def stats(
-    url: str, as_json: bool, cluster: bool, token_file: Path | None, cafile: Path | None
+    url: str, as_json: bool, fleet: bool, token_file: Path | None, cafile: Path | None
 ) -> None:
     """Print a publisher's /changefeeds/stats readably (URL: the publisher's base URL).
 
     Registrations and addresses are shown to a token with the `stats` scope; counts to others.
     """
     credentials = _credentials(token_file, cafile)
-    stats_url = url.rstrip("/") + "/changefeeds/stats" + ("?scope=cluster" if cluster else "")
+    stats_url = url.rstrip("/") + "/changefeeds/stats" + ("?scope=fleet" if fleet else "")
     try:
         body = asyncio.run(_get_json(stats_url, credentials, url))
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
@@ -391,7 +395,7 @@ def stats(
     if as_json:
         click.echo(orjson.dumps(body, option=orjson.OPT_INDENT_2).decode())
         return
-    if cluster:
+    if fleet:
         publishers = body["publishers"]
         click.echo(f"{len(publishers)} publisher(s), {body['listeners']} listener(s)")
         _table(
@@ -418,7 +422,7 @@ def stats(
     rows: list[tuple[str, ...]] = [
         ("INSTANCE", "SERVICE", "RESOURCE", "SUB-RESOURCES", "SINCE", "BEHIND", "LAST CURSOR")
     ]
-    if cluster:
+    if fleet:
         rows[0] = ("PUBLISHER", *rows[0])
     for reg in body["registrations"]:
         kind = reg["changeKind"]
@@ -431,7 +435,7 @@ def stats(
             str(reg.get("itemsBehindHead", "")),
             reg.get("lastCursorSent") or "-",
         )
-        rows.append((reg.get("publisher", ""), *row) if cluster else row)
+        rows.append((reg.get("publisher", ""), *row) if fleet else row)
     _table(rows)
 
 

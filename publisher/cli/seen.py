@@ -6,7 +6,7 @@ The publishers know what they sent: each registration in `/changefeeds/stats` ca
 whose `lastCursorSent` is at or past the item's cursor (same epoch) was sent the item, if the
 item is for it. Only registrations whose change kind matches the item (resource, sub-resources,
 watch) count: one the item does not match never "sees" it. Across several publishers the CLI
-reads `/changefeeds/stats?scope=cluster` (every publisher's advertised report, refreshed every
+reads `/changefeeds/stats?scope=fleet` (every publisher's advertised report, refreshed every
 `fleet.interval` seconds) merged with the fresh `/changefeeds/stats` of the publisher at `--url`,
 and polls both every POLL seconds until enough listeners are counted or the time-out passes.
 Both need an identity with the `stats` scope. docs/http.md documents it.
@@ -87,14 +87,14 @@ async def wait_seen(
     deadline = loop.time() + timeout
     matching = seen = 0
     while True:
-        local, cluster = await asyncio.gather(
+        local, fleet = await asyncio.gather(
             get_json(f"{base}/changefeeds/stats"),
-            get_json(f"{base}/changefeeds/stats?scope=cluster"),
+            get_json(f"{base}/changefeeds/stats?scope=fleet"),
         )
         if "registrations" not in local:
             raise click.ClickException("--wait-seen-by needs a token with the stats scope")
         fresh = local.get("publisher")
-        registrations = [r for r in cluster.get("registrations", [])
+        registrations = [r for r in fleet.get("registrations", [])
                          if r.get("publisher") != fresh] + local["registrations"]
         matching, seen = seen_by(registrations, service, resource, subs, changed_id, wanted)
         if seen >= count:

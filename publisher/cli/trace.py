@@ -1,7 +1,7 @@
 """`changefeed trace CURSOR --url URL`: what every publisher of the fleet did with one change.
 
 The change's commit time is its cursor's (the Redis time of its log id). The command reads the
-fleet's reports (`/changefeeds/stats?scope=cluster` of the publisher at URL: each publisher
+fleet's reports (`/changefeeds/stats?scope=fleet` of the publisher at URL: each publisher
 advertises its address) and asks each publisher `GET /changefeeds/trace/<cursor>`: when its
 tail read the change, and how many listeners of each service it was written to, first and last
 write. Publishers that share an address (`serve --workers N` on one port) are asked over new
@@ -67,7 +67,7 @@ def peer_address(advertised: str, url: str) -> str:
 
 
 def advertised(stats: Mapping[str, Any], url: str) -> dict[str, str]:
-    """publisher id -> address, from a `?scope=cluster` stats body ("" for a publisher that
+    """publisher id -> address, from a `?scope=fleet` stats body ("" for a publisher that
     advertised no address yet). Pure."""
     out = {}
     for one in stats.get("publishers", []):
@@ -161,7 +161,7 @@ async def gather(url: str, cursor: str, credentials: Credentials, fleet: bool) -
         await ask(base)
         if not fleet:
             return gathered
-        status, stats = await _get(session, base + "/changefeeds/stats?scope=cluster",
+        status, stats = await _get(session, base + "/changefeeds/stats?scope=fleet",
                                    credentials, base)
         if status != 200:
             raise click.ClickException(f"{url}: cannot read the fleet: HTTP {status} "

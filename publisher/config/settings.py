@@ -150,7 +150,7 @@ class Health:
 
 @dataclass(frozen=True, slots=True)
 class Fleet:
-    """How the publisher advertises itself in Redis for `/changefeeds/stats?scope=cluster`."""
+    """How the publisher advertises itself in Redis for `/changefeeds/stats?scope=fleet`."""
 
     interval: float = 5.0
     """Seconds between two advertisements."""

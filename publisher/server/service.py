@@ -57,6 +57,7 @@ from publisher.web.app_keys import (
     Lifecycle,
     Live,
 )
+from publisher.web.bootstrap_routes import add_routes
 from publisher.web.dashboard import add_dashboard_route
 from publisher.web.durable_routes import DURABLES, add_durable_routes
 from publisher.web.edge import edge
@@ -65,7 +66,6 @@ from publisher.web.health import add_health_routes
 from publisher.web.metrics import Metrics
 from publisher.web.poll_routes import add_poll_routes
 from publisher.web.revocation import expire_forever, revoke
-from publisher.web.routes import add_routes
 from publisher.web.trace_route import add_trace_route
 from publisher.web.websocket import resume_position
 

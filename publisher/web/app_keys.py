@@ -1,6 +1,6 @@
 """What the handlers share, kept on the aiohttp application under `web.AppKey`s.
 
-`service.py` creates the objects and stores them here; the route modules (`routes.py`,
+`service.py` creates the objects and stores them here; the route modules (`bootstrap_routes.py`,
 `websocket.py`, `poll_routes.py`) read them from `request.app`. So no handler module imports the
 service, and the service imports the handlers only to add them: no import circle.
 """

@@ -1,7 +1,7 @@
 """`GET /changefeeds/dashboard`: a live page of the fleet, for people.
 
 One self-contained HTML file (`dashboard.html` beside this module, inline CSS and script, no
-build step, nothing loaded from elsewhere) that polls `/changefeeds/stats?scope=cluster` every two
+build step, nothing loaded from elsewhere) that polls `/changefeeds/stats?scope=fleet` every two
 seconds and shows the publishers, the listeners per change kind, and deliveries per second and
 tail lag over the last minutes.
 """

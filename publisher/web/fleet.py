@@ -3,9 +3,13 @@
 Every `fleet.interval` seconds a publisher stores its report (what `/changefeeds/stats` says of
 it, plus its counters) in the bucket with a TTL of `fleet.ttl` seconds, and removes it when it
 stops cleanly. One that dies stops renewing its report, and it disappears within the TTL.
-`GET /changefeeds/stats?scope=cluster` reads every live report: the RFD 5 shape (`listeners`,
+`GET /changefeeds/stats?scope=fleet` reads every live report: the RFD 5 shape (`listeners`,
 `registrations`) over the whole fleet, plus `publishers`, one summary each with `lastSeen`
 (seconds since its last report, measured by Redis's clock).
+
+"The fleet" is every publisher of one bucket; "cluster" means a Redis Cluster only. The first
+spelling, `?scope=cluster`, is kept as an alias of `?scope=fleet`, and the reply's `"scope"`
+stays `"cluster"` whichever spelling asked, for the clients that read it (docs/http.md).
 """
 
 from __future__ import annotations
@@ -80,7 +84,7 @@ def _iso(at: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(at)) + f".{int(at % 1 * 1000):03d}Z"
 
 
-async def cluster_stats(app: web.Application) -> dict[str, Any]:
+async def fleet_stats(app: web.Application) -> dict[str, Any]:
     """Every live publisher's report, merged: the fleet's listeners and registrations, and one
     summary per publisher (its report without the registrations, with `lastSeen`)."""
     publishers = []
@@ -96,7 +100,7 @@ async def cluster_stats(app: web.Application) -> dict[str, Any]:
         one["lastSeen"] = round(max(float(one.get("ttl", 0)) - left, 0.0), 3)
         publishers.append(one)
     return {
-        "scope": "cluster",
+        "scope": "cluster",  # the reply's value since fleet stats began: kept for its readers
         "listeners": sum(int(p.get("listeners", 0)) for p in publishers),
         "registrations": registrations,
         "publishers": publishers,
@@ -104,16 +108,22 @@ async def cluster_stats(app: web.Application) -> dict[str, Any]:
     }
 
 
+FLEET_SCOPES = ("fleet", "cluster")
+"""The spellings of the fleet's scope: `fleet`, and `cluster`, its first name, kept as an alias."""
+
+
 async def stats_of_scope(request: web.Request) -> web.Response:
-    """`/changefeeds/stats[?scope=process|cluster]`."""
+    """`/changefeeds/stats[?scope=process|fleet]` (`cluster`: an alias of `fleet`)."""
     scope = request.query.get("scope", "process")
-    if scope in ("process", "cluster"):
-        body = local_stats(request.app) if scope == "process" else await cluster_stats(request.app)
+    if scope == "process" or scope in FLEET_SCOPES:
+        body = local_stats(request.app) if scope == "process" else await fleet_stats(request.app)
         if not identity_of(request).allows("stats"):  # counts only (docs/security.md)
             del body["registrations"]
         return json_response(body)
     return json_response(
-        {"code": "InvalidScope", "message": "scope must be 'process' (default) or 'cluster'"}, 400
+        {"code": "InvalidScope",
+         "message": "scope must be 'process' (default) or 'fleet' ('cluster' is its alias)"},
+        400,
     )
 
 
@@ -158,4 +168,12 @@ class Advertiser:
             log.info("fleet: report left to expire", error=str(exc))
 
 
-__all__ = ["Advertiser", "cluster_stats", "local_stats", "report", "sse_stats", "stats_of_scope"]
+__all__ = [
+    "FLEET_SCOPES",
+    "Advertiser",
+    "fleet_stats",
+    "local_stats",
+    "report",
+    "sse_stats",
+    "stats_of_scope",
+]

@@ -20,7 +20,7 @@ from publisher.server.service import Service
 from tests.conftest import PublisherFactory
 from tests.pki import sha256_hex
 from tests.publisher.test_cli import changefeed
-from tests.publisher.test_fleet import wait_for_cluster
+from tests.publisher.test_fleet import wait_for_fleet
 from tests.servers import PublisherProcess, RedisServer, scaled, write_config
 from tests.wsclient import Feed, register, v1, v2
 
@@ -56,7 +56,7 @@ async def test_trace_shows_both_publishers_reads_and_writes_by_service(
     async with start_publisher(config) as a, start_publisher(config) as b:
         on_a = await listeners(a, tcns=2, napi=1)
         on_b = await listeners(b, tcns=1, napi=3)
-        await wait_for_cluster(
+        await wait_for_fleet(
             a.url, lambda body: sorted(p.get("url") for p in body["publishers"])
             == sorted([a.url, b.url]), "both publishers advertise their address")
         cursor = await a.bucket.publish("vm", "vm-1", ["nic"])
@@ -206,11 +206,11 @@ async def test_trace_reaches_workers_that_share_a_port(
     await asyncio.to_thread(parent.start)
     bucket = ChangeBucket(connect(redis_server.url), "test", load_config(config).resources)
     try:
-        await wait_for_cluster(
+        await wait_for_fleet(
             parent.url, lambda body: sorted(p.get("url") for p in body["publishers"])
             == [parent.url] * 2, "both workers advertise the one URL")
         cursor = await bucket.publish("vm", "vm-1", ["nic"])
-        body = await wait_for_cluster(
+        body = await wait_for_fleet(
             parent.url, lambda body: all((p["tail"]["position"] or "") >= cursor
                                          for p in body["publishers"]),
             "both workers' tails read the change")

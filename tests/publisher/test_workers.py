@@ -110,7 +110,7 @@ async def test_two_workers_share_the_port_survive_a_kill_and_drain_on_sigterm(
         stats = parent.url + "/changefeeds/stats"
 
         async def both_advertised() -> set[str] | None:
-            body = await _get(stats + "?scope=cluster")
+            body = await _get(stats + "?scope=fleet")
             ids = {p["publisher"] for p in body["publishers"]}
             return ids if len(ids) == 2 else None
 
@@ -129,7 +129,7 @@ async def test_two_workers_share_the_port_survive_a_kill_and_drain_on_sigterm(
             await writer.commit()
 
         async def serving_a() -> str | None:
-            body = await _get(stats + "?scope=cluster")
+            body = await _get(stats + "?scope=fleet")
             on = [r["publisher"] for r in body.get("registrations", [])
                   if r["instance"] == "a-instance"]
             return on[0] if on else None
@@ -141,7 +141,7 @@ async def test_two_workers_share_the_port_survive_a_kill_and_drain_on_sigterm(
             await asyncio.sleep(0.02)
 
         async def replaced() -> set[str] | None:
-            body = await _get(stats + "?scope=cluster")
+            body = await _get(stats + "?scope=fleet")
             ids = {p["publisher"] for p in body["publishers"]} - {victim}
             return ids if len(ids) == 2 else None
 
@@ -181,7 +181,7 @@ async def test_workers_on_the_embedded_redis_stop_when_their_parent_is_sigkilled
         await asyncio.to_thread(parent.start)
         redis_pid: int | None = None
         try:
-            stats = parent.url + "/changefeeds/stats?scope=cluster"
+            stats = parent.url + "/changefeeds/stats?scope=fleet"
 
             async def both_advertised() -> set[str] | None:
                 ids = {p["publisher"] for p in (await _get(stats))["publishers"]}

@@ -1,4 +1,8 @@
-"""The HTTP routes: /changefeeds, /changefeeds/stats and each resource's bootstrap route.
+"""The bootstrap routes (each resource's pages and objects), and /changefeeds, /changefeeds/stats.
+
+The module is named for the wire's `bootstrapRoute`: "routes" in `publisher.web` are HTTP routes
+only (`poll_routes`, `durable_routes`, `trace_route`); the hub's index of subscribers is another
+thing.
 
 Every error is a JSON body `{"code", "message"}` with a 4xx status (503 when Redis is down,
 through `publisher.web.http.error_as_json`); bad input never produces a 500. docs/http.md documents
@@ -147,7 +151,7 @@ def add_routes(app: web.Application) -> None:
     config = app[CONFIG]
 
     async def stats(request: web.Request) -> web.Response:
-        return await stats_of_scope(request)  # this process, or ?scope=cluster: publisher.web.fleet
+        return await stats_of_scope(request)  # this process, or ?scope=fleet: publisher.web.fleet
 
     def bootstrap(resource: Resource) -> Any:
         async def page(request: web.Request) -> web.Response:
