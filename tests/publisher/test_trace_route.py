@@ -206,9 +206,12 @@ async def test_trace_reaches_workers_that_share_a_port(
     await asyncio.to_thread(parent.start)
     bucket = ChangeBucket(connect(redis_server.url), "test", load_config(config).resources)
     try:
+        # Both tails started (a position) before the commit: a tail that starts after it
+        # starts past it, and never reads or traces it.
         await wait_for_fleet(
             parent.url, lambda body: sorted(p.get("url") for p in body["publishers"])
-            == [parent.url] * 2, "both workers advertise the one URL")
+            == [parent.url] * 2 and all(p["tail"]["position"] for p in body["publishers"]),
+            "both workers advertise the one URL, their tails started")
         cursor = await bucket.publish("vm", "vm-1", ["nic"])
         body = await wait_for_fleet(
             parent.url, lambda body: all((p["tail"]["position"] or "") >= cursor
