@@ -22,9 +22,11 @@ config's tokens, origins and limits (established connections keep their identity
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 import structlog
@@ -38,6 +40,7 @@ from publisher.config.security import ClientLimits, Security
 from publisher.config.settings import IPNetwork
 from publisher.security.auth import Authenticator, Denied, Identity, now
 from publisher.security.clientaddr import client_address
+from publisher.security.jwt import looks_like_jwt
 from publisher.security.origin import cors_headers, host_refused, origin_refused, preflight_headers
 from publisher.security.ratelimit import TokenBuckets, retry_after
 from publisher.web.http import json_error
@@ -51,6 +54,42 @@ NOBODY = Identity("nobody", frozenset(), "none")
 LISTEN = "listen:<resource>"
 """What a websocket upgrade needs: a `listen:` scope for some resource."""
 REALM = 'Bearer realm="changefeed"'
+SUBPROTOCOL = "changefeed"
+"""The websocket subprotocol the publisher selects when a client offers it."""
+BEARER_SUBPROTOCOL = "changefeed.bearer."
+"""A `Sec-WebSocket-Protocol` value carrying a browser's token: `changefeed.bearer.<JWT>`."""
+TOKEN_PARAMETER = "access_token"
+"""The query parameter carrying a browser's token on the upgrade and on SSE."""
+BROWSER_ROUTES = frozenset({"/changefeeds", "/changefeeds/sse"})
+"""Where a token may come without an Authorization header (a browser cannot set one there)."""
+
+
+def offered_protocols(request: web.Request) -> list[str]:
+    header = request.headers.get("Sec-WebSocket-Protocol", "")
+    return [p.strip() for p in header.split(",") if p.strip()]
+
+
+def selected_protocols(request: web.Request) -> tuple[str, ...]:
+    """The subprotocols to give aiohttp's handshake: the first offered one that carries no token
+    (our clients offer `changefeed` first), else the token carrier itself. Either way one of the
+    offered values is selected, so aiohttp never logs the offered list (with a token in it)."""
+    offered = offered_protocols(request)
+    plain = [p for p in offered if not p.startswith(BEARER_SUBPROTOCOL)]
+    return tuple((plain or offered)[:1])
+
+
+def credentials_of(request: web.Request) -> tuple[str | None, bool]:
+    """The request's `Authorization`, or, on the upgrade and SSE routes only, `Bearer <token>`
+    from a `changefeed.bearer.<token>` subprotocol or the `access_token` parameter; and whether
+    it came by one of those browser carriers."""
+    header = request.headers.get("Authorization")
+    if header is not None or request.path not in BROWSER_ROUTES:
+        return header, False
+    for protocol in offered_protocols(request):
+        if protocol.startswith(BEARER_SUBPROTOCOL):
+            return "Bearer " + protocol.removeprefix(BEARER_SUBPROTOCOL), True
+    token = request.query.get(TOKEN_PARAMETER)
+    return (None, False) if token is None else ("Bearer " + token, True)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _PUBLIC = "__changefeed_public__"
@@ -113,6 +152,11 @@ class Access:
         self.authenticator = authenticator or Authenticator.build(security.auth)
         self._limits = security.client_limits
         self._requests, self._registrations = self._buckets(security.client_limits)
+        self.expiring = asyncio.Event()
+        """Set when an identity with an expiry came in: `expire_forever` looks again."""
+        self.expiries: set[datetime] = set()
+        """The `exp` of the signed tokens of upgrades and SSE streams, until they pass: when
+        `expire_forever` checks the listeners again."""
 
     def replace(self, security: Security, authenticator: Authenticator | None = None) -> None:
         """Serve with a reloaded config's security: token files and environment variables are
@@ -181,9 +225,18 @@ class Access:
         peercert = None
         if request.transport is not None:
             peercert = request.transport.get_extra_info("peercert")
-        found = self.authenticator.authenticate(
-            request.headers.get("Authorization"), peercert, now()
-        )
+        authorization, carried = credentials_of(request)
+        found = self.authenticator.authenticate(authorization, peercert, now())
+        if carried and authorization is not None and not looks_like_jwt(
+            authorization.removeprefix("Bearer ")
+        ):
+            found = Denied(
+                "a token in access_token or a subprotocol must be a JWT (auth.jwt)", True
+            )
+        if (isinstance(found, Identity) and found.expires is not None
+                and request.path in BROWSER_ROUTES):
+            self.expiries.add(found.expires)  # a connection that may outlive its token
+            self.expiring.set()
         if isinstance(found, Denied):
             challenge = REALM + (', error="invalid_token"' if found.token_given else "")
             message = (

@@ -32,7 +32,8 @@ from publisher.web.websocket import start_position
 log = structlog.get_logger(__name__)
 
 SSE_ROUTE = "/changefeeds/sse"
-_PARAMS = frozenset({"resource", "sub", "id", "prefix", "since", "instance", "service"})
+_PARAMS = frozenset({"resource", "sub", "id", "prefix", "since", "instance", "service",
+                     "access_token"})
 
 
 def registration_of(query: dict[str, list[str]], remote: str, identity: str) -> bytes:

@@ -33,7 +33,7 @@ from publisher.delivery.cluster_hub import ClusterHub
 from publisher.delivery.hub import Hub, Subscriber
 from publisher.security.auth import Identity
 from publisher.security.clientaddr import client_address
-from publisher.web.access import identity_of
+from publisher.web.access import identity_of, selected_protocols
 from publisher.web.admission import PROTOCOL_ERROR, Guard
 from publisher.web.app_keys import ACCESS, BUCKET, CONFIG, HUB, LIFECYCLE, LIVE, TAIL, Lifecycle
 from publisher.web.http import OVERLOADED, UNAVAILABLE, bad_request, json_response
@@ -99,12 +99,16 @@ async def handle_changefeeds(request: web.Request) -> web.StreamResponse:
     limits = app[LIVE].config.limits
     lifecycle = app[LIFECYCLE]
     try:
-        version = accept_version(request.headers.get("Accept-Version"))
+        # A browser cannot set headers on an upgrade: ?accept_version=~2 stands for the header.
+        version = accept_version(
+            request.headers.get("Accept-Version") or request.query.get("accept_version")
+        )
     except RegistrationError as exc:
         raise bad_request("BadAcceptVersion", exc.reason) from None
     # No heartbeat of aiohttp's (a timer per connection): publisher.delivery.pings sweeps every
     # listener from one task, and the read loop below answers pings and sees pongs (autoping off).
     ws = web.WebSocketResponse(
+        protocols=selected_protocols(request),
         autoping=False,
         max_msg_size=limits.registration_bytes,
         compress=False,
