@@ -48,6 +48,9 @@ from publisher.web.http import json_error
 log = structlog.get_logger(__name__)
 
 IDENTITY = web.RequestKey("identity", Identity)
+CORS = web.RequestKey("cors", dict[str, str])
+"""The CORS headers of a request from an allowed origin, for a handler that prepares its own
+streaming answer (the middleware adds them to any other answer)."""
 """The identity of a request, set by `Access.check`."""
 NOBODY = Identity("nobody", frozenset(), "none")
 """The identity of a request `Access.check` did not see: nothing is allowed."""

@@ -24,7 +24,7 @@ from changefeed.protocol import CloseCode, Registration, parse_registration, reg
 from publisher.delivery.cluster_hub import ClusterHub
 from publisher.delivery.hub import Subscriber
 from publisher.security.clientaddr import client_address
-from publisher.web.access import LISTEN, identity_of, requires
+from publisher.web.access import CORS, LISTEN, identity_of, requires
 from publisher.web.app_keys import ACCESS, BUCKET, CONFIG, HUB, LIVE, TAIL
 from publisher.web.http import UNAVAILABLE, json_error
 from publisher.web.websocket import start_position
@@ -107,7 +107,7 @@ async def handle_sse(request: web.Request) -> web.StreamResponse:
 
     response = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                 "X-Accel-Buffering": "no"}
+                 "X-Accel-Buffering": "no", **request.get(CORS, {})}
     )
     response.enable_chunked_encoding()
     await response.prepare(request)

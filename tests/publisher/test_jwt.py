@@ -321,3 +321,23 @@ async def test_a_short_or_missing_secret_is_refused_at_start(
         async with start_publisher(config):
             pass
     assert error.value.key == "auth.jwt.secretEnv" and "short" not in str(error.value)
+
+
+async def test_an_sse_stream_for_an_allowed_origin_carries_the_cors_headers(
+    tmp_path: Path, redis_server: RedisServer, make_config: Callable[..., Config],
+    start_publisher: PublisherFactory,
+) -> None:
+    """EventSource on another origin needs Access-Control-Allow-Origin on the stream itself,
+    which its handler prepares (the middleware cannot add headers to it afterwards)."""
+    secret = tmp_path / "jwt.secret"
+    secret.write_text(SECRET)
+    page = "http://127.0.0.1:9"
+    config = make_config(redis_server.url, allowedOrigins=[page],
+                         **jwt_config(secretFile=str(secret)))
+    async with start_publisher(config) as service:
+        url = f"{service.url}/changefeeds/sse?resource=vm&sub=nic&access_token={mint(SECRET)}"
+        async with aiohttp.ClientSession() as http, http.get(
+            url, headers={"Origin": page}
+        ) as response:
+            assert response.status == 200
+            assert response.headers["Access-Control-Allow-Origin"] == page

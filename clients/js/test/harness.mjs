@@ -37,19 +37,26 @@ export class Fixture {
         createInterface({ input: this.child.stdout }).on("line", (line) => {
             const answer = JSON.parse(line);
             const waiter = this.waiting.shift();
-            if (waiter) waiter(answer); else this.answers.push(answer);
+            if (waiter) waiter.resolve(answer); else this.answers.push(answer);
         });
         this.ready = this.answer().then((answer) => { this.redis = answer.ok.redis; });
-        this.exited = new Promise((resolve) => this.child.once("exit", resolve));
+        this.exited = new Promise((resolve) => this.child.once("exit", () => {
+            this.dead = true;
+            for (const waiter of this.waiting.splice(0)) waiter.reject(new Error(`fixture exited:\n${this.stderr}`));
+            resolve();
+        }));
     }
 
     answer() {
         const queued = this.answers.shift();
         if (queued) return Promise.resolve(queued);
+        if (this.dead) return Promise.reject(new Error(`fixture exited:\n${this.stderr}`));
         return new Promise((resolve, reject) => {
             const timer = setTimeout(() => reject(new Error(`fixture silent:\n${this.stderr}`)), 60000 * FACTOR);
-            this.waiting.push((answer) => { clearTimeout(timer); resolve(answer); });
-            this.child.once("exit", () => reject(new Error(`fixture exited:\n${this.stderr}`)));
+            this.waiting.push({
+                resolve: (answer) => { clearTimeout(timer); resolve(answer); },
+                reject: (error) => { clearTimeout(timer); reject(error); },
+            });
         });
     }
 
