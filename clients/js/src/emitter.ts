@@ -1,5 +1,4 @@
 /** A small typed event emitter (the browser build has no `events` module). */
-// eslint-disable-next-line @typescript-eslint/no-explicit-any
 type Handler = (...args: any[]) => void;
 
 export class Emitter<Events extends { [K in keyof Events]: Handler }> {

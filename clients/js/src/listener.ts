@@ -253,7 +253,6 @@ export class BaseListener extends Emitter<ListenerEvents> implements AsyncIterab
 
     /** Hand `event` to the application: events at once, the iterator when it asks. */
     private async deliver(event: ListenerEvent): Promise<void> {
-        // eslint-disable-next-line @typescript-eslint/no-explicit-any
         (this.emit as (name: string, event: ListenerEvent) => void)(event.type, event);
         if (!this.iterating || this.closed) return;
         this.slot = { event, taken: deferred<void>() };
