@@ -35,8 +35,9 @@ export interface ListenerOptions {
     bootstrap?: boolean;
     /** Objects per bootstrap page (`?limit=`). */
     pageSize?: number;
-    /** A bearer token (a config.js token or a JWT). */
-    token?: string;
+    /** A bearer token (a config.js token or a JWT), or a function giving one, called before
+     * every connection: a short-lived JWT is fetched again when the listener reconnects. */
+    token?: string | (() => string | Promise<string>);
     backoff?: BackoffOptions;
     /** Seconds of streaming after which the backoff starts again from `initial`. */
     healthyAfter?: number;
@@ -249,6 +250,8 @@ export class BaseListener extends Emitter<ListenerEvents> implements AsyncIterab
     }
 
     private slotHanded = false;
+    /** The token of the current connection. */
+    private token: string | undefined;
     private finished = false;
 
     /** Hand `event` to the application: events at once, the iterator when it asks. */
@@ -335,8 +338,10 @@ export class BaseListener extends Emitter<ListenerEvents> implements AsyncIterab
     }
 
     private async connection(wsUrl: string, frame: string, acceptVersion: string): Promise<void> {
+        const given = this.options.token;
+        this.token = typeof given === "function" ? await given() : given;
         const socket = await this.transport.open(wsUrl, {
-            acceptVersion, token: this.options.token, openTimeout: (this.options.openTimeout ?? 10) * 1000,
+            acceptVersion, token: this.token, openTimeout: (this.options.openTimeout ?? 10) * 1000,
         });
         if (this.closed) {
             socket.close(1000, "");
@@ -382,7 +387,7 @@ export class BaseListener extends Emitter<ListenerEvents> implements AsyncIterab
             await this.deliver({ type: "bootstrapStart", resource: route.resource });
             let url: string | null = this.core.bootstrapUrl(route.resource, this.options.pageSize ?? 100);
             while (url !== null && !this.closed) {
-                const response = await this.transport.get(url, this.options.token);
+                const response = await this.transport.get(url, this.token);
                 if (response.status !== 200) throw httpError(url, response.status, response.body);
                 let page: { items?: unknown; next?: unknown };
                 try {

@@ -221,3 +221,40 @@ test("watches: only the ids and prefixes asked for, in the bootstrap and live", 
         await feed.close();
     }
 });
+
+test("a JWT that expires closes the connection (1008); a token function gives a fresh one and it resumes", async () => {
+    const { createHmac } = await import("node:crypto");
+    const { mkdtempSync, writeFileSync } = await import("node:fs");
+    const { tmpdir } = await import("node:os");
+    const { join } = await import("node:path");
+    const secret = "a-node-test-secret-of-more-than-32-bytes!";
+    const secretFile = join(mkdtempSync(join(tmpdir(), "changefeed-jwt-")), "secret");
+    writeFileSync(secretFile, secret);
+    const b64 = (value) => Buffer.from(JSON.stringify(value)).toString("base64url");
+    const issued = [];
+    const token = () => {
+        const now = Math.floor(Date.now() / 1000);
+        const body = `${b64({ alg: "HS256", typ: "JWT" })}.${b64({ sub: "node", aud: "js-test", exp: now + 2, scope: "listen:vm read:vm" })}`;
+        issued.push(`${body}.${createHmac("sha256", secret).update(body).digest("base64url")}`);
+        return issued.at(-1);
+    };
+    const { id, url } = await fixture.publisher({ auth: { jwt: { secretFile, audience: "js-test" } } });
+    const feed = new Listener(url, { instance: "i-jwt", resources: { vm: ["nic"] }, token, backoff: FAST });
+    const record = new Recorder(feed);
+    feed.start();
+    try {
+        await record.until(() => record.of("bootstrapDone").length === 1, "bootstrapped with a JWT");
+        await record.until(() => record.errors.some((e) => e.closeCode === 1008), "closed when the token expired", 10);
+        assert.match(record.errors.find((e) => e.closeCode === 1008).reason, /expired token of 'jwt:node'/);
+        const [cursor] = await fixture.commit(vm(1, "jwt"));
+        await record.until(() => record.changes().includes(cursor), "a change after reconnecting with a new token");
+        assert.ok(issued.length >= 2);
+        assert.equal(record.of("bootstrapStart").length, 1, "resumed, not bootstrapped again");
+        const output = await fixture.call({ op: "output", id });
+        for (const jwt of issued) {
+            for (const part of jwt.split(".").slice(1)) assert.ok(!output.includes(part), "token text in the publisher's log");
+        }
+    } finally {
+        await feed.close();
+    }
+});

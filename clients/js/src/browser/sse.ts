@@ -18,7 +18,9 @@ export interface SseOptions {
     since?: string;
     service?: string;
     instance?: string;
-    token?: string;
+    /** A JWT, or a function giving one before every (re)connection: EventSource's own
+     * reconnects reuse the URL, so an expired token is replaced when it is refused. */
+    token?: string | (() => string | Promise<string>);
     /** False: do not walk the bootstrap route (the page does, on `bootstrapStart`). */
     bootstrap?: boolean;
     pageSize?: number;
@@ -29,6 +31,8 @@ type Pending = { resumed: boolean; routes: Array<{ resource: string; bootstrapRo
 
 export class SseListener extends Emitter<ListenerEvents> {
     private source: EventSource | null = null;
+    private started = false;
+    private token: string | undefined;
     private closed = false;
     private cursorValue: string | null;
     private buffer: ChangeItem[] | null = null;
@@ -50,7 +54,10 @@ export class SseListener extends Emitter<ListenerEvents> {
     }
 
     start(): this {
-        if (!this.source && !this.closed) this.connect();
+        if (!this.started && !this.closed) {
+            this.started = true;
+            void this.connect();
+        }
         return this;
     }
 
@@ -72,11 +79,19 @@ export class SseListener extends Emitter<ListenerEvents> {
         if (this.cursorValue) params.set("since", this.cursorValue);
         if (this.options.service) params.set("service", this.options.service);
         if (this.options.instance) params.set("instance", this.options.instance);
-        if (this.options.token) params.set("access_token", this.options.token);
+        if (this.token) params.set("access_token", this.token);
         return url.toString();
     }
 
-    private connect(): void {
+    private async connect(): Promise<void> {
+        const given = this.options.token;
+        try {
+            this.token = typeof given === "function" ? await given() : given;
+        } catch (error) {
+            this.emit("fatal", error as Error);
+            return;
+        }
+        if (this.closed) return;
         const source = new EventSource(this.streamUrl());
         this.source = source;
         let pending: Promise<void> = Promise.resolve();
@@ -124,7 +139,7 @@ export class SseListener extends Emitter<ListenerEvents> {
             for (const prefix of this.options.watch?.prefixes ?? []) first.searchParams.append("prefix", prefix);
             url = first.toString();
             while (url && !this.closed) {
-                const response = await this.transport.get(url, this.options.token);
+                const response = await this.transport.get(url, this.token);
                 if (response.status !== 200) throw httpError(url, response.status, response.body);
                 const page = JSON.parse(response.body) as { items: unknown[]; next: string | null };
                 this.emit("bootstrapRecords", { type: "bootstrapRecords", resource: route.resource, objects: page.items });
@@ -151,8 +166,9 @@ export class SseListener extends Emitter<ListenerEvents> {
     /** EventSource gave up (an HTTP error, or the publisher unreachable): why, then retry or stop. */
     private async refused(): Promise<void> {
         this.source = null;
-        const answer = await this.transport.get(this.streamProbe(), this.options.token).catch(() => null);
-        if (answer && (answer.status === 401 || answer.status === 403 || answer.status === 400)) {
+        const answer = await this.transport.get(this.streamProbe(), this.token).catch(() => null);
+        const renewable = typeof this.options.token === "function" && answer?.status === 401;
+        if (answer && !renewable && (answer.status === 401 || answer.status === 403 || answer.status === 400)) {
             const error = httpError(this.base + "/changefeeds/sse", answer.status, answer.body);
             this.closed = true;
             this.emit("fatal", error);
@@ -167,7 +183,7 @@ export class SseListener extends Emitter<ListenerEvents> {
             return;
         }
         this.emit("error", new ProtocolError("the event stream failed; reconnecting"));
-        setTimeout(() => { if (!this.closed) this.connect(); }, next.value * 1000);
+        setTimeout(() => { if (!this.closed) void this.connect(); }, next.value * 1000);
     }
 
     /** GET /changefeeds (any identity may): tells a refused token from an unreachable publisher. */
