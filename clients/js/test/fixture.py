@@ -12,6 +12,7 @@ one JSON object on a line, and gets one JSON line back: {"ok": ...} or {"error":
     {"op": "commit", "changes": [[resource, id, subs, state or null, delete?], ...]} -> cursors
     {"op": "trim", "maxAge": seconds}                         -> items removed
     {"op": "flush"}                                           -> the bucket is gone (new epoch)
+    {"op": "pki"}                                             -> {"ca", "cert", "key"}: PEM files
 
 Standard input closing stops every server.
 """
@@ -75,6 +76,13 @@ class Fixture:
             return await self.bucket.commit_many(changes)
         if op == "trim":
             return await self.bucket.trim(float(command["maxAge"]))
+        if op == "pki":
+            from tests.pki import Pki  # trustme: a CA and a server certificate for 127.0.0.1
+
+            (self.directory / "pki").mkdir(exist_ok=True)
+            pki = Pki(self.directory / "pki")
+            cert, key = pki.server_files()
+            return {"ca": str(pki.ca_file), "cert": str(cert), "key": str(key)}
         if op == "flush":
             await self.bucket.redis.flushall()  # type: ignore[attr-defined]
             return True

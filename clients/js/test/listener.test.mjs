@@ -258,3 +258,27 @@ test("a JWT that expires closes the connection (1008); a token function gives a 
         await feed.close();
     }
 });
+
+test("TLS: an https publisher verified with the given CA; without it the attempt fails and is retried", async () => {
+    const { readFileSync } = await import("node:fs");
+    const pki = await fixture.call({ op: "pki" });
+    const { url } = await fixture.publisher({ tls: { certFile: pki.cert, keyFile: pki.key } });
+    assert.ok(url.startsWith("https://"));
+    const feed = new Listener(url, { instance: "i-tls", resources: { vm: ["nic"] }, tls: { ca: readFileSync(pki.ca) }, backoff: FAST });
+    const record = new Recorder(feed);
+    feed.start();
+    const untrusting = new Listener(url, { instance: "i-tls-no-ca", resources: { vm: ["nic"] }, backoff: FAST });
+    const refused = new Recorder(untrusting);
+    untrusting.start();
+    try {
+        await record.until(() => record.of("bootstrapDone").length === 1, "bootstrapped over TLS");
+        const [cursor] = await fixture.commit(vm(1, "tls"));
+        await record.until(() => record.changes().includes(cursor), "a change over wss");
+        await refused.until(() => refused.errors.length >= 1, "the unverified attempt failed");
+        assert.match(refused.errors[0].message, /certificate/);
+        assert.equal(refused.registered.length, 0);
+    } finally {
+        await feed.close();
+        await untrusting.close();
+    }
+});
