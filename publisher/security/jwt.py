@@ -68,7 +68,7 @@ class JwtVerifier:
         else:
             # Never fetched on the event loop: the refresher thread reads the URL at once, and
             # tokens are refused (401) until it has (logged if it cannot).
-            verifier = cls(config, None, None)
+            verifier = cls(config, None, _LAST_READ.get(str(config.jwks_url)))
             _start_refresher(verifier, first=True)
         return verifier
 
@@ -125,6 +125,13 @@ class JwtVerifier:
             return
         with self._lock:
             self._keys = keys
+        if self.config.jwks_url is not None:
+            _LAST_READ[self.config.jwks_url] = keys
+
+
+_LAST_READ: dict[str, jwt.PyJWKSet] = {}
+"""The keys last read from each JWKS URL: a reload's new verifier starts with them (and reads the
+URL again at once) rather than refusing every token until its first answer."""
 
 
 def _pick(keys: jwt.PyJWKSet | None, kid: Any, alg: Any) -> jwt.PyJWK | None:
