@@ -341,3 +341,18 @@ async def test_an_sse_stream_for_an_allowed_origin_carries_the_cors_headers(
         ) as response:
             assert response.status == 200
             assert response.headers["Access-Control-Allow-Origin"] == page
+
+
+async def test_an_sse_stream_is_closed_when_its_token_expires(hs256: Service) -> None:
+    token = mint(SECRET, lifetime=2)
+    url = f"{hs256.url}/changefeeds/sse?resource=vm&sub=nic&access_token={token}"
+    async with aiohttp.ClientSession() as http, http.get(url) as response:
+        assert response.status == 200
+        body = await asyncio.wait_for(response.content.read(), scaled(10))  # to the end
+    events = body.decode().split("\n\n")
+    assert events[0].splitlines()[1] == "event: registered"
+    closing = next(e for e in events if "event: close" in e)
+    data = orjson.loads(closing.split("data: ", 1)[1])
+    assert data == {"code": 1008,
+                    "reason": "credentials no longer valid: expired token of 'jwt:alice'"}
+    assert hs256.hub.connections == set()

@@ -3,7 +3,7 @@
 // (allowedOrigins, CORS), registers with a JWT over WebSocket (subprotocol) and over SSE
 // (access_token), receives changes, and resumes after the publisher is killed and restarted.
 import assert from "node:assert/strict";
-import { createHmac } from "node:crypto";
+import { createHmac, generateKeyPairSync, sign } from "node:crypto";
 import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { createServer } from "node:http";
 import { tmpdir } from "node:os";
@@ -136,3 +136,37 @@ test("a page with a token of the wrong signature is refused: 401 on both", async
         await page.close();
     }
 });
+
+/** A JWT signed with `privateKey` (RS256 or EdDSA), as an identity provider would sign it. */
+function mintWith(alg, privateKey, kid) {
+    const now = Math.floor(Date.now() / 1000);
+    const body = `${b64({ alg, typ: "JWT", kid })}.${b64({ sub: "page-user", aud: AUDIENCE, iat: now, exp: now + 300, scope: "listen:vm listen:network read:vm read:network" })}`;
+    const signature = alg === "RS256"
+        ? sign("sha256", Buffer.from(body), privateKey)
+        : sign(null, Buffer.from(body), privateKey);
+    return `${body}.${signature.toString("base64url")}`;
+}
+
+for (const alg of ["RS256", "EdDSA"]) {
+    test(`a page registers over WebSocket and SSE with an ${alg} token of a JWKS`, async () => {
+        const { publicKey, privateKey } = alg === "RS256"
+            ? generateKeyPairSync("rsa", { modulusLength: 2048 })
+            : generateKeyPairSync("ed25519");
+        const jwksFile = join(tmp, `${alg}.jwks.json`);
+        writeFileSync(jwksFile, JSON.stringify({ keys: [{ ...publicKey.export({ format: "jwk" }), kid: "k1", alg, use: "sig" }] }));
+        const { url } = await fixture.publisher({
+            allowedOrigins: [origin], auth: { jwt: { jwksFile, audience: AUDIENCE, algorithms: [alg] } },
+        });
+        const page = await open(url, mintWith(alg, privateKey, "k1"));
+        try {
+            await until(page, () => window.seen.ws.filter((e) => e.type === "bootstrapDone").length === 2
+                && window.seen.sse.some((e) => e.type === "bootstrapDone"), null, "bootstrapped");
+            const [cursor] = await fixture.commit(["vm", `${alg}-1`, ["nic"]]);
+            await until(page, (last) => window.seen.ws.some((e) => e.cursor === last)
+                && window.seen.sse.some((e) => e.cursor === last), cursor, "a change on both");
+            assert.deepEqual(await page.evaluate(() => window.seen.fatal), []);
+        } finally {
+            await page.close();
+        }
+    });
+}

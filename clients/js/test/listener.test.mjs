@@ -38,6 +38,8 @@ test("bootstraps every page while buffering live changes, then delivers them in 
     assert.ok(objects.length >= 25 && objects.includes("boot-24"));
     const done = seen.find((e) => e.type === "bootstrapDone");
     assert.match(done.cursor, /\./);
+    // The changes committed during the bootstrap were buffered: handed over after it, in order.
+    assert.ok(types.indexOf("change") > types.indexOf("bootstrapDone"));
     const changes = seen.filter((e) => e.type === "change");
     assert.deepEqual(changes.map((e) => [e.id, e.cursor]).filter(([id]) => id.startsWith("late")),
         [["late-1", live[0]], ["late-3", live[2]]]);
