@@ -10,7 +10,9 @@ and code per interval, counted in `/changefeeds/stats`):
 2. `Origin`, when sent, against `allowedOrigins`: 403 `OriginNotAllowed` (and, without an `auth`
    section, `Host` against the loopback: 403 `HostNotAllowed`); a CORS preflight of an allowed
    origin is answered here (204);
-3. the identity (`publisher.security.auth`): 401 `Unauthorized` with `WWW-Authenticate: Bearer`;
+3. the identity (`publisher.security.auth`): 401 `Unauthorized` with `WWW-Authenticate: Bearer`.
+   The token comes from `Authorization`, or, on the upgrade and SSE routes where a browser cannot
+   set that header, from a `changefeed.bearer.<JWT>` subprotocol or `?access_token=<JWT>`;
 4. the route's scope (`scope_needed`): 403 `Forbidden`.
 
 `registration_refusal` checks a listener's registration: its resources against the identity's
@@ -225,21 +227,7 @@ class Access:
         route_handler = request.match_info.handler
         if getattr(route_handler, _PUBLIC, False):
             return None, None
-        peercert = None
-        if request.transport is not None:
-            peercert = request.transport.get_extra_info("peercert")
-        authorization, carried = credentials_of(request)
-        found = self.authenticator.authenticate(authorization, peercert, now())
-        if carried and authorization is not None and not looks_like_jwt(
-            authorization.removeprefix("Bearer ")
-        ):
-            found = Denied(
-                "a token in access_token or a subprotocol must be a JWT (auth.jwt)", True
-            )
-        if (isinstance(found, Identity) and found.expires is not None
-                and request.path in BROWSER_ROUTES):
-            self.expiries.add(found.expires)  # a connection that may outlive its token
-            self.expiring.set()
+        found = self._identify(request)
         if isinstance(found, Denied):
             challenge = REALM + (', error="invalid_token"' if found.token_given else "")
             message = (
@@ -263,6 +251,25 @@ class Access:
                 cors, identity=found.name,
             ), None
         return None, cors
+
+    def _identify(self, request: web.Request) -> Identity | Denied:
+        """Who `request` comes from: its token (a browser's by its carriers, a JWT only) or its
+        client certificate. A signed token's expiry is noted for `expire_forever`."""
+        authorization, carried = credentials_of(request)
+        if carried and authorization is not None and not looks_like_jwt(
+            authorization.removeprefix("Bearer ")
+        ):
+            return Denied("a token in access_token or a subprotocol must be a JWT (auth.jwt)",
+                          token_given=True)
+        peercert = None
+        if request.transport is not None:
+            peercert = request.transport.get_extra_info("peercert")
+        found = self.authenticator.authenticate(authorization, peercert, now())
+        if (isinstance(found, Identity) and found.expires is not None
+                and request.path in BROWSER_ROUTES):
+            self.expiries.add(found.expires)  # a connection that may outlive its token
+            self.expiring.set()
+        return found
 
     def scope_needed(self, request: web.Request) -> str | None:
         """The scope `request`'s route needs; None: any identity (or no such route)."""

@@ -90,3 +90,12 @@ test("the package version is pyproject.toml's", () => {
     assert.equal(lock.version, version);
     assert.deepEqual(Object.keys(pkg.dependencies), ["ws"], "ws is the only runtime dependency");
 });
+
+test("the package's entry points resolve: ESM and CommonJS, the Node listener and compat", async () => {
+    const { createRequire } = await import("node:module");
+    const require = createRequire(import.meta.url);
+    assert.equal(typeof require("changefeed-listener").Listener, "function");
+    assert.equal(typeof require("changefeed-listener/compat").createListener, "function");
+    assert.equal(typeof (await import("changefeed-listener")).Listener, "function");
+    assert.equal(typeof (await import("changefeed-listener/compat")).Listener, "function");
+});
