@@ -126,6 +126,7 @@ export class BaseListener extends Emitter<ListenerEvents> implements AsyncIterab
     private slot: { event: ListenerEvent; taken: Deferred<void> } | null = null;
     private consumer: Deferred<void> | null = null;
     private readonly stopped = deferred<void>();
+    private readonly aborter = new AbortController();
 
     constructor(
         private readonly transport: Transport,
@@ -206,6 +207,7 @@ export class BaseListener extends Emitter<ListenerEvents> implements AsyncIterab
         if (this.closed) return;
         this.closed = true;
         this.core.close();
+        this.aborter.abort();
         this.socket?.close(1000, "");
         this.sleeping?.resolve();
         this.slot?.taken.reject(new ListenerClosed());
@@ -342,6 +344,7 @@ export class BaseListener extends Emitter<ListenerEvents> implements AsyncIterab
         this.token = typeof given === "function" ? await given() : given;
         const socket = await this.transport.open(wsUrl, {
             acceptVersion, token: this.token, openTimeout: (this.options.openTimeout ?? 10) * 1000,
+            signal: this.aborter.signal,
         });
         if (this.closed) {
             socket.close(1000, "");
@@ -387,7 +390,7 @@ export class BaseListener extends Emitter<ListenerEvents> implements AsyncIterab
             await this.deliver({ type: "bootstrapStart", resource: route.resource });
             let url: string | null = this.core.bootstrapUrl(route.resource, this.options.pageSize ?? 100);
             while (url !== null && !this.closed) {
-                const response = await this.transport.get(url, this.token);
+                const response = await this.transport.get(url, this.token, this.aborter.signal);
                 if (response.status !== 200) throw httpError(url, response.status, response.body);
                 let page: { items?: unknown; next?: unknown };
                 try {

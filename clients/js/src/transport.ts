@@ -8,6 +8,8 @@ export interface OpenOptions {
     token: string | undefined;
     /** Milliseconds the upgrade may take. */
     openTimeout: number;
+    /** Aborted by close(): the upgrade is given up at once. */
+    signal: AbortSignal;
 }
 
 /** An open websocket: its text frames in order, and how it ended. */
@@ -26,7 +28,7 @@ export interface Response {
 
 export interface Transport {
     open(url: string, options: OpenOptions): Promise<Socket>;
-    get(url: string, token: string | undefined): Promise<Response>;
+    get(url: string, token: string | undefined, signal?: AbortSignal): Promise<Response>;
 }
 
 /** Frames received and not yet read, with a high-water mark that pauses the socket. */

@@ -284,3 +284,20 @@ test("TLS: an https publisher verified with the given CA; without it the attempt
         await untrusting.close();
     }
 });
+
+test("close() during an upgrade that hangs returns at once", async () => {
+    const { createServer } = await import("node:net");
+    const sockets = [];
+    const silent = createServer((socket) => sockets.push(socket)); // accepts, never answers
+    await new Promise((resolve) => silent.listen(0, "127.0.0.1", resolve));
+    const feed = new Listener(`http://127.0.0.1:${silent.address().port}`, { instance: "i-hang", resources: { vm: ["nic"] }, openTimeout: 60 }).start();
+    try {
+        while (sockets.length === 0) await sleep(10);
+        const started = Date.now();
+        await feed.close();
+        assert.ok(Date.now() - started < 1000, `close() took ${Date.now() - started} ms`);
+    } finally {
+        for (const socket of sockets) socket.destroy();
+        silent.close();
+    }
+});

@@ -20,7 +20,7 @@ export class BrowserTransport implements Transport {
         else if (options.token) protocols = [SUBPROTOCOL, BEARER_SUBPROTOCOL + options.token];
         const ws = new WebSocket(target.toString(), protocols);
         try {
-            return await opened(ws, url, options.openTimeout);
+            return await opened(ws, url, options.openTimeout, options.signal);
         } catch (error) {
             // A browser does not say why an upgrade failed: ask the publisher whether the token is.
             const base = url.replace(/^ws/, "http").replace(new RegExp(`${CHANGEFEEDS}$`), CHANGEFEEDS);
@@ -32,12 +32,12 @@ export class BrowserTransport implements Transport {
         }
     }
 
-    async get(url: string, token: string | undefined): Promise<Response> {
+    async get(url: string, token: string | undefined, signal?: AbortSignal): Promise<Response> {
         const headers: Record<string, string> = { Accept: "application/json" };
         if (token) headers["Authorization"] = `Bearer ${token}`;
         let response: globalThis.Response;
         try {
-            response = await fetch(url, { headers });
+            response = await fetch(url, signal ? { headers, signal } : { headers });
         } catch (error) {
             throw new ConnectionLost(url, 1006, (error as Error).message);
         }
@@ -47,8 +47,9 @@ export class BrowserTransport implements Transport {
     }
 }
 
-function opened(ws: WebSocket, url: string, timeout: number): Promise<Socket> {
+function opened(ws: WebSocket, url: string, timeout: number, signal: AbortSignal): Promise<Socket> {
     return new Promise((resolve, reject) => {
+        signal.addEventListener("abort", () => ws.close(), { once: true });
         const timer = setTimeout(() => {
             ws.close();
             reject(new ConnectionLost(url, 1006, "upgrade timed out"));

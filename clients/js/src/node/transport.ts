@@ -41,16 +41,25 @@ export class NodeTransport implements Transport {
                 response.on("error", () => reject(httpError(url, response.statusCode ?? 0, "")));
             });
             ws.once("error", (error: Error) => reject(new ConnectionLost(url, 1006, error.message)));
-            ws.once("open", () => resolve(new NodeSocket(ws, url, this.options)));
+            ws.once("open", () => {
+                options.signal.removeEventListener("abort", abort);
+                resolve(new NodeSocket(ws, url, this.options));
+            });
+            const abort = () => {
+                ws.terminate();
+                reject(new ConnectionLost(url, 1006, "closed by the listener"));
+            };
+            if (options.signal.aborted) abort();
+            else options.signal.addEventListener("abort", abort, { once: true });
         });
     }
 
-    get(url: string, token: string | undefined): Promise<Response> {
+    get(url: string, token: string | undefined, signal?: AbortSignal): Promise<Response> {
         const headers: Record<string, string> = { Accept: "application/json" };
         if (token) headers["Authorization"] = `Bearer ${token}`;
         const client = url.startsWith("https:") ? https : http;
         return new Promise((resolve, reject) => {
-            const request = client.get(url, { headers, ...this.options.tls }, (response) => {
+            const request = client.get(url, { headers, ...this.options.tls, ...(signal ? { signal } : {}) }, (response) => {
                 const chunks: Buffer[] = [];
                 response.on("data", (chunk: Buffer) => chunks.push(chunk));
                 response.on("end", () => resolve({
