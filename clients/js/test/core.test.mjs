@@ -99,3 +99,17 @@ test("the package's entry points resolve: ESM and CommonJS, the Node listener an
     assert.equal(typeof (await import("changefeed-listener")).Listener, "function");
     assert.equal(typeof (await import("changefeed-listener/compat")).Listener, "function");
 });
+
+test("the browser module's size is what the README states (within 5 %)", async () => {
+    const { readdirSync, statSync } = await import("node:fs");
+    const { gzipSync } = await import("node:zlib");
+    const dirs = ["../dist/browser/", "../dist/browser/browser/"].map((d) => new URL(d, import.meta.url));
+    const files = dirs.flatMap((dir) => readdirSync(dir).filter((f) => f.endsWith(".js")).map((f) => new URL(f, dir)));
+    const raw = files.reduce((sum, file) => sum + statSync(file).size, 0);
+    const gzipped = files.reduce((sum, file) => sum + gzipSync(readFileSync(file), { level: 9 }).length, 0);
+    const readme = readFileSync(new URL("../README.md", import.meta.url), "utf8");
+    const [, count, kb, gzKb] = /(\d+) ES modules,\s+([\d.]+) KB as compiled \(with comments\), ([\d.]+) KB gzipped/.exec(readme);
+    assert.equal(files.length, Number(count));
+    assert.ok(Math.abs(raw / 1000 - Number(kb)) / Number(kb) < 0.05, `${raw} bytes, README says ${kb} KB`);
+    assert.ok(Math.abs(gzipped / 1000 - Number(gzKb)) / Number(gzKb) < 0.05, `${gzipped} bytes gzipped, README says ${gzKb} KB`);
+});
