@@ -356,3 +356,30 @@ async def test_an_sse_stream_is_closed_when_its_token_expires(hs256: Service) ->
     assert data == {"code": 1008,
                     "reason": "credentials no longer valid: expired token of 'jwt:alice'"}
     assert hs256.hub.connections == set()
+
+
+async def test_no_token_text_in_the_metrics(
+    tmp_path: Path, redis_server: RedisServer, make_config: Callable[..., Config],
+    start_publisher: PublisherFactory,
+) -> None:
+    secret = tmp_path / "jwt.secret"
+    secret.write_text(SECRET)
+    config = make_config(redis_server.url, auth={
+        "jwt": {"secretFile": str(secret), "audience": AUDIENCE, "issuer": ISSUER},
+        "tokens": [{"name": "ops", "sha256": "0" * 64, "scopes": ["admin"]}],
+    })
+    async with start_publisher(config) as service:
+        good, bad = mint(SECRET), mint(SECRET, audience="other")
+        ws, _ = await upgrade(service, query=f"?access_token={good}")
+        await ws.close()
+        assert await status_of(service, query=f"?access_token={bad}") == 401
+        admin = mint(SECRET, scope="admin")
+        async with aiohttp.ClientSession() as http, http.get(
+            f"{service.url}/metrics", headers={"Authorization": f"Bearer {admin}"}
+        ) as response:
+            assert response.status == 200
+            text = await response.text()
+    assert "changefeed_" in text
+    for token in (good, bad, admin):
+        for part in token.split(".")[1:]:
+            assert part not in text
