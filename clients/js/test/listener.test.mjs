@@ -301,3 +301,18 @@ test("close() during an upgrade that hangs returns at once", async () => {
         silent.close();
     }
 });
+
+test("coalesce: asked in the registration, granted in the reply", async () => {
+    const { url } = await fixture.publisher();
+    const feed = new Listener(url, { instance: "i-coalesce", resources: { vm: ["nic"] }, coalesce: true, backoff: FAST });
+    const record = new Recorder(feed);
+    feed.start();
+    try {
+        await record.until(() => record.registered.length === 1, "registered");
+        assert.equal(record.registered[0].coalesce, true);
+        const stats = await (await fetch(`${url}/changefeeds/stats`)).json();
+        assert.ok(stats.registrations.some((r) => r.instance === "i-coalesce"));
+    } finally {
+        await feed.close();
+    }
+});
