@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 
 from changefeed import configjs as cj
 from changefeed.errors import ConfigError
+from publisher.config.jwt import JwtConfig, parse_jwt
 from publisher.config.scopes import parse_scopes
 
 NOT_SHOWN = "<not shown>"
@@ -73,6 +74,8 @@ class Auth:
     """"token": every request needs an identity; "none": anyone may do anything (explicitly)."""
     tokens: tuple[TokenEntry, ...] = ()
     certificates: tuple[CertificateEntry, ...] = ()
+    jwt: JwtConfig | None = None
+    """Signed tokens (JWT) for browsers: publisher.config.jwt."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +172,7 @@ def _auth(
     value: Any, resources: Collection[str], consumers: Collection[str], base: Path
 ) -> Auth:
     obj = _section(value, "auth")
-    _only_masked(obj, "auth.", {"mode", "tokens", "certificates"})
+    _only_masked(obj, "auth.", {"mode", "tokens", "certificates", "jwt"})
     mode = obj.get("mode", "token")
     if mode not in ("token", "none"):
         raise ConfigError("auth.mode", mode, '"token" (the default) or "none"')
@@ -184,13 +187,16 @@ def _auth(
         _certificate(f"auth.certificates[{i}]", entry, resources, consumers)
         for i, entry in enumerate(obj.get("certificates", []))
     )
+    jwt = None if obj.get("jwt") is None else parse_jwt(obj["jwt"], resources, consumers, base)
     if mode == "none":
-        if tokens or certificates:
-            raise ConfigError("auth.mode", mode, '"token" when tokens or certificates are listed')
+        if tokens or certificates or jwt:
+            raise ConfigError(
+                "auth.mode", mode, '"token" when tokens, certificates or jwt are configured'
+            )
         return Auth("none")
-    if not tokens and not certificates:
+    if not tokens and not certificates and jwt is None:
         raise ConfigError(
-            "auth.tokens", [], 'at least one token or certificate (or auth.mode "none")'
+            "auth.tokens", [], 'at least one token or certificate, or jwt (or auth.mode "none")'
         )
     seen: dict[str, str] = {}
     for where, name in [(t.key, t.name) for t in tokens] + [
@@ -208,7 +214,7 @@ def _auth(
                     f"{token.key}.sha256", NOT_SHOWN, f"a digest not already at {where}"
                 )
             digests[token.sha256] = token.key
-    return Auth("token", tokens, certificates)
+    return Auth("token", tokens, certificates, jwt)
 
 
 def _token(

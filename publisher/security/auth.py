@@ -23,6 +23,7 @@ import structlog
 from changefeed.errors import ConfigError
 from publisher.config.scopes import EVERYTHING, allows
 from publisher.config.security import NOT_SHOWN, Auth, CertificateEntry, TokenEntry
+from publisher.security.jwt import JwtVerifier, looks_like_jwt
 
 log = structlog.get_logger(__name__)
 
@@ -40,12 +41,16 @@ class Identity:
     name: str
     scopes: frozenset[str]
     via: str
-    """"token", "certificate", or "none" (the anonymous identity without authentication)."""
+    """"token", "certificate", "jwt", or "none" (the anonymous identity without
+    authentication)."""
     proof: bytes | frozenset[tuple[str, str]] | None = field(
         default=None, compare=False, repr=False
     )
     """What it was recognised by, to check it again later (`Authenticator.recheck`): the
     SHA-256 of its token, or its certificate's subject attributes."""
+    expires: datetime | None = field(default=None, compare=False)
+    """When its credentials stop being valid: a JWT's `exp` (config.js identities: None, their
+    `expires` is looked up again by `recheck`)."""
 
     def allows(self, scope: str) -> bool:
         return allows(self.scopes, scope)
@@ -79,9 +84,11 @@ def token_hash(token: str) -> str:
 class Authenticator:
     """The identities of config.js's `auth`; None (no auth) lets everyone in as ANONYMOUS."""
 
-    def __init__(self, auth: Auth | None, known: tuple[_Known, ...] = ()) -> None:
+    def __init__(self, auth: Auth | None, known: tuple[_Known, ...] = (),
+                 jwt: JwtVerifier | None = None) -> None:
         self.auth = auth
         self._known = known
+        self._jwt = jwt
         self._certificates: tuple[CertificateEntry, ...] = auth.certificates if auth else ()
 
     @classmethod
@@ -91,7 +98,8 @@ class Authenticator:
             return cls(auth)
         env = os.environ if environ is None else environ
         known = tuple(_Known(_digest(entry, env), entry) for entry in auth.tokens)
-        return cls(auth, known)
+        verifier = None if auth.jwt is None else JwtVerifier.build(auth.jwt, env)
+        return cls(auth, known, verifier)
 
     @property
     def required(self) -> bool:
@@ -117,6 +125,8 @@ class Authenticator:
             return Denied("Authorization is not 'Bearer <token>'", token_given=True)
         if len(token) > MAX_TOKEN_LENGTH:
             return Denied("token too long", token_given=True)
+        if self._jwt is not None and looks_like_jwt(token):
+            return self._signed(token, now)
         digest = hashlib.sha256(token.encode()).digest()
         found: TokenEntry | None = None
         for known in self._known:  # every digest compared: no early exit
@@ -128,6 +138,14 @@ class Authenticator:
         if found.expires is not None and now >= found.expires:
             return Denied(f"expired token of {found.name!r}", token_given=True, token_hash=short)
         return Identity(found.name, found.scopes, "token", digest)
+
+    def _signed(self, token: str, now: datetime) -> Identity | Denied:
+        assert self._jwt is not None
+        verified = self._jwt.verify(token, now)
+        if isinstance(verified, str):
+            return Denied(verified, token_given=True, token_hash=token_hash(token))
+        name, scopes, expires = verified
+        return Identity(name, scopes, "jwt", expires=expires)
 
     def _certificate(self, peercert: Mapping[str, Any], now: datetime) -> Identity | Denied:
         attributes = frozenset(
@@ -156,6 +174,13 @@ class Authenticator:
         left, when every entry of it has expired, or when authentication became required."""
         if not self.required:
             return ANONYMOUS
+        if identity.via == "jwt":
+            if self._jwt is None:
+                return Denied(f"signed tokens (auth.jwt) no longer accepted for {identity.name!r}",
+                              token_given=True)
+            if identity.expires is not None and now >= identity.expires:
+                return Denied(f"expired token of {identity.name!r}", token_given=True)
+            return identity
         if isinstance(identity.proof, bytes):
             entries: list[TokenEntry | CertificateEntry] = []
             for known in self._known:

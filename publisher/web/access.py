@@ -10,7 +10,9 @@ and code per interval, counted in `/changefeeds/stats`):
 2. `Origin`, when sent, against `allowedOrigins`: 403 `OriginNotAllowed` (and, without an `auth`
    section, `Host` against the loopback: 403 `HostNotAllowed`); a CORS preflight of an allowed
    origin is answered here (204);
-3. the identity (`publisher.security.auth`): 401 `Unauthorized` with `WWW-Authenticate: Bearer`;
+3. the identity (`publisher.security.auth`): 401 `Unauthorized` with `WWW-Authenticate: Bearer`.
+   The token comes from `Authorization`, or, on the upgrade and SSE routes where a browser cannot
+   set that header, from a `changefeed.bearer.<JWT>` subprotocol or `?access_token=<JWT>`;
 4. the route's scope (`scope_needed`): 403 `Forbidden`.
 
 `registration_refusal` checks a listener's registration: its resources against the identity's
@@ -22,9 +24,11 @@ config's tokens, origins and limits (established connections keep their identity
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 import structlog
@@ -38,6 +42,7 @@ from publisher.config.security import ClientLimits, Security
 from publisher.config.settings import IPNetwork
 from publisher.security.auth import Authenticator, Denied, Identity, now
 from publisher.security.clientaddr import client_address
+from publisher.security.jwt import looks_like_jwt
 from publisher.security.origin import cors_headers, host_refused, origin_refused, preflight_headers
 from publisher.security.ratelimit import TokenBuckets, retry_after
 from publisher.web.http import json_error
@@ -45,12 +50,51 @@ from publisher.web.http import json_error
 log = structlog.get_logger(__name__)
 
 IDENTITY = web.RequestKey("identity", Identity)
+CORS = web.RequestKey("cors", dict[str, str])
+"""The CORS headers of a request from an allowed origin, for a handler that prepares its own
+streaming answer (the middleware adds them to any other answer)."""
 """The identity of a request, set by `Access.check`."""
 NOBODY = Identity("nobody", frozenset(), "none")
 """The identity of a request `Access.check` did not see: nothing is allowed."""
 LISTEN = "listen:<resource>"
 """What a websocket upgrade needs: a `listen:` scope for some resource."""
 REALM = 'Bearer realm="changefeed"'
+SUBPROTOCOL = "changefeed"
+"""The websocket subprotocol the publisher selects when a client offers it."""
+BEARER_SUBPROTOCOL = "changefeed.bearer."
+"""A `Sec-WebSocket-Protocol` value carrying a browser's token: `changefeed.bearer.<JWT>`."""
+TOKEN_PARAMETER = "access_token"
+"""The query parameter carrying a browser's token on the upgrade and on SSE."""
+BROWSER_ROUTES = frozenset({"/changefeeds", "/changefeeds/sse"})
+"""Where a token may come without an Authorization header (a browser cannot set one there)."""
+
+
+def offered_protocols(request: web.Request) -> list[str]:
+    header = request.headers.get("Sec-WebSocket-Protocol", "")
+    return [p.strip() for p in header.split(",") if p.strip()]
+
+
+def selected_protocols(request: web.Request) -> tuple[str, ...]:
+    """The subprotocols to give aiohttp's handshake: the first offered one that carries no token
+    (our clients offer `changefeed` first), else the token carrier itself. Either way one of the
+    offered values is selected, so aiohttp never logs the offered list (with a token in it)."""
+    offered = offered_protocols(request)
+    plain = [p for p in offered if not p.startswith(BEARER_SUBPROTOCOL)]
+    return tuple((plain or offered)[:1])
+
+
+def credentials_of(request: web.Request) -> tuple[str | None, bool]:
+    """The request's `Authorization`, or, on the upgrade and SSE routes only, `Bearer <token>`
+    from a `changefeed.bearer.<token>` subprotocol or the `access_token` parameter; and whether
+    it came by one of those browser carriers."""
+    header = request.headers.get("Authorization")
+    if header is not None or request.path not in BROWSER_ROUTES:
+        return header, False
+    for protocol in offered_protocols(request):
+        if protocol.startswith(BEARER_SUBPROTOCOL):
+            return "Bearer " + protocol.removeprefix(BEARER_SUBPROTOCOL), True
+    token = request.query.get(TOKEN_PARAMETER)
+    return (None, False) if token is None else ("Bearer " + token, True)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _PUBLIC = "__changefeed_public__"
@@ -113,6 +157,11 @@ class Access:
         self.authenticator = authenticator or Authenticator.build(security.auth)
         self._limits = security.client_limits
         self._requests, self._registrations = self._buckets(security.client_limits)
+        self.expiring = asyncio.Event()
+        """Set when an identity with an expiry came in: `expire_forever` looks again."""
+        self.expiries: set[datetime] = set()
+        """The `exp` of the signed tokens of upgrades and SSE streams, until they pass: when
+        `expire_forever` checks the listeners again."""
 
     def replace(self, security: Security, authenticator: Authenticator | None = None) -> None:
         """Serve with a reloaded config's security: token files and environment variables are
@@ -192,12 +241,7 @@ class Access:
     def _authorize(self, request: web.Request, cors: dict[str, str] | None) -> web.Response | None:
         """Identify `request` (401 unless its credentials are valid) and check that the identity
         has the scope its route needs (403 unless): the refusal, or None."""
-        peercert = None
-        if request.transport is not None:
-            peercert = request.transport.get_extra_info("peercert")
-        found = self.authenticator.authenticate(
-            request.headers.get("Authorization"), peercert, now()
-        )
+        found = self._identify(request)
         if isinstance(found, Denied):
             challenge = REALM + (', error="invalid_token"' if found.token_given else "")
             message = (
@@ -221,6 +265,25 @@ class Access:
                 cors, identity=found.name,
             )
         return None
+
+    def _identify(self, request: web.Request) -> Identity | Denied:
+        """Who `request` comes from: its token (a browser's by its carriers, a JWT only) or its
+        client certificate. A signed token's expiry is noted for `expire_forever`."""
+        authorization, carried = credentials_of(request)
+        if carried and authorization is not None and not looks_like_jwt(
+            authorization.removeprefix("Bearer ")
+        ):
+            return Denied("a token in access_token or a subprotocol must be a JWT (auth.jwt)",
+                          token_given=True)
+        peercert = None
+        if request.transport is not None:
+            peercert = request.transport.get_extra_info("peercert")
+        found = self.authenticator.authenticate(authorization, peercert, now())
+        if (isinstance(found, Identity) and found.expires is not None
+                and request.path in BROWSER_ROUTES):
+            self.expiries.add(found.expires)  # a connection that may outlive its token
+            self.expiring.set()
+        return found
 
     def scope_needed(self, request: web.Request) -> str | None:
         """The scope `request`'s route needs; None: any identity (or no such route)."""

@@ -20,7 +20,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from changefeed.errors import ChangefeedError
-from publisher.web.access import Access
+from publisher.web.access import CORS, Access
 from publisher.web.http import error_as_json
 from publisher.web.metrics import Metrics
 
@@ -37,6 +37,8 @@ def edge(metrics: Metrics, access: Access) -> Middleware:
             if refusal is not None:
                 response = refusal
             else:
+                if cors is not None:
+                    request[CORS] = cors  # for answers prepared by their handler (SSE)
                 try:
                     response = await handler(request)
                 except (web.HTTPException, ChangefeedError) as exc:

@@ -6,7 +6,8 @@ listener is closed with 1008 and a reason naming the identity and why, never the
 rotation (the identity's token replaced by a new one) closes nothing (`Authenticator.recheck`):
 
 - `revoke(hub, authenticator, now)` checks every registered listener again (after a reload);
-- `expire_forever(hub, access)` does it at each moment a configured `expires` passes.
+- `expire_forever(hub, access)` does it at each moment a configured `expires` or a listener's
+  signed token's `exp` passes.
 
 A listener treats 1008 as a rejection (docs/protocol.md#close-codes): it stops and reports the
 reason instead of reconnecting with the same dead credentials.
@@ -15,6 +16,7 @@ reason instead of reconnecting with the same dead credentials.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from datetime import datetime
 from typing import TYPE_CHECKING
 
@@ -64,14 +66,22 @@ def revoke(hub: Hub, authenticator: Authenticator, at: datetime) -> int:
 
 
 async def expire_forever(hub: Hub, access: Access) -> None:
-    """Close listeners as their tokens and certificate identities expire."""
+    """Close listeners as their tokens and certificate identities expire, and as the signed
+    tokens (JWT) they registered with pass their `exp`."""
     while True:
         current = now()
-        soonest = access.authenticator.next_expiry(current)
+        access.expiries -= {moment for moment in access.expiries if moment <= current}
+        moments = [access.authenticator.next_expiry(current), *access.expiries] + [
+            conn.identity.expires for conn in hub.connections
+            if conn.identity is not None and not conn.closing
+        ]
+        known = [m for m in moments if m is not None]
         wait = LONGEST_SLEEP
-        if soonest is not None:
-            wait = min(wait, max((soonest - current).total_seconds(), 0.0))
-        await asyncio.sleep(wait)
+        if known:
+            wait = min(wait, max((min(known) - current).total_seconds(), 0.0))
+        access.expiring.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(access.expiring.wait(), wait)
         revoke(hub, access.authenticator, now())
 
 

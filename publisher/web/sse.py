@@ -24,7 +24,7 @@ from changefeed.protocol import CloseCode, Registration, parse_registration, reg
 from publisher.delivery.cluster_hub import ClusterHub
 from publisher.delivery.hub import Subscriber
 from publisher.security.clientaddr import client_address
-from publisher.web.access import LISTEN, identity_of, requires
+from publisher.web.access import CORS, LISTEN, identity_of, requires
 from publisher.web.app_keys import ACCESS, BUCKET, CONFIG, HUB, LIVE, TAIL
 from publisher.web.http import UNAVAILABLE, json_error
 from publisher.web.websocket import start_position
@@ -32,7 +32,8 @@ from publisher.web.websocket import start_position
 log = structlog.get_logger(__name__)
 
 SSE_ROUTE = "/changefeeds/sse"
-_PARAMS = frozenset({"resource", "sub", "id", "prefix", "since", "instance", "service"})
+_PARAMS = frozenset({"resource", "sub", "id", "prefix", "since", "instance", "service",
+                     "access_token"})
 
 
 def registration_of(query: dict[str, list[str]], remote: str, identity: str) -> bytes:
@@ -106,7 +107,7 @@ async def handle_sse(request: web.Request) -> web.StreamResponse:
 
     response = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                 "X-Accel-Buffering": "no"}
+                 "X-Accel-Buffering": "no", **request.get(CORS, {})}
     )
     response.enable_chunked_encoding()
     await response.prepare(request)

@@ -33,9 +33,10 @@ from publisher.delivery.cluster_hub import ClusterHub
 from publisher.delivery.hub import Hub, Subscriber
 from publisher.security.auth import Identity
 from publisher.security.clientaddr import client_address
-from publisher.web.access import identity_of
+from publisher.web.access import identity_of, selected_protocols
 from publisher.web.admission import PROTOCOL_ERROR, Guard
 from publisher.web.app_keys import ACCESS, BUCKET, CONFIG, HUB, LIFECYCLE, LIVE, TAIL, Lifecycle
+from publisher.web.discovery import VersionRefused, resources_body, shape_for
 from publisher.web.http import OVERLOADED, UNAVAILABLE, bad_request, json_response
 
 log = structlog.get_logger(__name__)
@@ -79,14 +80,14 @@ async def resume_position(hub: Hub, bucket: ChangeBucket, cursor: Cursor) -> Str
     return position if resumed else None
 
 
-def describe(config: Config) -> web.Response:
-    """GET /changefeeds without an upgrade: the resources served and the bucket's partitions."""
-    return json_response(
-        {
-            "resources": [r.to_wire() for r in config.resources],
-            "partitions": config.bucket.partitions,
-        }
-    )
+def describe(config: Config, accept_version: str | None = None) -> web.Response:
+    """GET /changefeeds without an upgrade: the resources served and the bucket's partitions,
+    or an older shape that `Accept-Version` asks for (publisher.web.discovery)."""
+    try:
+        shape = shape_for(accept_version)
+    except VersionRefused as exc:
+        raise bad_request("BadAcceptVersion", str(exc)) from None
+    return json_response(resources_body(config, shape))
 
 
 async def handle_changefeeds(request: web.Request) -> web.StreamResponse:
@@ -95,16 +96,20 @@ async def handle_changefeeds(request: web.Request) -> web.StreamResponse:
     front of the listener's for the life of its connection."""
     app = request.app
     if request.headers.get("Upgrade", "").lower() != "websocket":
-        return describe(app[CONFIG])
+        return describe(app[CONFIG], request.headers.get("Accept-Version"))
     limits = app[LIVE].config.limits
     lifecycle = app[LIFECYCLE]
     try:
-        version = accept_version(request.headers.get("Accept-Version"))
+        # A browser cannot set headers on an upgrade: ?accept_version=~2 stands for the header.
+        version = accept_version(
+            request.headers.get("Accept-Version") or request.query.get("accept_version")
+        )
     except RegistrationError as exc:
         raise bad_request("BadAcceptVersion", exc.reason) from None
     # No heartbeat of aiohttp's (a timer per connection): publisher.delivery.pings sweeps every
     # listener from one task, and the read loop below answers pings and sees pongs (autoping off).
     ws = web.WebSocketResponse(
+        protocols=selected_protocols(request),
         autoping=False,
         max_msg_size=limits.registration_bytes,
         compress=False,

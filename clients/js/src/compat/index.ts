@@ -1,0 +1,184 @@
+/**
+ * A drop-in for Joyent's `changefeed` npm Listener (node-sdc-changefeed 1.5): the same
+ * constructor options, events and methods, on this package's Listener, so that a Triton service
+ * changes one `require` and resumes by cursor across reconnects.
+ *
+ * ```js
+ * const changefeed = require("changefeed-listener/compat");   // was require("changefeed")
+ * const listener = changefeed.createListener({log, url, instance, service,
+ *                                             changeKind: {resource: "vm", subResources: ["nic"]}});
+ * listener.on("bootstrap", (entry) => walk(entry.bootstrapRoute));
+ * listener.on("readable", () => { let item; while ((item = listener.read()) !== null) handle(item); });
+ * listener.register();
+ * ```
+ *
+ * A reconnect that resumes emits no `bootstrap`; one that cannot (the publisher answers
+ * `resumed: false`) emits `bootstrap` again, as every reconnect did before. The differences
+ * from Joyent's are in the package README.
+ */
+import { Readable } from "node:stream";
+import { Listener, type NodeListenerOptions } from "../index.js";
+import { type Logger } from "../listener.js";
+import { type ChangeKind, type ChangeItem, type Resource } from "../protocol.js";
+import { type TlsOptions } from "../node/transport.js";
+
+/** Joyent's backoff options, in milliseconds. */
+export interface CompatBackoff {
+    minTimeout?: number;
+    maxTimeout?: number;
+    retries?: number;
+}
+
+export interface CompatOptions {
+    /** A bunyan-style logger (Joyent's required one; optional here). */
+    log?: Logger & { trace?(fields: object, message: string): void };
+    instance: string;
+    service: string;
+    url?: string;
+    /** Before restify-clients: `http://<endpoint>[:<port>]`. */
+    endpoint?: string;
+    port?: number;
+    /** One resource (v1 registration)... */
+    changeKind?: { resource: string; subResources: string[] };
+    /** ...or several (v2). */
+    resources?: Array<{ resource: string; subResources: string[] }>;
+    /** Joyent's `changeKinds` spelling of `resources`. */
+    changeKinds?: Array<{ resource: string; subResources: string[] }>;
+    backoff?: CompatBackoff;
+    /** Extensions: a bearer token, TLS options, more publisher URLs to fail over to. */
+    token?: string;
+    tls?: TlsOptions;
+    urls?: string[];
+}
+
+function kindsOf(options: CompatOptions): ChangeKind[] {
+    const listed = options.resources ?? options.changeKinds;
+    if (listed && options.changeKind) {
+        throw new TypeError("options.changeKind and options.resources exclude each other");
+    }
+    const kinds = listed ?? (options.changeKind ? [options.changeKind] : []);
+    if (!Array.isArray(kinds) || kinds.length === 0) {
+        throw new TypeError("options.changeKind (an object) or options.resources (a non-empty array) is required");
+    }
+    kinds.forEach((kind, i) => {
+        if (!kind || typeof kind.resource !== "string" || !Array.isArray(kind.subResources)) {
+            throw new TypeError(`options.resources[${i}]: {resource: string, subResources: string[]} expected`);
+        }
+    });
+    return kinds;
+}
+
+function urlOf(options: CompatOptions): string {
+    if (options.endpoint && options.port) {
+        return `http://${options.endpoint}${options.port !== 80 ? `:${options.port}` : ""}`;
+    }
+    if (typeof options.url !== "string") throw new TypeError("options.url (a string) is required");
+    return options.url;
+}
+
+export class CompatListener extends Readable {
+    readonly url: string;
+    readonly instance: string;
+    readonly service: string;
+    readonly resources: ChangeKind[];
+    private readonly options: CompatOptions;
+    private listener: Listener | null = null;
+    private connected = false;
+    // Not `closed`: on Node 18 and later Readable.prototype.closed is a getter, and Joyent's
+    // `this.closed = true` was silently ignored (its close() did not stop the reconnects).
+    #stopped = false;
+
+    constructor(options: CompatOptions) {
+        super({ objectMode: true });
+        if (!options || typeof options !== "object") throw new TypeError("options (object) is required");
+        if (typeof options.instance !== "string") throw new TypeError("options.instance (string) is required");
+        if (typeof options.service !== "string") throw new TypeError("options.service (string) is required");
+        this.options = options;
+        this.url = urlOf(options);
+        this.instance = options.instance;
+        this.service = options.service;
+        this.resources = kindsOf(options);
+    }
+
+    /** The cursor the listener resumes after (an extension). */
+    get cursor(): string | null {
+        return this.listener?.cursor ?? null;
+    }
+
+    /** Connect, register, and keep reconnecting (resuming) until close(). */
+    register(): void {
+        if (this.listener || this.#stopped) return;
+        const options = this.options;
+        const backoff = options.backoff ?? {};
+        const maxTimeout = backoff.maxTimeout !== undefined && Number.isFinite(backoff.maxTimeout)
+            ? backoff.maxTimeout : 10000;
+        const minTimeout = Math.max(1, Math.min(backoff.minTimeout ?? 100, maxTimeout));
+        const listenerOptions: NodeListenerOptions = {
+            instance: this.instance,
+            service: this.service,
+            resources: Object.fromEntries(this.resources.map((kind) => [kind.resource, kind.subResources])),
+            bootstrap: false,
+            backoff: {
+                initial: minTimeout / 1000,
+                maximum: maxTimeout / 1000,
+                ...(backoff.retries !== undefined && Number.isFinite(backoff.retries) ? { retries: backoff.retries } : {}),
+            },
+        };
+        if (options.log) listenerOptions.log = options.log;
+        if (options.token) listenerOptions.token = options.token;
+        if (options.tls) listenerOptions.tls = options.tls;
+        const listener = new Listener([this.url, ...(options.urls ?? [])], listenerOptions);
+        this.listener = listener;
+        listener.on("registered", (info) => {
+            this.connected = true;
+            if (info.resumed) return;
+            for (const entry of info.resources) this.emit("bootstrap", entryOf(entry));
+        });
+        listener.on("change", (event) => {
+            if (!this.#stopped) this.push(event.item satisfies ChangeItem);
+        });
+        listener.on("error", (error) => this.ended(error));
+        listener.on("fatal", (error) => this.ended(error));
+        listener.start();
+    }
+
+    override _read(): void {
+        // Items are pushed as they arrive (as Joyent's did).
+    }
+
+    /** Stop for good: close the socket, cancel every reconnection. */
+    close(): void {
+        this.#stopped = true;
+        const listener = this.listener;
+        if (listener) void listener.close();
+    }
+
+    /** Joyent's name of close(). */
+    _endSocket(): void {
+        this.close();
+    }
+
+    private ended(error: Error): void {
+        if (this.connected && !this.#stopped) this.emit("connection-end");
+        this.connected = false;
+        this.fail(error);
+    }
+
+    private fail(error: Error): void {
+        if (this.#stopped) return;
+        // Joyent's emitted 'error' for every failed attempt; an application without an 'error'
+        // handler would crash on the first publisher restart: then it is only logged.
+        if (this.listenerCount("error") > 0) this.emit("error", error);
+        else this.options.log?.warn?.({ error: error.message }, "changefeed listener error");
+    }
+}
+
+function entryOf(resource: Resource): Resource {
+    return { resource: resource.resource, subResources: resource.subResources, bootstrapRoute: resource.bootstrapRoute };
+}
+
+export { CompatListener as Listener };
+
+export function createListener(options: CompatOptions): CompatListener {
+    return new CompatListener(options);
+}

@@ -1,0 +1,135 @@
+// The Joyent drop-in (require("changefeed-listener/compat")) with Joyent's option and event
+// shapes, from the CommonJS build, against real publishers.
+import assert from "node:assert/strict";
+import { createRequire } from "node:module";
+import { after, before, test } from "node:test";
+import { Fixture, sleep } from "./harness.mjs";
+
+const require = createRequire(import.meta.url);
+const changefeed = require("../dist/cjs/compat/index.js");
+
+let fixture;
+before(async () => { fixture = await Fixture.start(); });
+after(async () => { await fixture?.close(); });
+
+/** A bunyan-shaped logger that keeps its records. */
+function logger() {
+    const records = [];
+    const log = {};
+    for (const level of ["trace", "debug", "info", "warn", "error"]) {
+        log[level] = (fields, message) => records.push({ level, fields, message });
+    }
+    log.records = records;
+    return log;
+}
+
+/** Joyent's listen.js, as a recorder: bootstrap / change / error / connection-end. */
+function record(listener) {
+    const events = [];
+    const wakeups = new Set();
+    const add = (event) => { events.push(event); for (const wake of wakeups) wake(); };
+    listener.on("bootstrap", (entry) => add({ event: "bootstrap", data: entry }));
+    listener.on("readable", () => {
+        let item;
+        while ((item = listener.read()) !== null) add({ event: "change", data: item });
+    });
+    listener.on("error", (error) => add({ event: "error", message: error.message }));
+    listener.on("connection-end", () => add({ event: "connection-end" }));
+    events.until = (predicate, what, seconds = 20) => new Promise((resolve, reject) => {
+        const check = () => { if (predicate(events)) { clearTimeout(timer); wakeups.delete(check); resolve(); } };
+        const timer = setTimeout(() => { wakeups.delete(check); reject(new Error(`timed out: ${what}: ${JSON.stringify(events.map((e) => e.event))}`)); }, seconds * 1000);
+        wakeups.add(check);
+        check();
+    });
+    events.of = (kind) => events.filter((e) => e.event === kind);
+    return events;
+}
+
+const cursorsOf = (events) => events.of("change").map((e) => e.data.cursor);
+
+test("v1 (changeKind, endpoint + port): bootstrap once, then changes; a resumed reconnect emits no bootstrap", async () => {
+    const publisher = await fixture.publisher({}, true);
+    const port = Number(new URL(publisher.url).port);
+    const listener = changefeed.createListener({
+        log: logger(), endpoint: "127.0.0.1", port, instance: "compat-v1", service: "compat",
+        changeKind: { resource: "vm", subResources: ["nic"] },
+        backoff: { minTimeout: 50, maxTimeout: 300, retries: Infinity },
+    });
+    const events = record(listener);
+    listener.register();
+    try {
+        await events.until((e) => e.of("bootstrap").length === 1, "bootstrap");
+        assert.deepEqual(events[0].data, { resource: "vm", subResources: ["nic", "alias", "state"], bootstrapRoute: "/vms" });
+        const before = await fixture.commit(["vm", "a", ["nic"]], ["vm", "b", ["alias"]], ["vm", "c", ["nic"]]);
+        await events.until((e) => cursorsOf(e).includes(before[2]), "the first changes");
+        const item = events.of("change")[0].data;
+        assert.deepEqual(Object.keys(item).sort(), ["changeKind", "changedResourceId", "cursor", "published"]);
+        await fixture.call({ op: "kill", id: publisher.id });
+        const during = await fixture.commit(["vm", "d", ["nic"]]);
+        await fixture.call({ op: "start", id: publisher.id });
+        const later = await fixture.commit(["vm", "e", ["nic"]]);
+        await events.until((e) => cursorsOf(e).includes(later[0]), "the changes after the restart");
+        assert.deepEqual(cursorsOf(events), [before[0], before[2], ...during, ...later]);
+        assert.equal(events.of("bootstrap").length, 1, "a resumed reconnect emits no bootstrap");
+        assert.ok(events.of("connection-end").length >= 1);
+        assert.ok(listener.cursor === later[0]);
+    } finally {
+        listener.close();
+    }
+});
+
+test("v2 (resources): one bootstrap per resource; a reconnect that cannot resume bootstraps again", async () => {
+    const { url } = await fixture.publisher();
+    const listener = changefeed.createListener({
+        log: logger(), url, instance: "compat-v2", service: "compat",
+        resources: [{ resource: "vm", subResources: ["state"] }, { resource: "network", subResources: ["*"] }],
+        backoff: { minTimeout: 50, maxTimeout: 300 },
+    });
+    const events = record(listener);
+    listener.register();
+    try {
+        await events.until((e) => e.of("bootstrap").length === 2, "bootstrap");
+        assert.deepEqual(events.of("bootstrap").map((e) => e.data.resource), ["vm", "network"]);
+        const [first] = await fixture.commit(["network", "n-1", ["ips"]]);
+        await events.until((e) => cursorsOf(e).includes(first), "a change");
+        await fixture.call({ op: "flush" }); // the bucket recreated: 4009, resumed: false
+        await fixture.commit(["vm", "x", ["state"]]);
+        await events.until((e) => e.of("bootstrap").length === 4, "bootstrap again", 30);
+        assert.ok(events.of("error").some((e) => /4009/.test(e.message)));
+    } finally {
+        listener.close();
+    }
+});
+
+test("close() on Node 20 stops every reconnection (Joyent's bug: `this.closed = true` ignored)", async () => {
+    assert.ok(process.versions.node.split(".")[0] >= 20);
+    const publisher = await fixture.publisher({}, true);
+    const log = logger();
+    const listener = changefeed.createListener({
+        log, url: publisher.url, instance: "compat-close", service: "compat",
+        changeKind: { resource: "vm", subResources: ["nic"] },
+        backoff: { minTimeout: 20, maxTimeout: 20, retries: 3 },
+    });
+    const events = record(listener);
+    listener.register();
+    await events.until((e) => e.of("bootstrap").length === 1, "bootstrap");
+    await fixture.call({ op: "kill", id: publisher.id });
+    await events.until((e) => e.of("connection-end").length === 1, "connection-end");
+    listener.close();
+    const seen = events.length;
+    const connecting = log.records.filter((r) => r.message === "connecting").length;
+    await fixture.call({ op: "start", id: publisher.id });
+    await sleep(500); // 25 backoff delays: Joyent's kept reconnecting, then emitted 'Backoff failed'
+    assert.equal(events.length, seen, JSON.stringify(events.slice(seen)));
+    assert.equal(log.records.filter((r) => r.message === "connecting").length, connecting);
+    assert.ok(!events.some((e) => e.event === "error" && /gave up|Backoff failed/.test(e.message)));
+});
+
+test("Joyent's option checks: changeKind or resources, instance and service", () => {
+    assert.throws(() => changefeed.createListener({ url: "http://x", service: "s", changeKind: { resource: "vm", subResources: [] } }), /instance/);
+    assert.throws(() => changefeed.createListener({ url: "http://x", instance: "i", service: "s" }), /changeKind/);
+    assert.throws(() => changefeed.createListener({ instance: "i", service: "s", changeKind: { resource: "vm", subResources: ["*"] } }), /url/);
+    const both = { url: "http://x", instance: "i", service: "s", changeKind: { resource: "vm", subResources: ["*"] }, resources: [{ resource: "vm", subResources: ["*"] }] };
+    assert.throws(() => changefeed.createListener(both), /exclude/);
+    assert.equal(typeof changefeed.Listener, "function");
+});
