@@ -24,6 +24,7 @@ from changefeed.protocol import CHANGEFEEDS, WILDCARD, Resource
 from publisher.bucket.cluster_url import cluster_section
 from publisher.bucket.sentinel import redis_url as any_redis_url
 from publisher.bucket.sentinel import sentinel_section
+from publisher.config.outbox import Outbox, parse_outbox
 from publisher.config.scopes import DURABLE_PREFIX
 from publisher.config.security import SECURITY_KEYS, Security, parse_security
 
@@ -182,6 +183,8 @@ class Config:
     trace: Trace = field(default_factory=Trace)
     log_level: str | None = None
     """`logLevel`; None: the command line's (`--log-level`, default info)."""
+    outbox: Outbox | None = None
+    """The PostgreSQL outbox this publisher relays (publisher.config.outbox); None: none."""
 
     @property
     def resource_map(self) -> dict[str, Resource]:
@@ -231,7 +234,7 @@ def parse_config(text: str, base: Path | None = None, source: str | None = None)
         "",
         {"resources", "maxAge", "maxItems", "bucket", "server", "limits", "feed", "durable",
          "stateDir",
-         "gcInterval", *SECURITY_KEYS, *_OPERATIONS_KEYS},
+         "gcInterval", "outbox", *SECURITY_KEYS, *_OPERATIONS_KEYS},
     )
 
     if "resources" not in obj:
@@ -297,6 +300,7 @@ def parse_config(text: str, base: Path | None = None, source: str | None = None)
             feed.consumers | {DURABLE_PREFIX + name for name in durable.consumers},
             base or Path.cwd(),
         ),
+        outbox=parse_outbox(obj, {r.resource for r in resources}, base or Path.cwd()),
         **_operations(obj),
     )
 

@@ -1,0 +1,327 @@
+"""The relay: moves outbox rows into the bucket, exactly once, in commit order per id.
+
+One relay at a time: a publisher relays while it holds the outbox's session-level advisory lock
+on its dedicated connection (`lead`); the others try for it every `takeoverInterval` seconds
+and take over within that of the holder's death (its session ends, the lock goes with it).
+
+A round reads the oldest rows waiting (id order), moves the dead ones to outbox_dead, commits
+each other row under the idempotency key of its row id, and only then deletes the rows,
+recording their cursors, in one PostgreSQL statement. A relay killed between the commit and the
+delete leaves the rows; the next round commits them again and the bucket, knowing the keys,
+writes nothing and answers the first cursors. Rows are removed once relayed, so a row whose
+transaction took a lower id but committed after a higher one is read by the next round.
+
+Woken by LISTEN (a connection of its own: losing it loses no lock) within a millisecond of a
+commit, and by the poll every `pollInterval` seconds when no notification comes. Before each
+round with rows, the bucket's epoch is compared with the last one seen: a bucket that lost what
+it held (Redis restarted empty, restored from an older snapshot) is re-seeded from PostgreSQL
+first (publisher.outbox.seed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from changefeed.errors import BucketUnavailable, ChangeError, OutboxError
+from changefeed.protocol import Resource
+from publisher.bucket import Change, ChangeBucket
+from publisher.config.outbox import Outbox
+from publisher.outbox import database, schema
+from publisher.outbox.database import translate_postgres_errors
+from publisher.outbox.rows import SELECT_ROWS, Dead, Row, refused, sort_rows
+from publisher.outbox.seed import reseed
+from publisher.outbox.status import Status, read_status
+
+log = structlog.get_logger(__name__)
+
+RELAYED = """
+WITH gone AS (DELETE FROM changefeed.outbox WHERE id = ANY($1::bigint[]))
+INSERT INTO changefeed.outbox_relayed (id, cursor)
+SELECT * FROM unnest($1::bigint[], $2::text[]) ON CONFLICT (id) DO NOTHING
+"""
+BURIED = """
+WITH gone AS (DELETE FROM changefeed.outbox WHERE id = ANY($1::bigint[]) RETURNING *)
+INSERT INTO changefeed.outbox_dead
+    (id, resource, changed_id, sub_resources, op, state, created, reason)
+SELECT g.id, g.resource, g.changed_id, g.sub_resources, g.op, g.state, g.created, r.reason
+FROM gone g JOIN unnest($1::bigint[], $2::text[]) AS r(id, reason) USING (id)
+ON CONFLICT (id) DO NOTHING
+"""
+BOUND_DEAD = """
+DELETE FROM changefeed.outbox_dead WHERE id IN
+    (SELECT id FROM changefeed.outbox_dead ORDER BY id DESC OFFSET $1)
+"""
+FORGET_RELAYED = """
+DELETE FROM changefeed.outbox_relayed
+WHERE relayed < now() - make_interval(secs => $1::double precision)
+"""
+RESYNC = "resync"
+"""The payload a `changefeed outbox resync` notifies ('resync:<resource>' for one resource)."""
+HOUSEKEEPING = 5.0
+"""Seconds between two status reads and prunings of outbox_relayed by the relaying publisher."""
+BACKOFF = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
+"""Seconds between attempts after PostgreSQL or the bucket failed (the last repeats)."""
+
+
+@dataclass(slots=True)
+class RelayStats:
+    """What `/metrics` and `/changefeeds/stats` show of the relay."""
+
+    relaying: bool = False
+    """This publisher holds the relay lock."""
+    listening: bool = False
+    """LISTEN is up (else only the poll wakes the relay)."""
+    relayed: int = 0
+    dead: int = 0
+    reseeds: int = 0
+    postgres_errors: int = 0
+    bucket_errors: int = 0
+    status: Status | None = None
+    """The outbox's last status read (backlog, oldest age, relaying session, dead rows)."""
+    status_at: float = 0.0
+
+    def report(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "relaying": self.relaying, "listening": self.listening, "relayed": self.relayed,
+            "dead": self.dead, "reseeds": self.reseeds, "postgresErrors": self.postgres_errors,
+            "bucketErrors": self.bucket_errors,
+        }
+        if self.status is not None:
+            out.update(self.status.report())
+        return out
+
+
+@dataclass(slots=True)
+class _Round:
+    rows: int = 0
+    relayed: list[tuple[Row, str]] = field(default_factory=list)
+    dead: list[Dead] = field(default_factory=list)
+
+
+class Relay:
+    """Relays the outbox named by `config` into `bucket` while this publisher holds the lock.
+
+    >>> relay = Relay(bucket, config.outbox, config.resource_map, config.outbox.url(), "pub-1")
+    >>> task = asyncio.create_task(relay.run()); ...; await relay.stop()
+    """
+
+    def __init__(
+        self, bucket: ChangeBucket, config: Outbox, resources: Mapping[str, Resource],
+        url: str, name: str,
+    ) -> None:
+        self.bucket = bucket
+        self.config = config
+        self.resources = dict(resources)
+        self.url = url
+        self.name = name
+        self.stats = RelayStats()
+        self.epoch: str | None = None
+        """The bucket epoch the relay last saw (None: none yet)."""
+        self.resync_asked: set[str] = set()
+        """Resources a `changefeed outbox resync` asked to re-seed ('' names every one)."""
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.on_relayed: Callable[[Sequence[tuple[Row, str]]], None] | None = None
+        """Called with (row, cursor) of each round's relayed rows (tests, benchmarks)."""
+
+    async def run(self) -> None:
+        """Relay (or stand by) until cancelled, reconnecting after PostgreSQL failures."""
+        failures = 0
+        while True:
+            try:
+                await self._session()
+            except OutboxError as exc:
+                self.stats.postgres_errors += 1
+                (log.warning if failures == 0 else log.debug)(
+                    "outbox: PostgreSQL unavailable, retrying", error=str(exc),
+                    postgres=self.config.display_url,
+                )
+            finally:
+                self.stats.relaying = self.stats.listening = False
+            await asyncio.sleep(BACKOFF[min(failures, len(BACKOFF) - 1)])
+            failures += 1
+
+    def start(self) -> asyncio.Task[None]:
+        self._task = asyncio.create_task(self.run(), name="outbox-relay")
+        return self._task
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _session(self) -> None:
+        """One session: wait for the lock, then relay until the connection fails."""
+        conn = await database.connect(self.url, self.name)
+        listener: asyncio.Task[None] | None = None
+        try:
+            async with translate_postgres_errors("outbox relay lock"):
+                await self._take_lock(conn)
+                install_id = await conn.fetchval(
+                    "SELECT install_id::text FROM changefeed.outbox_schema"
+                )
+            if install_id is None:
+                raise OutboxError("the outbox is not installed: run `changefeed outbox install`")
+            self.stats.relaying = True
+            log.info("outbox: relaying", publisher=self.name, postgres=self.config.display_url)
+            listener = asyncio.create_task(self._listen(), name="outbox-listen")
+            await self._relay(conn, install_id)
+        finally:
+            if listener is not None:
+                listener.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await listener
+            await database.close(conn)
+
+    async def _take_lock(self, conn: Any) -> None:
+        """Return once this session holds the relay lock: a standby tries every
+        `takeoverInterval` seconds (pg_advisory_lock's wait would hold a statement open that
+        no cancellation of ours could end cleanly)."""
+        while True:
+            if await conn.fetchval(
+                "SELECT pg_try_advisory_lock($1, $2)", schema.LOCK_CLASS, schema.RELAY_LOCK
+            ):
+                return
+            await asyncio.sleep(self.config.takeover_interval)
+
+    async def _listen(self) -> None:
+        """Keep a LISTEN connection up; every notification wakes the relay."""
+        failures = 0
+        while True:
+            lost = asyncio.Event()
+            try:
+                conn = await database.connect(self.url, f"{self.name} listen")
+                try:
+                    conn.add_termination_listener(lambda _, lost=lost: lost.set())
+                    async with translate_postgres_errors("outbox LISTEN"):
+                        await conn.add_listener(schema.CHANNEL, self._notified)
+                    self.stats.listening = True
+                    failures = 0
+                    self._wake.set()  # what was committed while not listening
+                    await lost.wait()
+                finally:
+                    self.stats.listening = False
+                    await database.close(conn)
+                log.warning("outbox: LISTEN connection lost; the poll relays meanwhile")
+            except OutboxError as exc:
+                log.debug("outbox: LISTEN connection failed", error=str(exc))
+            await asyncio.sleep(BACKOFF[min(failures + 3, len(BACKOFF) - 1)])
+            failures += 1
+
+    def _notified(self, conn: Any, pid: int, channel: str, payload: str) -> None:
+        if payload.startswith(RESYNC):
+            self.resync_asked.add(payload.removeprefix(RESYNC).lstrip(":"))
+        self._wake.set()
+
+    def wake(self) -> None:
+        """Relay a round now (as a notification would)."""
+        self._wake.set()
+
+    async def _relay(self, conn: Any, install_id: str) -> None:
+        failures = 0
+        housekept = 0.0
+        while True:
+            self._wake.clear()
+            if time.monotonic() - housekept > HOUSEKEEPING:
+                await self._housekeeping(conn)
+                housekept = time.monotonic()
+            try:
+                done = await self._round(conn, install_id)
+            except BucketUnavailable as exc:
+                self.stats.bucket_errors += 1
+                (log.warning if failures == 0 else log.debug)(
+                    "outbox: bucket unavailable; the rows wait in PostgreSQL", error=str(exc)
+                )
+                await asyncio.sleep(BACKOFF[min(failures, len(BACKOFF) - 1)])
+                failures += 1
+                continue
+            failures = 0
+            if done.rows >= self.config.batch:
+                continue  # more wait
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.config.poll_interval)
+
+    async def _round(self, conn: Any, install_id: str) -> _Round:
+        """Relay the oldest rows waiting (up to `batch`)."""
+        async with translate_postgres_errors("outbox read"):
+            records = await conn.fetch(SELECT_ROWS, self.config.batch)
+        done = _Round(rows=len(records))
+        if not records and not self.resync_asked:
+            return done
+        await self._check_epoch(conn)
+        relay, done.dead = sort_rows(records, self.resources, install_id)
+        done.relayed, refusals = await self._commit(relay)
+        done.dead += refusals
+        async with translate_postgres_errors("outbox removal"):
+            if done.dead:
+                await self._bury(conn, done.dead)
+            if done.relayed:
+                await conn.execute(
+                    RELAYED, [row.id for row, _ in done.relayed],
+                    [cursor for _, cursor in done.relayed],
+                )
+        self.stats.relayed += len(done.relayed)
+        if done.relayed and self.on_relayed is not None:
+            self.on_relayed(done.relayed)
+        return done
+
+    async def _commit(
+        self, relay: Sequence[tuple[Row, Change, str]]
+    ) -> tuple[list[tuple[Row, str]], list[Dead]]:
+        """Commit each row under its key, in order: (row, cursor) of each, and the rows the
+        bucket refused."""
+        relayed: list[tuple[Row, str]] = []
+        dead: list[Dead] = []
+        for row, change, key in relay:
+            try:
+                (cursor,) = await self.bucket.commit_many([change], key=key)
+            except ChangeError as exc:
+                dead.append(refused(exc, row))
+                continue
+            relayed.append((row, cursor))
+        return relayed, dead
+
+    async def _bury(self, conn: Any, dead: Sequence[Dead]) -> None:
+        await conn.execute(
+            BURIED, [d.row.id for d in dead], [d.reason for d in dead]
+        )
+        await conn.execute(BOUND_DEAD, self.config.max_dead_rows)
+        self.stats.dead += len(dead)
+        for d in dead:
+            log.error(
+                "outbox: dead row moved to changefeed.outbox_dead", row=d.row.id,
+                resource=d.row.resource, id=d.row.changed_id, reason=d.reason,
+            )
+
+    async def _check_epoch(self, conn: Any) -> None:
+        """Re-seed the store first when the bucket lost what it held, or when asked."""
+        epoch = await self.bucket.current_epoch()
+        lost = self.epoch is not None and epoch != self.epoch
+        if lost or self.resync_asked:
+            asked = set(self.resync_asked)
+            only = None if lost or "" in asked else asked
+            log.warning("outbox: re-seeding the store from PostgreSQL",
+                        reason="bucket lost its state" if lost else "asked",
+                        resources=sorted(only or self.resources))
+            epoch = await reseed(conn, self.bucket, self.config, self.resources, only,
+                                 renew=not lost)
+            self.resync_asked -= asked
+            self.stats.reseeds += 1
+        if epoch is None:
+            epoch = await self.bucket.ensure()
+        self.epoch = epoch
+
+    async def _housekeeping(self, conn: Any) -> None:
+        async with translate_postgres_errors("outbox housekeeping"):
+            await conn.execute(FORGET_RELAYED, self.config.keep_relayed)
+            self.stats.status = await read_status(conn)
+        self.stats.status_at = time.time()

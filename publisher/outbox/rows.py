@@ -1,0 +1,106 @@
+"""Outbox rows as the relay reads them, and what becomes of each: a change for the bucket under
+its idempotency key, or a dead row with its reason. Pure: no database, no Redis.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from changefeed.errors import ChangeError
+from changefeed.protocol import Resource
+from changefeed.watch import MAX_ID_BYTES
+from publisher.bucket import Change
+
+SELECT_ROWS = (
+    "SELECT id, resource, changed_id, sub_resources, op, state::text "
+    "FROM changefeed.outbox ORDER BY id LIMIT $1"
+)
+"""The oldest rows waiting: the relay removes what it relayed, so reading in id order from the
+start sees a row whose transaction took a lower id but committed later (no `id > last`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One row of changefeed.outbox."""
+
+    id: int
+    resource: str
+    changed_id: str
+    sub_resources: tuple[str, ...]
+    op: str
+    state: str | None
+    """The jsonb state as text (None unless a put)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Dead:
+    """A row that can never be relayed, and why."""
+
+    row: Row
+    reason: str
+
+
+def key_of(install_id: str, row_id: int) -> str:
+    """The idempotency key row `row_id` is committed under: the same at every retry, by any
+    relay of this outbox (`install_id` tells outboxes apart when several feed one bucket)."""
+    return f"outbox:{install_id}:{row_id}"
+
+
+def change_of(row: Row, resources: Mapping[str, Resource]) -> Change | Dead:
+    """The change `row` stands for, or why it is dead: a resource or sub-resource config.js does
+    not have, an id the bucket refuses, an unknown op, a state that is not a JSON object."""
+    resource = resources.get(row.resource)
+    if resource is None:
+        known = ", ".join(sorted(resources))
+        return Dead(row, f"unknown resource {row.resource!r} (known: {known})")
+    unknown = [s for s in row.sub_resources if s not in resource.sub_resources]
+    if unknown or not row.sub_resources:
+        return Dead(row, f"unknown sub-resource(s) {', '.join(map(repr, unknown))} of "
+                         f"{row.resource!r} (known: {', '.join(resource.sub_resources)})"
+                    if unknown else "no sub-resource")
+    if not row.changed_id or len(row.changed_id.encode()) > MAX_ID_BYTES:
+        return Dead(row, f"id empty or longer than {MAX_ID_BYTES} bytes")
+    if row.op in ("delete", "publish"):
+        return Change(row.resource, row.changed_id, row.sub_resources, row.op)  # type: ignore[arg-type]
+    if row.op != "put":
+        return Dead(row, f"unknown op {row.op!r}")
+    try:
+        state: Any = orjson.loads(row.state) if row.state is not None else None
+    except orjson.JSONDecodeError:
+        state = None
+    if not isinstance(state, dict):
+        return Dead(row, f"state is not a JSON object (got {_kind(state)})")
+    return Change.put(row.resource, row.changed_id, row.sub_resources, state)
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    return {list: "array", str: "string", bool: "boolean"}.get(type(value), "number")
+
+
+def sort_rows(
+    records: Sequence[Sequence[Any]], resources: Mapping[str, Resource], install_id: str
+) -> tuple[list[tuple[Row, Change, str]], list[Dead]]:
+    """The rows read (id order kept) as (row, change, key) to relay and the dead ones."""
+    relay: list[tuple[Row, Change, str]] = []
+    dead: list[Dead] = []
+    for record in records:
+        id, resource, changed_id, subs, op, state = record
+        row = Row(int(id), resource, changed_id, tuple(subs or ()), op, state)
+        made = change_of(row, resources)
+        if isinstance(made, Dead):
+            dead.append(made)
+        else:
+            relay.append((row, made, key_of(install_id, row.id)))
+    return relay, dead
+
+
+def refused(error: ChangeError, row: Row) -> Dead:
+    """A row the bucket refused (its idempotency key first used for other changes: the outbox
+    was restored from an older backup and reuses ids), as a dead row."""
+    return Dead(row, f"refused by the bucket: {error}")
