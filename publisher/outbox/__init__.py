@@ -15,6 +15,9 @@ relayed into the bucket exactly once (docs/postgres.md).
 >>> cursor = await outbox.cursor(conn, row, timeout=5)
 """
 
+from changefeed.errors import OutboxError, OutboxRowDead, OutboxWaitTimeout
 from publisher.outbox.writer import cursor, delete, publish, put
 
-__all__ = ["cursor", "delete", "publish", "put"]
+__all__ = [
+    "OutboxError", "OutboxRowDead", "OutboxWaitTimeout", "cursor", "delete", "publish", "put",
+]

@@ -12,9 +12,12 @@ from typing import Any
 
 import asyncpg
 
+from listener import Listener
 from publisher import outbox
 from publisher.outbox.schema import install
+from tests.faults.harness import FAST, Recorder
 from tests.faults.oracle import Attempt, History, Outcome
+from tests.servers import scaled
 
 RESOURCE = "vm"
 SUBS = ["state"]
@@ -85,8 +88,11 @@ class PgWriter:
                 self.failed += 1
                 return []
         made = []
+        committing = False
         try:
-            async with self.conn.transaction():
+            tx = self.conn.transaction()
+            await tx.start()
+            try:
                 for _ in range(count):
                     self.seq += 1
                     id = f"vm-{self.seq % self.ids:03}"
@@ -96,14 +102,27 @@ class PgWriter:
                         "SET state = EXCLUDED.state", id, _json(state))
                     row = await outbox.put(self.conn, RESOURCE, id, SUBS, state)
                     made.append((id, self.seq, row))
+            except BaseException:
+                if not self.conn.is_closed():
+                    await tx.rollback()
+                raise
+            committing = True
+            await tx.commit()
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
-            self.failed += 1  # before COMMIT answered: counted as not committed (see resolve)
+            self.failed += 1
+            now = time.monotonic()
+            for id, seq, _ in made:  # a COMMIT without an answer may have committed
+                (self.history.unknown if committing else self.history.failed)(id, seq, now)
             self.conn = None
             return []
         now = time.monotonic()
         done = [Committed(id, seq, row, self.history.tick(), now) for id, seq, row in made]
         self.committed += done
         return done
+
+    @property
+    def last(self) -> Committed:
+        return self.committed[-1]
 
     async def run(self, stop: asyncio.Event, pace: float = 0.005) -> None:
         while not stop.is_set():
@@ -156,3 +175,34 @@ def per_id_order(history: History) -> list[str]:
                 bad.append(f"{name}: {change.id}")
             newest[change.id] = max(seq, newest.get(change.id, -1))
     return bad
+
+
+def recorder(history: History, name: str, url: str) -> Recorder:
+    """A started Listener of every `vm` change at publisher `url`, recorded in `history`."""
+    listener = Listener(url, instance=f"{name}-instance", service="outbox",
+                        resources={RESOURCE: ["*"]}, config=FAST)
+    made = Recorder(history.listener(name), listener)
+    made.start()
+    return made
+
+
+async def received(rec: Recorder, count: int, within: float = 10) -> None:
+    """Wait until `rec` delivered `count` changes."""
+    if not await rec.wait(lambda: len(rec.log.changes) >= count, within):
+        raise AssertionError(
+            f"{rec.log.name} delivered {len(rec.log.changes)} of {count} changes "
+            f"({rec.failure!r})"
+        )
+
+
+async def drained(url: str, within: float = 20) -> None:
+    """Wait until the outbox has no row waiting."""
+    conn = await asyncpg.connect(url)
+    try:
+        deadline = time.monotonic() + scaled(within)
+        while await conn.fetchval("SELECT count(*) FROM changefeed.outbox"):
+            if time.monotonic() > deadline:
+                raise AssertionError("the outbox did not drain")
+            await asyncio.sleep(0.05)
+    finally:
+        await conn.close()
