@@ -62,8 +62,6 @@ FORGET_RELAYED = """
 DELETE FROM changefeed.outbox_relayed
 WHERE relayed < now() - make_interval(secs => $1::double precision)
 """
-RESYNC = "resync"
-"""The payload a `changefeed outbox resync` notifies ('resync:<resource>' for one resource)."""
 HOUSEKEEPING = 5.0
 """Seconds between two status reads and prunings of outbox_relayed by the relaying publisher."""
 BACKOFF = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
@@ -218,8 +216,8 @@ class Relay:
             failures += 1
 
     def _notified(self, conn: Any, pid: int, channel: str, payload: str) -> None:
-        if payload.startswith(RESYNC):
-            self.resync_asked.add(payload.removeprefix(RESYNC).lstrip(":"))
+        if payload.startswith(schema.RESYNC):
+            self.resync_asked.add(payload.removeprefix(schema.RESYNC).lstrip(":"))
         self._wake.set()
 
     def wake(self) -> None:

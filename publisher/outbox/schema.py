@@ -27,6 +27,8 @@ VERSION = 1
 """The schema version this release installs; `install` migrates older ones up to it."""
 CHANNEL = "changefeed_outbox"
 """The channel the functions notify and the relay listens on."""
+RESYNC = "resync"
+"""The payload on CHANNEL that asks the relay to re-seed the store ('resync:<resource>': one)."""
 LOCK_CLASS = 0x63666478
 """The first key of the outbox's advisory locks (two-key form, 'cfdx'); the second names the
 lock: INSTALL_LOCK serialises installs, RELAY_LOCK is held by the relaying publisher."""

@@ -18,7 +18,9 @@ import structlog
 from changefeed.protocol import Resource
 from publisher.bucket import BATCH, Change, ChangeBucket
 from publisher.config.outbox import Outbox
+from publisher.outbox import schema
 from publisher.outbox.database import translate_postgres_errors
+from publisher.outbox.status import read_status
 
 log = structlog.get_logger(__name__)
 
@@ -90,3 +92,30 @@ async def seed_resource(
     for start in range(0, len(stale), BATCH):
         await bucket.commit_many(stale[start : start + BATCH])
     return puts, len(stale)
+
+
+async def resync(
+    conn: Any, bucket: ChangeBucket, config: Outbox, resources: Mapping[str, Resource],
+    resource: str | None,
+) -> str | None:
+    """`changefeed outbox resync`: re-seed the store (of `resource`, else of every one) and give
+    every listener one Resync. When a publisher relays, it is asked to (a notification: it
+    re-seeds before its next rows) and its session's name is returned; else the re-seed runs
+    here, holding the relay lock meanwhile so that no relay starts under it (None)."""
+    async with translate_postgres_errors("outbox resync"):
+        ours = await conn.fetchval(
+            "SELECT pg_try_advisory_lock($1, $2)", schema.LOCK_CLASS, schema.RELAY_LOCK
+        )
+        if not ours:
+            status = await read_status(conn)
+            payload = schema.RESYNC + (f":{resource}" if resource else "")
+            await conn.execute("SELECT pg_notify($1, $2)", schema.CHANNEL, payload)
+            return status.relaying or "the relaying publisher"
+    try:
+        await reseed(conn, bucket, config, resources, {resource} if resource else None, renew=True)
+    finally:
+        async with translate_postgres_errors("outbox resync"):
+            await conn.execute(
+                "SELECT pg_advisory_unlock($1, $2)", schema.LOCK_CLASS, schema.RELAY_LOCK
+            )
+    return None
