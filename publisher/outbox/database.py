@@ -29,6 +29,7 @@ ERRORS: tuple[type[BaseException], ...] = (
     asyncio.TimeoutError,
     asyncpg.PostgresError,
     asyncpg.InterfaceError,
+    asyncpg.exceptions._base.InternalClientError,  # a connection left mid-operation by a fault
 )
 """What a PostgreSQL connection or statement may raise: the server or the network failed."""
 

@@ -141,6 +141,9 @@ class Relay:
                     "outbox: PostgreSQL unavailable, retrying", error=str(exc),
                     postgres=self.config.display_url,
                 )
+            except Exception:  # a bug of ours or a driver's: loudly, and the relay goes on
+                self.stats.postgres_errors += 1
+                log.exception("outbox: the relay failed; starting over")
             finally:
                 self.stats.relaying = self.stats.listening = False
             await asyncio.sleep(BACKOFF[min(failures, len(BACKOFF) - 1)])

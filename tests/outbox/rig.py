@@ -5,15 +5,18 @@ accounting of tests/faults/oracle.py fed from it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 import asyncpg
 
 from listener import Listener
 from publisher import outbox
+from publisher.outbox.database import ERRORS
 from publisher.outbox.schema import install
 from tests.faults.harness import FAST, Recorder
 from tests.faults.oracle import Attempt, History, Outcome
@@ -23,6 +26,8 @@ RESOURCE = "vm"
 SUBS = ["state"]
 SNAPSHOT = "SELECT uuid, state FROM vms"
 _names = itertools.count()
+DRIVER_ERRORS = ERRORS
+"""What a writer's transaction may fail with when PostgreSQL goes away."""
 
 
 async def fresh_database(admin_url: str) -> str:
@@ -84,7 +89,7 @@ class PgWriter:
         if self.conn is None or self.conn.is_closed():
             try:
                 await self.connect()
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+            except DRIVER_ERRORS:
                 self.failed += 1
                 return []
         made = []
@@ -104,11 +109,12 @@ class PgWriter:
                     made.append((id, self.seq, row))
             except BaseException:
                 if not self.conn.is_closed():
-                    await tx.rollback()
+                    with contextlib.suppress(*DRIVER_ERRORS):
+                        await asyncio.wait_for(tx.rollback(), 1)
                 raise
             committing = True
             await tx.commit()
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+        except DRIVER_ERRORS:
             self.failed += 1
             now = time.monotonic()
             for id, seq, _ in made:  # a COMMIT without an answer may have committed
@@ -193,6 +199,15 @@ async def received(rec: Recorder, count: int, within: float = 10) -> None:
             f"{rec.log.name} delivered {len(rec.log.changes)} of {count} changes "
             f"({rec.failure!r})"
         )
+
+
+async def until(predicate: Callable[[], bool], what: str, within: float = 20) -> None:
+    """Wait until `predicate()` holds (a writer's progress), failing after `within` seconds."""
+    deadline = time.monotonic() + scaled(within)
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting until {what}")
+        await asyncio.sleep(0.01)
 
 
 async def drained(url: str, within: float = 20) -> None:
