@@ -8,8 +8,8 @@ import asyncio
 import contextlib
 import itertools
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from collections.abc import Callable
 from typing import Any
 
 import asyncpg
@@ -80,6 +80,8 @@ class PgWriter:
     committed: list[Committed] = field(default_factory=list)
     failed: int = 0
     conn: Any = None
+    paused: bool = False
+    """While True, `run` commits nothing."""
 
     async def connect(self) -> None:
         self.conn = await asyncpg.connect(self.url)
@@ -132,6 +134,9 @@ class PgWriter:
 
     async def run(self, stop: asyncio.Event, pace: float = 0.005) -> None:
         while not stop.is_set():
+            if self.paused:
+                await asyncio.sleep(0.01)
+                continue
             if not await self.commit():
                 await asyncio.sleep(0.05)
             await asyncio.sleep(pace)
@@ -183,7 +188,7 @@ def per_id_order(history: History) -> list[str]:
     return bad
 
 
-def recorder(history: History, name: str, url: str) -> Recorder:
+def recorder(history: History, name: str, url: str | Sequence[str]) -> Recorder:
     """A started Listener of every `vm` change at publisher `url`, recorded in `history`."""
     listener = Listener(url, instance=f"{name}-instance", service="outbox",
                         resources={RESOURCE: ["*"]}, config=FAST)

@@ -27,6 +27,7 @@ from changefeed_testing.postgres import PostgresServer
 from publisher.config.settings import Config
 from publisher.outbox.status import read_status
 from tests.conftest import PublisherFactory
+from tests.faults.harness import Recorder
 from tests.faults.oracle import History
 from tests.outbox.rig import (
     PgWriter,
@@ -74,11 +75,11 @@ async def settle(history: History, writer: PgWriter, url: str, count: int | None
     assert per_id_order(history) == []
 
 
-_recorders: dict[str, object] = {}
+_recorders: dict[str, Recorder] = {}
 
 
-def listen(history: History, name: str, urls: str | list[str]) -> object:
-    rec = recorder(history, name, urls)  # type: ignore[arg-type]
+def listen(history: History, name: str, urls: str | list[str]) -> Recorder:
+    rec = recorder(history, name, urls)
     _recorders[name] = rec
     return rec
 
@@ -100,7 +101,7 @@ async def test_the_relaying_publisher_killed_another_takes_over(
     conn = await asyncpg.connect(database)
     try:
         rec = listen(history, "a", [p.url for p in publishers])
-        await rec.bootstrapped()  # type: ignore[attr-defined]
+        await rec.bootstrapped()
         writer = PgWriter(database, history)
         async with writing(writer):
             active = await _relaying(conn, publishers)
@@ -142,7 +143,7 @@ async def test_postgres_killed_and_restarted_mid_stream(
     history = History()
     async with start_publisher(config) as service:
         rec = listen(history, "a", service.url)
-        await rec.bootstrapped()  # type: ignore[attr-defined]
+        await rec.bootstrapped()
         writer = PgWriter(database, history)
         async with writing(writer):
             await until(lambda: len(writer.committed) >= 40, "40 commits")
@@ -163,7 +164,7 @@ async def test_redis_down_ten_seconds_the_service_keeps_committing(
     history = History()
     async with start_publisher(config) as service:
         rec = listen(history, "a", service.url)
-        await rec.bootstrapped()  # type: ignore[attr-defined]
+        await rec.bootstrapped()
         writer = PgWriter(database, history)
         async with writing(writer):
             await until(lambda: len(writer.committed) >= 30, "30 commits")
@@ -186,13 +187,13 @@ async def test_redis_restarted_empty_reseeds_and_resyncs_once(
         history = History()
         async with start_publisher(config) as service:
             rec = listen(history, "a", service.url)
-            await rec.bootstrapped()  # type: ignore[attr-defined]
+            await rec.bootstrapped()
             writer = PgWriter(database, history, ids=8)
             await writer.connect()
             for _ in range(20):
                 await writer.commit()
             await drained(database)
-            await received(rec, 20)  # type: ignore[arg-type]
+            await received(rec, 20)
             redis.kill()
             redis.start()
             for _ in range(20):
@@ -205,9 +206,8 @@ async def test_redis_restarted_empty_reseeds_and_resyncs_once(
                                                                     strict=True)}
             truth = dict(await writer.conn.fetch("SELECT uuid, state::text FROM vms"))
             assert stored == {id: orjson.loads(state) for id, state in truth.items()}
-            assert await rec.wait(  # type: ignore[attr-defined]
-                lambda: rec.log.resyncs and rec.log.bootstraps[-1:]  # type: ignore[attr-defined]
-                and len(rec.log.bootstraps) >= 2, 10)  # type: ignore[attr-defined]
+            assert await rec.wait(  # told, and bootstrapped again
+                lambda: bool(rec.log.resyncs) and len(rec.log.bootstraps) >= 2, 10)
             await settle(history, writer, database, count=0)
             assert len(history.listeners["a"].resyncs) == 1
     finally:
