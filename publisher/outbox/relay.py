@@ -24,18 +24,29 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
 
+from changefeed.cursor import parse_cursor
 from changefeed.errors import BucketUnavailable, ChangeError, OutboxError
 from changefeed.protocol import Resource
 from publisher.bucket import Change, ChangeBucket
 from publisher.config.outbox import Outbox
 from publisher.outbox import database, schema
 from publisher.outbox.database import translate_postgres_errors
-from publisher.outbox.rows import SELECT_ROWS, Dead, Row, refused, sort_rows
+from publisher.outbox.rows import (
+    CLAIM,
+    CLAIMED,
+    Batch,
+    Dead,
+    Row,
+    batches,
+    key_of,
+    refused,
+    sort_rows,
+)
 from publisher.outbox.seed import reseed
 from publisher.outbox.status import Status, read_status
 
@@ -96,13 +107,6 @@ class RelayStats:
         return out
 
 
-@dataclass(slots=True)
-class _Round:
-    rows: int = 0
-    relayed: list[tuple[Row, str]] = field(default_factory=list)
-    dead: list[Dead] = field(default_factory=list)
-
-
 class Relay:
     """Relays the outbox named by `config` into `bucket` while this publisher holds the lock.
 
@@ -121,7 +125,9 @@ class Relay:
         self.name = name
         self.stats = RelayStats()
         self.epoch: str | None = None
-        """The bucket epoch the relay last saw (None: none yet)."""
+        """The bucket epoch of the relay's last commit (None: none yet)."""
+        self._lost = False
+        """A commit came back in another epoch: re-seed before the next batch."""
         self.resync_asked: set[str] = set()
         """Resources a `changefeed outbox resync` asked to re-seed ('' names every one)."""
         self._wake = asyncio.Event()
@@ -228,6 +234,10 @@ class Relay:
         self._wake.set()
 
     async def _relay(self, conn: Any, install_id: str) -> None:
+        """Relay batches until the session fails: first those a relay that died claimed, then
+        new ones; between them, a re-seed when the bucket lost its state or one was asked."""
+        async with translate_postgres_errors("outbox read"):
+            pending = batches(await conn.fetch(CLAIMED))
         failures = 0
         housekept = 0.0
         while True:
@@ -235,8 +245,18 @@ class Relay:
             if time.monotonic() - housekept > HOUSEKEEPING:
                 await self._housekeeping(conn)
                 housekept = time.monotonic()
+            full = False
             try:
-                done = await self._round(conn, install_id)
+                if self._lost or self.resync_asked:
+                    await self._reseed(conn)
+                if not pending:
+                    async with translate_postgres_errors("outbox claim"):
+                        claimed = await conn.fetch(CLAIM, self.config.batch)
+                    pending = batches(claimed)
+                    full = len(claimed) >= self.config.batch
+                if pending:
+                    await self._send(conn, install_id, pending[0])
+                    pending.pop(0)
             except BucketUnavailable as exc:
                 self.stats.bucket_errors += 1
                 (log.warning if failures == 0 else log.debug)(
@@ -246,45 +266,55 @@ class Relay:
                 failures += 1
                 continue
             failures = 0
-            if done.rows >= self.config.batch:
+            if pending or full:
                 continue  # more wait
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.config.poll_interval)
 
-    async def _round(self, conn: Any, install_id: str) -> _Round:
-        """Relay the oldest rows waiting (up to `batch`)."""
-        async with translate_postgres_errors("outbox read"):
-            records = await conn.fetch(SELECT_ROWS, self.config.batch)
-        done = _Round(rows=len(records))
-        if not records and not self.resync_asked:
-            return done
-        await self._check_epoch(conn)
-        relay, done.dead = sort_rows(records, self.resources, install_id)
-        done.relayed, refusals = await self._commit(relay)
-        done.dead += refusals
+    async def _send(self, conn: Any, install_id: str, batch: Batch) -> None:
+        """Commit `batch` under its key, set its dead rows aside, and remove what it relayed
+        (recording the cursors), in that order."""
+        relay, dead = sort_rows(batch.records, self.resources)
+        relayed, refusals = await self._commit(relay, key_of(install_id, batch.id))
+        dead += refusals
         async with translate_postgres_errors("outbox removal"):
-            if done.dead:
-                await self._bury(conn, done.dead)
-            if done.relayed:
+            if dead:
+                await self._bury(conn, dead)
+            if relayed:
                 await conn.execute(
-                    RELAYED, [row.id for row, _ in done.relayed],
-                    [cursor for _, cursor in done.relayed],
+                    RELAYED, [row.id for row, _ in relayed], [cursor for _, cursor in relayed]
                 )
-        self.stats.relayed += len(done.relayed)
-        if done.relayed and self.on_relayed is not None:
-            self.on_relayed(done.relayed)
-        return done
+        self.stats.relayed += len(relayed)
+        if relayed:
+            epoch = parse_cursor(relayed[-1][1]).epoch
+            if self.epoch is not None and epoch != self.epoch:
+                self._lost = True  # the bucket lost its state (or was rolled back): re-seed
+            else:
+                self.epoch = epoch
+            if self.on_relayed is not None:
+                self.on_relayed(relayed)
 
     async def _commit(
-        self, relay: Sequence[tuple[Row, Change, str]]
+        self, relay: Sequence[tuple[Row, Change]], key: str
     ) -> tuple[list[tuple[Row, str]], list[Dead]]:
-        """Commit each row under its key, in order: (row, cursor) of each, and the rows the
-        bucket refused."""
+        """Commit the changes of a batch atomically under `key`: (row, cursor) of each, and the
+        rows the bucket refused. A batch the bucket refuses whole (its key known for other
+        changes: config.js changed the batch's dead rows between two tries, or the outbox was
+        restored from an older backup) is committed row by row, each under a key of its own."""
+        if not relay:
+            return [], []
+        try:
+            cursors = await self.bucket.commit_many([change for _, change in relay], key=key)
+        except ChangeError as exc:
+            log.error("outbox: the bucket refused a batch; relaying its rows one by one",
+                      key=key, error=str(exc))
+        else:
+            return [(row, cursor) for (row, _), cursor in zip(relay, cursors, strict=True)], []
         relayed: list[tuple[Row, str]] = []
         dead: list[Dead] = []
-        for row, change, key in relay:
+        for row, change in relay:
             try:
-                (cursor,) = await self.bucket.commit_many([change], key=key)
+                (cursor,) = await self.bucket.commit_many([change], key=f"{key}/{row.id}")
             except ChangeError as exc:
                 dead.append(refused(exc, row))
                 continue
@@ -303,23 +333,19 @@ class Relay:
                 resource=d.row.resource, id=d.row.changed_id, reason=d.reason,
             )
 
-    async def _check_epoch(self, conn: Any) -> None:
-        """Re-seed the store first when the bucket lost what it held, or when asked."""
-        epoch = await self.bucket.current_epoch()
-        lost = self.epoch is not None and epoch != self.epoch
-        if lost or self.resync_asked:
-            asked = set(self.resync_asked)
-            only = None if lost or "" in asked else asked
-            log.warning("outbox: re-seeding the store from PostgreSQL",
-                        reason="bucket lost its state" if lost else "asked",
-                        resources=sorted(only or self.resources))
-            epoch = await reseed(conn, self.bucket, self.config, self.resources, only,
-                                 renew=not lost)
-            self.resync_asked -= asked
-            self.stats.reseeds += 1
-        if epoch is None:
-            epoch = await self.bucket.ensure()
-        self.epoch = epoch
+    async def _reseed(self, conn: Any) -> None:
+        """Re-seed the store: every resource when the bucket lost its state (its new epoch is
+        every listener's Resync already), else those asked (then a new epoch: one Resync)."""
+        lost, asked = self._lost, set(self.resync_asked)
+        only = None if lost or "" in asked else asked
+        log.warning("outbox: re-seeding the store from PostgreSQL",
+                    reason="the bucket lost its state" if lost else "asked",
+                    resources=sorted(only or self.resources))
+        self.epoch = await reseed(conn, self.bucket, self.config, self.resources, only,
+                                  renew=not lost)
+        self._lost = False
+        self.resync_asked -= asked
+        self.stats.reseeds += 1
 
     async def _housekeeping(self, conn: Any) -> None:
         async with translate_postgres_errors("outbox housekeeping"):

@@ -15,12 +15,23 @@ from changefeed.protocol import Resource
 from changefeed.watch import MAX_ID_BYTES
 from publisher.bucket import Change
 
-SELECT_ROWS = (
-    "SELECT id, resource, changed_id, sub_resources, op, state::text "
-    "FROM changefeed.outbox ORDER BY id LIMIT $1"
-)
-"""The oldest rows waiting: the relay removes what it relayed, so reading in id order from the
-start sees a row whose transaction took a lower id but committed later (no `id > last`)."""
+CLAIM = """
+UPDATE changefeed.outbox o SET batch = c.first
+FROM (SELECT id, min(id) OVER () AS first
+      FROM (SELECT id FROM changefeed.outbox WHERE batch IS NULL ORDER BY id LIMIT $1) x) c
+WHERE o.id = c.id
+RETURNING o.id, o.resource, o.changed_id, o.sub_resources, o.op, o.state::text, o.batch
+"""
+"""Claim the oldest rows not claimed yet (up to $1) as one batch, named by its first row id:
+what the batch is, written down before it is committed, so a relay that dies after the commit
+leaves a successor the very same batch to send again under the same key. The relay removes what
+it relayed, so reading in id order from the start sees a row whose transaction took a lower id
+but committed later (no `id > last seen`)."""
+CLAIMED = """
+SELECT id, resource, changed_id, sub_resources, op, state::text, batch
+FROM changefeed.outbox WHERE batch IS NOT NULL ORDER BY batch, id
+"""
+"""The batches a relay claimed and did not finish (it died): sent again first."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,10 +55,26 @@ class Dead:
     reason: str
 
 
-def key_of(install_id: str, row_id: int) -> str:
-    """The idempotency key row `row_id` is committed under: the same at every retry, by any
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Claimed rows, in id order, committed together under the key of their first row id."""
+
+    id: int
+    records: list[Sequence[Any]]
+
+
+def batches(records: Sequence[Sequence[Any]]) -> list[Batch]:
+    """Claimed records (CLAIM's or CLAIMED's) grouped into their batches, in order."""
+    grouped: dict[int, list[Sequence[Any]]] = {}
+    for record in sorted(records, key=lambda r: (r[6], r[0])):
+        grouped.setdefault(int(record[6]), []).append(record)
+    return [Batch(id, rows) for id, rows in grouped.items()]
+
+
+def key_of(install_id: str, batch_id: int) -> str:
+    """The idempotency key batch `batch_id` is committed under: the same at every retry, by any
     relay of this outbox (`install_id` tells outboxes apart when several feed one bucket)."""
-    return f"outbox:{install_id}:{row_id}"
+    return f"outbox:{install_id}:{batch_id}"
 
 
 def change_of(row: Row, resources: Mapping[str, Resource]) -> Change | Dead:
@@ -84,23 +111,23 @@ def _kind(value: Any) -> str:
 
 
 def sort_rows(
-    records: Sequence[Sequence[Any]], resources: Mapping[str, Resource], install_id: str
-) -> tuple[list[tuple[Row, Change, str]], list[Dead]]:
-    """The rows read (id order kept) as (row, change, key) to relay and the dead ones."""
-    relay: list[tuple[Row, Change, str]] = []
+    records: Sequence[Sequence[Any]], resources: Mapping[str, Resource]
+) -> tuple[list[tuple[Row, Change]], list[Dead]]:
+    """The rows of a batch (id order kept) as (row, change) to relay, and the dead ones."""
+    relay: list[tuple[Row, Change]] = []
     dead: list[Dead] = []
     for record in records:
-        id, resource, changed_id, subs, op, state = record
+        id, resource, changed_id, subs, op, state = record[:6]
         row = Row(int(id), resource, changed_id, tuple(subs or ()), op, state)
         made = change_of(row, resources)
         if isinstance(made, Dead):
             dead.append(made)
         else:
-            relay.append((row, made, key_of(install_id, row.id)))
+            relay.append((row, made))
     return relay, dead
 
 
 def refused(error: ChangeError, row: Row) -> Dead:
-    """A row the bucket refused (its idempotency key first used for other changes: the outbox
-    was restored from an older backup and reuses ids), as a dead row."""
+    """A row the bucket refused (its key first used for other changes: the outbox was restored
+    from an older backup and reuses ids), as a dead row."""
     return Dead(row, f"refused by the bucket: {error}")

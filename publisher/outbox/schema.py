@@ -54,8 +54,12 @@ CREATE TABLE changefeed.outbox (
     sub_resources text[] NOT NULL,
     op text NOT NULL CHECK (op IN ('put', 'delete', 'publish')),
     state jsonb,
-    created timestamptz NOT NULL DEFAULT clock_timestamp()
+    created timestamptz NOT NULL DEFAULT clock_timestamp(),
+    batch bigint
 );
+COMMENT ON COLUMN changefeed.outbox.batch IS
+    'set by the relay before it commits the row: the first row id of its batch, which names the
+     batch''s idempotency key in the bucket (NULL: not claimed yet)';
 CREATE TABLE changefeed.outbox_dead (
     id bigint PRIMARY KEY,
     resource text,

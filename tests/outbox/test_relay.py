@@ -17,7 +17,7 @@ from publisher import outbox
 from publisher.bucket import ChangeBucket, connect
 from publisher.config.settings import Config
 from publisher.outbox.relay import Relay
-from publisher.outbox.rows import SELECT_ROWS, sort_rows
+from publisher.outbox.rows import CLAIM, batches, key_of, sort_rows
 from tests.conftest import PublisherFactory
 from tests.faults.harness import FAST
 from tests.faults.oracle import History
@@ -207,18 +207,18 @@ async def test_a_relay_killed_after_the_commit_is_deduplicated_by_the_key(
         await writer.connect()
         for _ in range(5):
             await writer.commit(count=4)
-        # A relay that committed every row to the bucket and died before removing any: what
-        # PostgreSQL and Redis hold then.
+        # A relay that claimed the rows, committed them to the bucket and died before removing
+        # any: what PostgreSQL and Redis hold then.
         bucket = ChangeBucket(connect(redis_server.url), "test", config.resources)
         dying = Relay(bucket, config.outbox, config.resource_map, database, "dying")
         install_id = await writer.conn.fetchval(
             "SELECT install_id::text FROM changefeed.outbox_schema")
-        relay, _ = sort_rows(await writer.conn.fetch(SELECT_ROWS, 100), dying.resources,
-                             install_id)
-        first, _ = await dying._commit(relay)
+        (batch,) = batches(await writer.conn.fetch(CLAIM, 100))
+        relay, _ = sort_rows(batch.records, dying.resources)
+        first, _ = await dying._commit(relay, key_of(install_id, batch.id))
         await received(rec, 20)
         assert await writer.conn.fetchval("SELECT count(*) FROM changefeed.outbox") == 20
-        # The next relay sends them again, under the same keys: the bucket writes nothing.
+        # The next relay sends the same batch again, under its key: the bucket writes nothing.
         successor = Relay(bucket, config.outbox, config.resource_map, database, "successor")
         successor.start()
         await drained(database)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from changefeed.protocol import Resource
 from publisher.bucket import Change
-from publisher.outbox.rows import Dead, Row, change_of, key_of, sort_rows
+from publisher.outbox.rows import Dead, Row, batches, change_of, key_of, sort_rows
 
 RESOURCES = {"vm": Resource("vm", ("nic", "state"), "/vms")}
 
@@ -47,10 +47,17 @@ def test_keys_name_the_row_and_the_outbox() -> None:
 
 def test_sort_keeps_id_order_and_sets_dead_rows_aside() -> None:
     records = [
-        (1, "vm", "a", ["nic"], "put", '{"x": 1}'),
-        (2, "disk", "b", ["nic"], "publish", None),
-        (3, "vm", "c", ["state"], "delete", None),
+        (1, "vm", "a", ["nic"], "put", '{"x": 1}', 1),
+        (2, "disk", "b", ["nic"], "publish", None, 1),
+        (3, "vm", "c", ["state"], "delete", None, 1),
     ]
-    relay, dead = sort_rows(records, RESOURCES, "i")
-    assert [(r.id, key) for r, _, key in relay] == [(1, "outbox:i:1"), (3, "outbox:i:3")]
+    relay, dead = sort_rows(records, RESOURCES)
+    assert [r.id for r, _ in relay] == [1, 3]
     assert [d.row.id for d in dead] == [2]
+
+
+def test_claimed_records_group_into_their_batches_in_order() -> None:
+    records = [(9, "vm", "x", ["nic"], "publish", None, 7), (4, "vm", "y", ["nic"], "publish",
+               None, 4), (7, "vm", "z", ["nic"], "publish", None, 7)]
+    found = batches(records)
+    assert [(b.id, [r[0] for r in b.records]) for b in found] == [(4, [4]), (7, [7, 9])]
