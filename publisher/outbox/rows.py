@@ -20,7 +20,8 @@ UPDATE changefeed.outbox o SET batch = c.first
 FROM (SELECT id, min(id) OVER () AS first
       FROM (SELECT id FROM changefeed.outbox WHERE batch IS NULL ORDER BY id LIMIT $1) x) c
 WHERE o.id = c.id
-RETURNING o.id, o.resource, o.changed_id, o.sub_resources, o.op, o.state::text, o.batch
+RETURNING o.id, o.resource, o.changed_id, o.sub_resources, o.op, o.state::text,
+    jsonb_typeof(o.state), o.batch
 """
 """Claim the oldest rows not claimed yet (up to $1) as one batch, named by its first row id:
 what the batch is, written down before it is committed, so a relay that dies after the commit
@@ -28,7 +29,7 @@ leaves a successor the very same batch to send again under the same key. The rel
 it relayed, so reading in id order from the start sees a row whose transaction took a lower id
 but committed later (no `id > last seen`)."""
 CLAIMED = """
-SELECT id, resource, changed_id, sub_resources, op, state::text, batch
+SELECT id, resource, changed_id, sub_resources, op, state::text, jsonb_typeof(state), batch
 FROM changefeed.outbox WHERE batch IS NOT NULL ORDER BY batch, id
 """
 """The batches a relay claimed and did not finish (it died): sent again first."""
@@ -45,6 +46,8 @@ class Row:
     op: str
     state: str | None
     """The jsonb state as text (None unless a put)."""
+    kind: str | None = "object"
+    """What PostgreSQL says the state is (jsonb_typeof: 'object', 'array'...; None: NULL)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,8 +69,8 @@ class Batch:
 def batches(records: Sequence[Sequence[Any]]) -> list[Batch]:
     """Claimed records (CLAIM's or CLAIMED's) grouped into their batches, in order."""
     grouped: dict[int, list[Sequence[Any]]] = {}
-    for record in sorted(records, key=lambda r: (r[6], r[0])):
-        grouped.setdefault(int(record[6]), []).append(record)
+    for record in sorted(records, key=lambda r: (r[-1], r[0])):
+        grouped.setdefault(int(record[-1]), []).append(record)
     return [Batch(id, rows) for id, rows in grouped.items()]
 
 
@@ -95,19 +98,11 @@ def change_of(row: Row, resources: Mapping[str, Resource]) -> Change | Dead:
         return Change(row.resource, row.changed_id, row.sub_resources, row.op)  # type: ignore[arg-type]
     if row.op != "put":
         return Dead(row, f"unknown op {row.op!r}")
-    try:
-        state: Any = orjson.loads(row.state) if row.state is not None else None
-    except orjson.JSONDecodeError:
-        state = None
-    if not isinstance(state, dict):
-        return Dead(row, f"state is not a JSON object (got {_kind(state)})")
+    if row.kind != "object" or row.state is None:
+        return Dead(row, f"state is not a JSON object (got {row.kind or 'null'})")
+    # PostgreSQL's text of the jsonb, committed as it is: no decoding and encoding again.
+    state = orjson.Fragment(row.state.encode())
     return Change.put(row.resource, row.changed_id, row.sub_resources, state)
-
-
-def _kind(value: Any) -> str:
-    if value is None:
-        return "null"
-    return {list: "array", str: "string", bool: "boolean"}.get(type(value), "number")
 
 
 def sort_rows(
@@ -117,8 +112,8 @@ def sort_rows(
     relay: list[tuple[Row, Change]] = []
     dead: list[Dead] = []
     for record in records:
-        id, resource, changed_id, subs, op, state = record[:6]
-        row = Row(int(id), resource, changed_id, tuple(subs or ()), op, state)
+        id, resource, changed_id, subs, op, state, kind = record[:7]
+        row = Row(int(id), resource, changed_id, tuple(subs or ()), op, state, kind)
         made = change_of(row, resources)
         if isinstance(made, Dead):
             dead.append(made)
