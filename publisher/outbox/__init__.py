@@ -3,7 +3,8 @@ relayed into the bucket exactly once (docs/postgres.md).
 
     schema.py    the SQL contract (tables, changefeed.put/delete/publish) and `install`
     writer.py    `put`, `delete`, `publish` in the service's transaction, `cursor` after it
-    rows.py      outbox rows and what becomes of each: a keyed change, or a dead row (pure)
+    rows.py      outbox rows, claimed in batches, and what becomes of each: a change, or a
+                 dead row (pure)
     relay.py     `Relay`: one publisher at a time moves the rows into the bucket
     seed.py      re-seeding the store from the snapshot queries
     status.py    backlog, oldest age, relaying session, dead rows

@@ -22,7 +22,9 @@ KEEPALIVES = {
 """The server's keepalives on the relay's sessions: a relay whose host vanished loses its
 session, and so its lock, within about 11 s (another takes over)."""
 APPLICATION = "changefeed-relay"
-"""The application_name prefix of the relay's sessions (`changefeed outbox status` shows it)."""
+"""The application_name prefix of the relaying session (`changefeed outbox status` shows it)."""
+LISTENING = "changefeed-listen"
+"""The application_name prefix of the relay's LISTEN session."""
 
 ERRORS: tuple[type[BaseException], ...] = (
     OSError,
@@ -43,10 +45,10 @@ async def translate_postgres_errors(what: str) -> AsyncIterator[None]:
         raise OutboxError(f"{what}: {type(exc).__name__}: {exc}", exc) from exc
 
 
-async def connect(url: str, name: str | None = None) -> Any:
-    """An asyncpg connection to `url`, its session named `changefeed-relay <name>`."""
+async def connect(url: str, name: str | None = None, role: str = APPLICATION) -> Any:
+    """An asyncpg connection to `url`, its session named `<role> <name>`."""
     settings = dict(KEEPALIVES)
-    settings["application_name"] = f"{APPLICATION} {name}"[:63] if name else APPLICATION
+    settings["application_name"] = f"{role} {name}"[:63] if name else role
     async with translate_postgres_errors("connect to the outbox's PostgreSQL"):
         return await asyncpg.connect(url, timeout=CONNECT_TIMEOUT, server_settings=settings)
 

@@ -1,21 +1,23 @@
 """The relay: moves outbox rows into the bucket, exactly once, in commit order per id.
 
 One relay at a time: a publisher relays while it holds the outbox's session-level advisory lock
-on its dedicated connection (`lead`); the others try for it every `takeoverInterval` seconds
+on its dedicated connection; the others try for it every `takeoverInterval` seconds
 and take over within that of the holder's death (its session ends, the lock goes with it).
 
-A round reads the oldest rows waiting (id order), moves the dead ones to outbox_dead, commits
-each other row under the idempotency key of its row id, and only then deletes the rows,
-recording their cursors, in one PostgreSQL statement. A relay killed between the commit and the
-delete leaves the rows; the next round commits them again and the bucket, knowing the keys,
-writes nothing and answers the first cursors. Rows are removed once relayed, so a row whose
-transaction took a lower id but committed after a higher one is read by the next round.
+A round claims the oldest rows not claimed yet as one batch (it writes the batch's number, its
+first row id, into the rows: publisher.outbox.rows.CLAIM), moves the dead ones to outbox_dead,
+commits the others with `commit_many` under the idempotency key the batch's number names, and
+only then deletes them, recording their cursors, in one statement. A relay killed between the
+commit and the delete leaves the claimed rows; its successor sends the very same batch again
+first, under the same key, and the bucket, knowing it, writes nothing and answers the first
+cursors. Rows are removed once relayed, so a row whose transaction took a lower id but
+committed after a higher one is claimed by the next batch (no `id > last seen`).
 
 Woken by LISTEN (a connection of its own: losing it loses no lock) within a millisecond of a
-commit, and by the poll every `pollInterval` seconds when no notification comes. Before each
-round with rows, the bucket's epoch is compared with the last one seen: a bucket that lost what
-it held (Redis restarted empty, restored from an older snapshot) is re-seeded from PostgreSQL
-first (publisher.outbox.seed).
+commit, and by the poll every `pollInterval` seconds when no notification comes. A commit that
+comes back in another epoch than the last one means the bucket lost what it held (Redis
+restarted empty, restored from an older snapshot): the store is re-seeded from PostgreSQL
+before the next batch (publisher.outbox.seed).
 """
 
 from __future__ import annotations
@@ -206,7 +208,7 @@ class Relay:
         while True:
             lost = asyncio.Event()
             try:
-                conn = await database.connect(self.url, f"{self.name} listen")
+                conn = await database.connect(self.url, self.name, database.LISTENING)
                 try:
                     conn.add_termination_listener(lambda _, lost=lost: lost.set())
                     async with translate_postgres_errors("outbox LISTEN"):

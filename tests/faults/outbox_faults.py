@@ -207,7 +207,7 @@ async def outbox_listen_cut(size: Size, directory: Path) -> Row:
                 while True:
                     await conn.execute(
                         "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                        "WHERE application_name LIKE 'changefeed-relay %listen'")
+                        "WHERE application_name LIKE 'changefeed-listen %'")
                     await asyncio.sleep(0.3)
             finally:
                 await conn.close()

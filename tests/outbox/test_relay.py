@@ -178,7 +178,7 @@ async def test_the_poll_relays_without_notifications(
             await eventually(lambda: relay.stats.listening, "the relay listens")
             cut = await conn.fetchval(
                 "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                "WHERE application_name LIKE 'changefeed-relay %listen'"
+                "WHERE application_name LIKE 'changefeed-listen %'"
             )
             assert cut == 1
             await eventually(lambda: not relay.stats.listening, "the relay noticed")
