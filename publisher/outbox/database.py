@@ -25,6 +25,8 @@ APPLICATION = "changefeed-relay"
 """The application_name prefix of the relaying session (`changefeed outbox status` shows it)."""
 LISTENING = "changefeed-listen"
 """The application_name prefix of the relay's LISTEN session."""
+HOUSEKEEPING = "changefeed-housekeeping"
+"""The application_name prefix of the relaying publisher's housekeeping session."""
 
 ERRORS: tuple[type[BaseException], ...] = (
     OSError,

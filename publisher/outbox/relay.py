@@ -171,7 +171,7 @@ class Relay:
     async def _session(self) -> None:
         """One session: wait for the lock, then relay until the connection fails."""
         conn = await database.connect(self.url, self.name)
-        listener: asyncio.Task[None] | None = None
+        helpers: list[asyncio.Task[None]] = []
         try:
             async with translate_postgres_errors("outbox relay lock"):
                 await self._take_lock(conn)
@@ -182,13 +182,14 @@ class Relay:
                 raise OutboxError("the outbox is not installed: run `changefeed outbox install`")
             self.stats.relaying = True
             log.info("outbox: relaying", publisher=self.name, postgres=self.config.display_url)
-            listener = asyncio.create_task(self._listen(), name="outbox-listen")
+            helpers = [asyncio.create_task(self._listen(), name="outbox-listen"),
+                       asyncio.create_task(self._housekeep(), name="outbox-housekeeping")]
             await self._relay(conn, install_id)
         finally:
-            if listener is not None:
-                listener.cancel()
+            for helper in helpers:
+                helper.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
-                    await listener
+                    await helper
             await database.close(conn)
 
     async def _take_lock(self, conn: Any) -> None:
@@ -241,12 +242,8 @@ class Relay:
         async with translate_postgres_errors("outbox read"):
             pending = batches(await conn.fetch(CLAIMED))
         failures = 0
-        housekept = 0.0
         while True:
             self._wake.clear()
-            if time.monotonic() - housekept > HOUSEKEEPING:
-                await self._housekeeping(conn)
-                housekept = time.monotonic()
             full = False
             try:
                 if self._lost or self.resync_asked:
@@ -349,8 +346,26 @@ class Relay:
         self.resync_asked -= asked
         self.stats.reseeds += 1
 
-    async def _housekeeping(self, conn: Any) -> None:
-        async with translate_postgres_errors("outbox housekeeping"):
-            await conn.execute(FORGET_RELAYED, self.config.keep_relayed)
-            self.stats.status = await read_status(conn)
-        self.stats.status_at = time.time()
+    async def _housekeep(self) -> None:
+        """While relaying, every HOUSEKEEPING seconds, on a connection of its own (a large
+        pruning never holds a batch up): forget the cursors older than `keepRelayed`, and read
+        the outbox's status for /metrics and /changefeeds/stats."""
+        conn: Any = None
+        try:
+            while True:
+                try:
+                    if conn is None:
+                        conn = await database.connect(self.url, self.name, database.HOUSEKEEPING)
+                    async with translate_postgres_errors("outbox housekeeping"):
+                        await conn.execute(FORGET_RELAYED, self.config.keep_relayed)
+                        self.stats.status = await read_status(conn)
+                    self.stats.status_at = time.time()
+                except OutboxError as exc:
+                    log.debug("outbox: housekeeping failed", error=str(exc))
+                    if conn is not None:
+                        await database.close(conn)
+                    conn = None
+                await asyncio.sleep(HOUSEKEEPING)
+        finally:
+            if conn is not None:
+                await database.close(conn)

@@ -161,6 +161,11 @@ async def test_dead_rows_are_set_aside_and_the_rows_behind_them_flow(
             assert "changefeed_outbox_dead_total 3.0" in text
             assert "changefeed_outbox_relaying 1.0" in text
             assert stats["outbox"]["relaying"] is True and stats["outbox"]["dead"] == 3
+            relay = service.relay
+            await eventually(lambda: relay.stats.status is not None, "the status read")
+            assert relay.stats.status is not None
+            assert relay.stats.status.relaying == f"changefeed-relay {service.id}"[:63]
+            assert relay.stats.report()["backlog"] == relay.stats.status.backlog
     finally:
         await conn.close()
 
