@@ -19,6 +19,7 @@ from publisher.bucket import ChangeBucket, connect
 from publisher.config.settings import Config
 from publisher.outbox.relay import Relay
 from publisher.outbox.rows import CLAIM, batches, key_of, sort_rows
+from publisher.outbox.seed import resync
 from tests.conftest import PublisherFactory
 from tests.faults.harness import FAST
 from tests.faults.oracle import History
@@ -243,3 +244,27 @@ async def test_a_relay_killed_after_the_commit_is_deduplicated_by_the_key(
         await rec.aclose()
     check(history)
     assert len(history.listeners["a"].changes) == 23
+
+
+async def test_a_resync_by_hand_is_done_by_the_relaying_publisher(
+    database: str, redis_server: RedisServer, make_config: MakeConfig,
+    start_publisher: PublisherFactory,
+) -> None:
+    config = make_config(redis_server.url, outbox=outbox_section(database))
+    assert config.outbox is not None
+    conn = await asyncpg.connect(database)
+    try:
+        async with start_publisher(config) as service:
+            relay = service.relay
+            assert relay is not None
+            await eventually(lambda: relay.stats.listening, "the relay listens")
+            await conn.execute("""INSERT INTO vms VALUES ('vm-1', '{"uuid": "vm-1", "seq": 5}')""")
+            epoch = await service.bucket.current_epoch()
+            asked = await resync(conn, service.bucket, config.outbox, config.resource_map, "vm")
+            assert asked == f"changefeed-relay {service.id}"[:63]
+            await eventually(lambda: relay.stats.reseeds == 1, "the relay re-seeded")
+            stored = await service.bucket.get("vm", "vm-1")
+            assert stored is not None and orjson.loads(stored)["seq"] == 5
+            assert await service.bucket.current_epoch() not in (None, epoch)  # one Resync each
+    finally:
+        await conn.close()
