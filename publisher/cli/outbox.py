@@ -1,5 +1,5 @@
-"""`changefeed outbox install | status | resync`: the PostgreSQL outbox of config.js's `outbox`
-(docs/postgres.md)."""
+"""`changefeed outbox install | status | resync | cursor`: the PostgreSQL outbox of config.js's
+`outbox` (docs/postgres.md)."""
 
 from __future__ import annotations
 
@@ -13,13 +13,15 @@ import orjson
 
 from changefeed.errors import ChangefeedError
 from publisher.bucket.cluster import open_bucket
-from publisher.cli.commands import _load, config_option, redis_option
+from publisher.cli.commands import _credentials, _get_json, _load, config_option, redis_option
+from publisher.cli.seen import wait_seen_by_options
 from publisher.config.outbox import Outbox
 from publisher.config.settings import Config
 from publisher.outbox import database
 from publisher.outbox.schema import install as install_schema
 from publisher.outbox.seed import resync as resync_store
 from publisher.outbox.status import read_status
+from publisher.outbox.writer import cursor as row_cursor
 
 T = TypeVar("T")
 
@@ -111,3 +113,22 @@ def resync(config_path: Path, redis_url: str | None, resource: str | None) -> No
 
     asked = _run(config, work)
     click.echo(f"asked {asked} to re-seed" if asked else "re-seeded; listeners resync")
+
+
+@outbox.command()
+@config_option
+@click.argument("row", type=int)
+@click.argument("resource")
+@click.argument("changed_id", metavar="ID")
+@click.option("--sub", "subs", required=True, help="Its comma-separated sub-resources.")
+@click.option("--timeout", type=float, default=10.0, show_default=True,
+              help="Seconds to wait for the relay.")
+@wait_seen_by_options(lambda: (_credentials, _get_json))
+def cursor(config_path: Path, row: int, resource: str, changed_id: str, subs: str,
+           timeout: float) -> str:
+    """Wait until outbox row ROW (the change of RESOURCE ID that changefeed.put/delete/publish
+    returned) is in the bucket and print its cursor; with --wait-seen-by, then wait until
+    listeners were sent it. Exit 1 when the row is dead or not relayed in time."""
+    found = _run(_load(config_path), lambda conn, _: row_cursor(conn, row, timeout=timeout))
+    click.echo(found)
+    return found

@@ -1,4 +1,4 @@
-"""`changefeed outbox install | status | resync` (publisher.cli.outbox)."""
+"""`changefeed outbox install | status | resync | cursor` (publisher.cli.outbox)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from changefeed_cli import main
 from changefeed_testing.postgres import PostgresServer
 from publisher.bucket import Change, ChangeBucket, connect
 from tests.outbox.rig import outbox_section
-from tests.servers import RedisServer, write_config
+from tests.servers import PublisherProcess, RedisServer, write_config
 
 
 def run(config: Path, *args: str) -> Result:
@@ -110,3 +110,28 @@ def test_resync_by_hand_reseeds_and_renews_the_epoch(
     seqs = {id: orjson.loads(state)["seq"] for id, state in stored.items()}
     assert seqs == {"vm-1": 2, "vm-2": 3}
     assert renewed not in (None, epoch)  # every listener resyncs
+
+
+def test_cursor_waits_for_the_relay(
+    postgres: PostgresServer, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    url = new_database(postgres, "cli_cursor")
+    config = write_config(tmp_path / "c.js", redis_server.url, outbox=outbox_section(url))
+    assert run(config, "install").exit_code == 0
+    put, dead = asyncio.run(sql(
+        url, "SELECT changefeed.put('vm', 'vm-1', '{state}', '{\"uuid\": \"vm-1\"}')",
+        "INSERT INTO changefeed.outbox (resource, changed_id, sub_resources, op) "
+        "VALUES ('disk', 'd-1', '{size}', 'publish') RETURNING id",
+    ))
+    row, dead_row = str(put[0][0]), str(dead[0][0])
+    waiting = run(config, "cursor", row, "vm", "vm-1", "--sub", "state", "--timeout", "0.2")
+    assert waiting.exit_code == 1 and "still waits in the outbox" in waiting.output
+    publisher = PublisherProcess(config).start()
+    try:
+        relayed = run(config, "cursor", row, "vm", "vm-1", "--sub", "state")
+        assert relayed.exit_code == 0, relayed.output
+        assert relayed.output.strip().count(".") == 1  # <epoch>.<position>
+        gone = run(config, "cursor", dead_row, "disk", "d-1", "--sub", "size")
+        assert gone.exit_code == 1 and "unknown resource 'disk'" in gone.output
+    finally:
+        publisher.stop()
