@@ -29,6 +29,10 @@
     ├── ConsumerExists             a durable consumer of that name exists with another
     │                              configuration (.name, .differences; HTTP 409)
     ├── NoSuchConsumer             no durable consumer has that name (.name; HTTP 404)
+    ├── OutboxError                the PostgreSQL outbox could not be read or installed (.cause)
+    │   ├── OutboxRowDead          an outbox row was moved to changefeed.outbox_dead (.row_id,
+    │   │                          .reason)
+    │   └── OutboxWaitTimeout      an outbox row was not relayed in time (.row_id, .pending)
     └── ListenerError              raised by the listener library
         ├── RegistrationRejected   the publisher refused the registration (.url, .close_code,
         │                          .reason); raised, not retried
@@ -55,8 +59,9 @@
 
 Errors of dependencies are translated into these in exactly one place per dependency and side:
 redis-py in `publisher.bucket` (and `listener.buffer` for the listener's own Redis buffer),
-websockets and aiohttp's client in `listener.connection` and `listener.consumer`. Whether a
-listener failure is retried is decided by `changefeed.retry.is_retryable`.
+asyncpg in `publisher.outbox.database`, websockets and aiohttp's client in `listener.connection`
+and `listener.consumer`. Whether a listener failure is retried is decided by
+`changefeed.retry.is_retryable`.
 """
 
 from __future__ import annotations
@@ -211,6 +216,39 @@ class NoSuchConsumer(ChangefeedError):
     def __init__(self, name: str) -> None:
         self.name = name
         super().__init__(f"no durable consumer {name!r}: create it first (PUT)")
+
+
+class OutboxError(ChangefeedError):
+    """The PostgreSQL outbox could not be read, written or installed (`cause`: the driver's
+    error, if one)."""
+
+    def __init__(self, message: str, cause: BaseException | None = None) -> None:
+        super().__init__(message)
+        self.cause = cause
+
+
+class OutboxRowDead(OutboxError):
+    """Outbox row `row_id` was moved to changefeed.outbox_dead: it is never relayed."""
+
+    def __init__(self, row_id: int, reason: str) -> None:
+        super().__init__(f"outbox row {row_id} is dead: {reason}")
+        self.row_id = row_id
+        self.reason = reason
+
+
+class OutboxWaitTimeout(OutboxError):
+    """Outbox row `row_id` did not reach the bucket in time. `pending`: it is still in the
+    outbox (False: not visible at all: its transaction rolled back or is not committed yet, or
+    its cursor was forgotten, `outbox.keepRelayed`)."""
+
+    def __init__(self, row_id: int, pending: bool, timeout: float) -> None:
+        what = "still waits in the outbox" if pending else (
+            "is not in the outbox: its transaction rolled back or has not committed, "
+            "or its cursor was forgotten (outbox.keepRelayed)"
+        )
+        super().__init__(f"outbox row {row_id} {what} after {timeout:g} s")
+        self.row_id = row_id
+        self.pending = pending
 
 
 class OptionError(ConfigError):
@@ -411,6 +449,9 @@ __all__ = [
     "ListenerError",
     "NoSuchConsumer",
     "OptionError",
+    "OutboxError",
+    "OutboxRowDead",
+    "OutboxWaitTimeout",
     "ParamError",
     "PartitionMismatch",
     "ProtocolError",

@@ -40,6 +40,8 @@ def fixed_changes(old: Config, new: Config) -> list[str]:
     changed += _fields("server", old.server, new.server, FIXED_SERVER)
     changed += _fields("limits", old.limits, new.limits, FIXED_LIMITS)
     changed += _fields("feed", old.feed, new.feed)
+    if old.outbox != new.outbox:
+        changed.append("outbox")
     return changed
 
 
@@ -57,6 +59,7 @@ def keep_fixed(old: Config, new: Config) -> Config:
         state_dir=old.state_dir,
         bucket=old.bucket,
         feed=old.feed,
+        outbox=old.outbox,
         server=server,
         limits=limits,
     )

@@ -39,6 +39,7 @@ from publisher.config.checks import (
     resources_of,
     section_of,
 )
+from publisher.config.outbox import Outbox, parse_outbox
 from publisher.config.scopes import DURABLE_PREFIX
 from publisher.config.security import SECURITY_KEYS, Security, parse_security
 
@@ -193,6 +194,8 @@ class Config:
     trace: Trace = field(default_factory=Trace)
     log_level: str | None = None
     """`logLevel`; None: the command line's (`--log-level`, default info)."""
+    outbox: Outbox | None = None
+    """The PostgreSQL outbox this publisher relays (publisher.config.outbox); None: none."""
 
     @property
     def resource_map(self) -> dict[str, Resource]:
@@ -264,6 +267,7 @@ def parse_config(text: str, base: Path | None = None, source: str | None = None)
             feed.consumers | {DURABLE_PREFIX + name for name in durable.consumers},
             base or Path.cwd(),
         ),
+        outbox=parse_outbox(obj, {r.resource for r in resources}, base or Path.cwd()),
         **_operations(obj),
     )
 
@@ -280,7 +284,7 @@ def _top_level(text: str, source: str | None) -> dict[str, Any]:
         "",
         {"resources", "maxAge", "maxItems", "bucket", "server", "limits", "feed", "durable",
          "stateDir",
-         "gcInterval", *SECURITY_KEYS, *_OPERATIONS_KEYS},
+         "gcInterval", "outbox", *SECURITY_KEYS, *_OPERATIONS_KEYS},
     )
     return obj
 

@@ -33,6 +33,7 @@ from publisher.delivery.pings import ping_forever
 from publisher.delivery.tail import Tail
 from publisher.delivery.trace import TraceLog
 from publisher.delivery.window import Window
+from publisher.outbox.relay import Relay
 from publisher.pull.durable import Durables
 from publisher.security import tls
 from publisher.security.auth import now
@@ -53,6 +54,7 @@ from publisher.web.app_keys import (
     HUB,
     LIFECYCLE,
     LIVE,
+    OUTBOX,
     TAIL,
     Lifecycle,
     Live,
@@ -172,6 +174,12 @@ class Service:
         self.app[TAIL] = self.tail
         self.app[LIFECYCLE] = self.lifecycle
         self.app[DURABLES] = Durables(self.bucket, self.hub, config.durable, self.resources)
+        self.relay: Relay | None = None
+        """The outbox relay (config.js `outbox`), started with the background tasks."""
+        if config.outbox is not None:
+            self.relay = self.app[OUTBOX] = Relay(
+                self.bucket, config.outbox, self.resources, config.outbox.url(), self.id
+            )
         self._add_routes()
         self.advertiser = Advertiser(self.app, self.metrics.activity)
         self.app.cleanup_ctx.append(self._background)
@@ -360,6 +368,8 @@ class Service:
                 name="ping",
             ),
         ]
+        if self.relay is not None:
+            tasks.append(self.relay.start())
         yield
         self.tail.stop()
         for task in tasks[1:]:

@@ -17,6 +17,7 @@ from publisher.bucket import ChangeBucket
 from publisher.config.settings import Config
 from publisher.delivery.hub import Hub
 from publisher.delivery.tail import Tail
+from publisher.outbox.relay import Relay
 from publisher.web.access import Access
 
 
@@ -50,5 +51,9 @@ TAIL = web.AppKey("tail", Tail)
 LIFECYCLE = web.AppKey("lifecycle", Lifecycle)
 ACCESS = web.AppKey("access", Access)
 LIVE = web.AppKey("live", Live)
+OUTBOX = web.AppKey("outbox", Relay)
+"""The outbox relay, when config.js has `outbox` (absent otherwise)."""
 
-__all__ = ["ACCESS", "BUCKET", "CONFIG", "HUB", "LIFECYCLE", "LIVE", "TAIL", "Lifecycle", "Live"]
+__all__ = [
+    "ACCESS", "BUCKET", "CONFIG", "HUB", "LIFECYCLE", "LIVE", "OUTBOX", "TAIL", "Lifecycle", "Live",
+]

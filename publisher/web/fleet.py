@@ -27,7 +27,7 @@ from aiohttp import web
 from changefeed.errors import BucketUnavailable
 from publisher.delivery.hub import Hub
 from publisher.web.access import identity_of
-from publisher.web.app_keys import ACCESS, BUCKET, HUB, LIFECYCLE, LIVE, TAIL
+from publisher.web.app_keys import ACCESS, BUCKET, HUB, LIFECYCLE, LIVE, OUTBOX, TAIL
 from publisher.web.health import tail_reasons
 from publisher.web.http import json_response
 from publisher.web.metrics import Activity, package_version
@@ -38,6 +38,8 @@ log = structlog.get_logger(__name__)
 def local_stats(app: web.Application) -> dict[str, Any]:
     """This process's `/changefeeds/stats` (the RFD 5 shape, plus the tail and close counters)."""
     hub, publisher_id = app[HUB], app[LIFECYCLE].publisher_id
+    relay = app.get(OUTBOX)
+    outbox = {} if relay is None else {"outbox": relay.stats.report()}
     return {
         "listeners": len(hub.connections),
         "registrations": hub.stats(publisher_id),
@@ -47,6 +49,7 @@ def local_stats(app: web.Application) -> dict[str, Any]:
         "coalesced": hub.coalescing(),
         "refused": app[ACCESS].counts(),
         "sse": sse_stats(hub),
+        **outbox,
     }
 
 

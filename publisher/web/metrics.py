@@ -24,8 +24,9 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
 from changefeed.protocol import CloseCode
+from publisher.outbox.metrics import metric_families as outbox_metrics
 from publisher.web.admission import Admission
-from publisher.web.app_keys import HUB, LIFECYCLE, TAIL
+from publisher.web.app_keys import HUB, LIFECYCLE, OUTBOX, TAIL
 from publisher.web.health import tail_reasons
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -244,6 +245,9 @@ class _Collector(Collector):
             "changefeed_draining", "1 after SIGTERM, while listeners are closed.",
             value=int(self.app[LIFECYCLE].draining),
         )
+        relay = app.get(OUTBOX)
+        if relay is not None:
+            yield from outbox_metrics(relay.stats)
 
 
 class Metrics:

@@ -107,6 +107,23 @@ listener resumes after the last change it delivered.
   `bucket.poolTimeout`: overload, nothing was sent. Listeners see **4029** (websocket) or
   **503 `Overloaded`** with `Retry-After`, never the 1013 / 503 `BucketUnavailable` of a real
   outage ("herd of 500 resumes": 500 resumes at once on one publisher, none refused).
+
+## The outbox scenarios
+
+The rows named `outbox: ...` run the PostgreSQL outbox ([postgres.md](postgres.md)): the writer
+is a service committing a `vms` row and `changefeed.put` in one PostgreSQL transaction
+(tests/outbox/rig.py), publisher processes relay the outbox, and a change is *acknowledged*
+when its transaction committed; its cursor is the one the relay recorded
+(`changefeed.outbox_relayed`), and a committed row never relayed counts as lost. A COMMIT cut
+off by the fault is an unknown outcome ("maybe"). "relaying publisher SIGKILL": two publishers
+share the outbox, the one holding the relay lock is killed (the notes give the takeover time).
+"PostgreSQL SIGKILL": every backend killed, crash recovery at the restart. "Redis SIGKILL, AOF":
+the service commits on while the bucket is down (the notes count its failed transactions: 0).
+"Redis restarted empty": the relay re-seeds the store from the snapshot query; every listener
+gets a `Resync` (the writer pauses across the kill). "LISTEN cut": the relay's LISTEN session is
+terminated every 0.3 s: the poll relays. The relay killed between the bucket's commit and the
+rows' removal is tested in tests/outbox/test_relay.py (the bucket's key absorbs the re-sent
+batch).
 """
 
 

@@ -12,6 +12,13 @@ from pathlib import Path
 from tests.faults.harness import Row, Size
 from tests.faults.herd import herd_of_resumes
 from tests.faults.network_faults import proxy_blackhole, proxy_cut, proxy_drip
+from tests.faults.outbox_faults import (
+    outbox_listen_cut,
+    outbox_postgres_kill,
+    outbox_redis_empty,
+    outbox_redis_kill_aof,
+    outbox_relay_kill,
+)
 from tests.faults.publisher_faults import (
     publisher_kill_one_url,
     publisher_kill_two_urls,
@@ -48,12 +55,18 @@ SCENARIOS: dict[str, Scenario] = {
     "proxy_drip": proxy_drip,
     "proxy_cut": proxy_cut,
     "herd_of_resumes": herd_of_resumes,
+    "outbox_relay_kill": outbox_relay_kill,
+    "outbox_postgres_kill": outbox_postgres_kill,
+    "outbox_redis_kill_aof": outbox_redis_kill_aof,
+    "outbox_redis_empty": outbox_redis_empty,
+    "outbox_listen_cut": outbox_listen_cut,
 }
 
 ANNOUNCED: frozenset[str] = frozenset({
     "redis_kill_no_persistence",
     "redis_rollback",
     "redis_sentinel_failover_lagging",
+    "outbox_redis_empty",
 })
 """The scenarios whose fault destroys acknowledged history (Redis restarted empty, restored from
 an older snapshot, a lagging replica promoted): every listener must be told to bootstrap again
