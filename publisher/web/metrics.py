@@ -82,6 +82,7 @@ class _Collector(Collector):
         yield from self._closes()
         yield from self._tail()
         yield from self._background()
+        yield from self._outbox()
 
     def _process(self) -> Iterator[_Family]:
         info = InfoMetricFamily("changefeed_publisher", "This publisher process.")
@@ -245,7 +246,10 @@ class _Collector(Collector):
             "changefeed_draining", "1 after SIGTERM, while listeners are closed.",
             value=int(self.app[LIFECYCLE].draining),
         )
-        relay = app.get(OUTBOX)
+
+    def _outbox(self) -> Iterator[_Family]:
+        """The PostgreSQL outbox's relay, when config.js has one."""
+        relay = self.app.get(OUTBOX)
         if relay is not None:
             yield from outbox_metrics(relay.stats)
 
