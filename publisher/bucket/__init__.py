@@ -1,11 +1,17 @@
 """The change bucket and the authoritative store, in Redis.
 
-    keys.py      the key layout of a bucket (`Keys`) and the partition of a change
-    values.py    what goes in and comes out: `Change`, `LogEntry`, `StatePage`, `Committed`, ...
-    markers.py   the keyset marker of bootstrap pages
-    scripts.py   the Lua scripts (`*.lua` beside it), loaded with importlib.resources
-    client.py    `ChangeBucket` and `connect`: the only code that talks to Redis or runs a script,
-                 and the one place where redis-py's errors become ours
+    keys.py       the key layout of a bucket or shard (`Keys`) and the partition of a change
+    values.py     what goes in and comes out: `Change`, `LogEntry`, `StatePage`, `Committed`, ...
+    vector.py     a position in every shard (`Vector`): what a cursor names
+    markers.py    the keyset marker of bootstrap pages
+    scripts.py    the Lua scripts (`*.lua` beside it), loaded with importlib.resources
+    connection.py `connect` (any Redis URL) and the one place where redis-py's errors become ours
+    commits.py    one shard's commit path (`Committer`): commit.lua calls, single or streamed
+    shard.py      `Shard`: one slot-local log with one id sequence (tail, reads, trim, pages)
+    layout.py     which shards a bucket has: the one place that tells a Redis Cluster apart
+    core.py, writes.py, reads.py, client.py
+                  `ChangeBucket` (its shards and epoch, its commit path, its reads; the fleet,
+                  ledgers and cursor sets) and `open_bucket`
 
 This module re-exports what the rest of the tree uses.
 """
@@ -14,19 +20,18 @@ from publisher.bucket.client import (
     BATCH,
     IDEMPOTENCY_KEYS,
     REPLICAS_TIMEOUT,
-    TRIM_BATCH,
     Batch,
     ChangeBucket,
     EncodedBatch,
     KeyOf,
     StreamStats,
-    connect,
-    translate_redis_errors,
+    open_bucket,
 )
-from publisher.bucket.cluster import ClusterBucket  # also what ChangeBucket over a cluster is
+from publisher.bucket.connection import connect, translate_redis_errors
 from publisher.bucket.keys import Keys, partition_of
 from publisher.bucket.markers import decode_marker, encode_marker
 from publisher.bucket.scripts import COMMIT
+from publisher.bucket.shard import TRIM_BATCH, Shard
 from publisher.bucket.values import (
     MAX_ID_BYTES,
     Change,
@@ -43,6 +48,7 @@ from publisher.bucket.values import (
     merge_partitions,
     parse_entry,
 )
+from publisher.bucket.vector import Vector, decode_vector
 
 COMMIT_LUA = COMMIT.text
 """The commit script's text, for a test that must commit with a synchronous client."""
@@ -57,7 +63,6 @@ __all__ = [
     "Batch",
     "Change",
     "ChangeBucket",
-    "ClusterBucket",
     "Committed",
     "Encoded",
     "EncodedBatch",
@@ -68,14 +73,18 @@ __all__ = [
     "Op",
     "Piece",
     "Retention",
+    "Shard",
     "StatePage",
     "StreamStats",
+    "Vector",
     "connect",
     "decode_marker",
+    "decode_vector",
     "digest_of",
     "encode_change",
     "encode_marker",
     "merge_partitions",
+    "open_bucket",
     "parse_entry",
     "partition_of",
     "translate_redis_errors",

@@ -31,8 +31,8 @@ from changefeed.cursor import ZERO, CompositeCursor, Cursor, StreamId, parse_cur
 from changefeed.errors import BucketBusy, BucketUnavailable, CursorError
 from changefeed.protocol import ChangeItem, CloseCode, text_frame
 from changefeed.sse import change_chunk
+from publisher.bucket import ChangeBucket as ClusterBucket
 from publisher.bucket import LogEntry
-from publisher.bucket.cluster import ClusterBucket
 from publisher.delivery.hub import RECREATED, REPLAY_BATCH, Hub, Subscriber
 from publisher.delivery.window import Window, WindowEntry
 
@@ -213,7 +213,7 @@ class ClusterHub(Hub):
         partition (order is per partition), each stamped with the composite cursor after it.
         False when the connection was closed (trimmed past its position, a new epoch)."""
         vector = start
-        parts = await self.cluster.parts()
+        parts = await self.cluster.shards()
         for p, part in enumerate(parts):
             position, end = start.positions[p], until.positions[p]
             while position < end and not conn.closing:

@@ -26,9 +26,9 @@ import structlog
 from changefeed.backoff import Backoff
 from changefeed.cursor import ZERO
 from changefeed.errors import BucketUnavailable, PartitionMismatch
-from publisher.bucket import LogRead
-from publisher.bucket.cluster import ClusterBucket, PartitionBucket
-from publisher.bucket.cluster_client import connect_cluster
+from publisher.bucket import ChangeBucket as ClusterBucket
+from publisher.bucket import LogRead, open_bucket
+from publisher.bucket import Shard as PartitionBucket
 from publisher.config.settings import Config
 from publisher.delivery.cluster_hub import ClusterHub
 from publisher.delivery.tail import BATCH, BLOCK_MS, Gap, NewHistory, Tail, added_after, assess
@@ -61,7 +61,7 @@ class ClusterTail(Tail):
         self._unread: list[int] = []
 
     async def _heads(self) -> list[LogRead]:
-        parts = await self.bucket.parts()
+        parts = await self.bucket.shards()
         return list(await asyncio.gather(*(part.tail(ZERO, None, 0) for part in parts)))
 
     async def start(self) -> None:
@@ -94,7 +94,7 @@ class ClusterTail(Tail):
 
     async def _follow_all(self) -> bool:
         """Follow every partition until one fails (raised) or the tail stops (False)."""
-        parts = await self.bucket.parts()
+        parts = await self.bucket.shards()
         tasks = [asyncio.create_task(self._follow(p, part), name=f"tail partition {p}")
                  for p, part in enumerate(parts)]
         stopping = asyncio.create_task(self._stopping.wait())
@@ -215,14 +215,8 @@ def cluster_parts(config: Config) -> tuple[ClusterBucket, ClusterBucket, Cluster
     the tail's client blocks on one connection per partition, never behind requests."""
     bucket = config.bucket
     assert bucket.redis_url is not None
-    requests = ClusterBucket(
-        connect_cluster(bucket.redis_url, pool_size=bucket.pool_size),
-        bucket.name, config.resources, bucket.partitions,
-    )
-    tails = ClusterBucket(
-        connect_cluster(bucket.redis_url, blocking=True, pool_size=bucket.partitions + 2),
-        bucket.name, config.resources, bucket.partitions,
-    )
+    requests = open_bucket(config)
+    tails = open_bucket(config, tail=True)
     hub = ClusterHub(
         Window(config.limits.window, ZERO), requests, config.limits.send_buffer, bucket.partitions
     )

@@ -43,7 +43,7 @@ async def _scan(
     hub: ClusterHub, request: EventsRequest, start: CompositeCursor
 ) -> tuple[list[ChangeItem], bool]:
     """The eligible items after `start`, oldest first by stream id, and `more`."""
-    parts = await hub.cluster.parts()
+    parts = await hub.cluster.shards()
     vector = start
     found: list[ChangeItem] = []
     while True:
@@ -146,7 +146,7 @@ async def respond_feed_cluster(
     """`polls.respond_feed` for a cluster bucket: partition p's cursor is a position of p's
     log. Raises ParamError, CursorGone, CursorSetsFull."""
     bucket = hub.cluster
-    parts = await bucket.parts()
+    parts = await bucket.shards()
     n = len(parts)
     cursors = await feed_cursors(bucket, request, n, cursorsets)
     epoch = await bucket.current_epoch() or await bucket.ensure()

@@ -157,7 +157,8 @@ async def respond_feed(
         return []
     deadline = asyncio.get_running_loop().time() + request.wait
     while True:
-        read, head = await bucket.read_partitions(positions, request.page_size)
+        read, heads = await bucket.read_partitions(positions, request.page_size)
+        head = max(heads.values())
         chosen = merge_partitions(list(read.values()), request.page_size)
         remaining = deadline - asyncio.get_running_loop().time()
         if chosen or remaining <= 0 or not await hub.wait_past(head, remaining):

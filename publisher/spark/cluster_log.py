@@ -14,8 +14,8 @@ from typing import TypeVar
 
 from changefeed.cursor import ZERO, CompositeCursor, StreamId, parse_cursor
 from changefeed.errors import CursorError
+from publisher.bucket import ChangeBucket as ClusterBucket
 from publisher.bucket import Retention, merge_partitions
-from publisher.bucket.cluster import ClusterBucket
 from publisher.spark.options import SourceOptions
 
 T = TypeVar("T")
@@ -118,7 +118,7 @@ async def latest(
     if max_items is None:
         return CompositeCursor(start.epoch, tuple(max(a, b) for a, b in zip(after, last,
                                                                            strict=True)))
-    parts = await bucket.parts()
+    parts = await bucket.shards()
     reads = [await part.read(after[p], last[p], max_items) if last[p] > after[p] else []
              for p, part in enumerate(parts)]
     partition_of = {id(e): p for p, entries in enumerate(reads) for e in entries}

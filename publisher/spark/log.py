@@ -23,8 +23,7 @@ from pyspark.sql.datasource import InputPartition
 
 from changefeed.cursor import ZERO, AnyCursor, CompositeCursor, Cursor, StreamId, parse_cursor
 from changefeed.errors import ChangefeedError, CursorError
-from publisher.bucket import ChangeBucket, LogEntry, Retention
-from publisher.bucket.cluster import ClusterBucket, open_bucket
+from publisher.bucket import ChangeBucket, LogEntry, Retention, open_bucket
 from publisher.bucket.cluster_url import is_cluster_url
 from publisher.spark import cluster_log
 from publisher.spark.options import Options, SourceOptions, Target
@@ -131,14 +130,11 @@ def read_range(
     owner = _executor_bucket(target)
     with asyncio.Runner() as runner:
         try:
-            bucket = owner
-            if part.partition is not None:  # a partition of a bucket in a Redis Cluster
-                assert isinstance(owner, ClusterBucket)
-                bucket = runner.run(owner.parts())[part.partition]
+            shard, _ = runner.run(owner.locate(part.partition or 0))
             after = part.after
             while True:
-                entries = runner.run(bucket.read(after, part.until, PAGE))
-                states = runner.run(_states(bucket, entries)) if include_state else None
+                entries = runner.run(shard.read(after, part.until, PAGE))
+                states = runner.run(_states(owner, entries)) if include_state else None
                 for n, entry in enumerate(entries):
                     cursor = (
                         Cursor(part.epoch, entry.position).encode() if part.partition is None

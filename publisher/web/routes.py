@@ -117,7 +117,7 @@ async def _cluster_at_least(
     composite cursor's position in it."""
     loop = asyncio.get_running_loop()
     while True:
-        head = await hub.cluster.head_cursor()
+        head: Any = await hub.cluster.head_cursor()
         if head is None or head.epoch != wanted.epoch or len(head.positions) != len(
             wanted.positions
         ):

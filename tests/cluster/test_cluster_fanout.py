@@ -15,7 +15,7 @@ import pytest
 from changefeed.cursor import ZERO, CompositeCursor
 from changefeed.errors import ConfigError
 from publisher.bucket import Change, partition_of
-from publisher.bucket.cluster import ClusterBucket
+from publisher.bucket import ChangeBucket as ClusterBucket
 from publisher.config.settings import Config
 from publisher.server.service import Service
 from tests.conftest import PublisherFactory
@@ -157,7 +157,7 @@ async def test_a_trimmed_cursor_is_not_resumed_and_a_lost_partition_is_a_new_epo
         epoch = service.hub.epoch
         lost = partition_of("t-0", PARTITIONS)
         assert isinstance(service.bucket, ClusterBucket)
-        part = (await service.bucket.parts())[lost]
+        part = (await service.bucket.shards())[lost]
         await part.redis.delete(part.keys.log, part.keys.epoch, part.keys.last,
                                 part.keys.trimmed)
         await asyncio.wait_for(listener.ws.wait_closed(), 15)

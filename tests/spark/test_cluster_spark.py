@@ -13,8 +13,7 @@ from pyspark.sql import SparkSession
 from websockets.asyncio.client import connect
 
 from changefeed.cursor import CompositeCursor
-from publisher.bucket import Change
-from publisher.bucket.cluster import open_bucket
+from publisher.bucket import Change, open_bucket
 from publisher.config.settings import load_config
 from tests.conftest import PublisherFactory
 from tests.servers import RedisCluster, scaled, write_config
