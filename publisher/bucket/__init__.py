@@ -48,7 +48,7 @@ from publisher.bucket.values import (
     merge_partitions,
     parse_entry,
 )
-from publisher.bucket.vector import Vector, decode_vector
+from publisher.bucket.vector import Vector, decode_vector, parse_vector
 
 COMMIT_LUA = COMMIT.text
 """The commit script's text, for a test that must commit with a synchronous client."""
@@ -86,6 +86,7 @@ __all__ = [
     "merge_partitions",
     "open_bucket",
     "parse_entry",
+    "parse_vector",
     "partition_of",
     "translate_redis_errors",
 ]

@@ -82,4 +82,12 @@ def decode_vector(text: str, shards: int, composite: bool) -> Vector:
     return Vector(cursor.epoch, (cursor.position,), False)
 
 
-__all__ = ["Vector", "decode_vector"]
+def parse_vector(text: str) -> Vector:
+    """The vector of any cursor, composite as its text is (CursorError when it is none)."""
+    cursor = parse_cursor(text)
+    if isinstance(cursor, CompositeCursor):
+        return Vector(cursor.epoch, cursor.positions, True)
+    return Vector(cursor.epoch, (cursor.position,), False)
+
+
+__all__ = ["Vector", "decode_vector", "parse_vector"]

@@ -1,0 +1,185 @@
+"""Where a registration starts, and the resume of one that starts behind: one path for every
+bucket.
+
+A registration starts at a position in every shard (`Vector`, `start_of`): the `since` it resumes,
+else the newer, per shard, of Redis's head and what this process delivered (the listener's
+bootstrap, read after the reply, holds everything up to Redis's head). One that starts anywhere
+else than what the hub delivered (`Hub.vector`) is resumed in a task of its own (`resume`):
+
+- it waits until the hub has delivered past its start (a cursor from a publisher whose tail is
+  ahead of this one's);
+- it is sent, from Redis, each shard's matching entries between its start and what the hub
+  delivered (`replay_shards`: each read checked for trimming and the epoch, 4009 when it cannot
+  go on), each with the cursor after it (`<epoch>.<id>` for an ordered bucket, the composite
+  cursor for one in a Redis Cluster). An ordered bucket replays only what the window no longer
+  holds: its window positions are the log's;
+- then it catches up from the window as any lagging connection does (`Hub._catch_up`); if the
+  window moved past it meanwhile it replays again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from typing import Protocol
+
+import structlog
+
+from changefeed.cursor import StreamId
+from changefeed.errors import BucketBusy, BucketUnavailable, CursorError
+from changefeed.protocol import ChangeItem, CloseCode, text_frame
+from changefeed.sse import change_chunk
+from publisher.bucket import ChangeBucket, Vector
+from publisher.delivery.order import Order
+from publisher.delivery.subscribers import Subscriber
+from publisher.delivery.window import Window
+
+log = structlog.get_logger(__name__)
+
+REPLAY_BATCH = 1000
+"""Log entries a resuming connection reads from Redis per call."""
+
+
+class Hub(Protocol):
+    """What a resume uses of the hub (`publisher.delivery.hub.Hub`)."""
+
+    bucket: ChangeBucket
+    epoch: str
+    order: Order
+    window: Window
+    closed: Counter[str]
+    _advanced: asyncio.Event
+
+    @property
+    def vector(self) -> Vector: ...
+    def close_now(self, conn: Subscriber, code: int, reason: str) -> None: ...
+    def close_trimmed(self, conn: Subscriber) -> None: ...
+    def close_recreated(self, conn: Subscriber) -> None: ...
+    async def _writable(self, conn: Subscriber) -> bool: ...
+    def _wrote_one(self, conn: Subscriber, position: StreamId | None, size: int) -> None: ...
+    async def _catch_up(self, conn: Subscriber) -> None: ...
+
+
+async def start_of(hub: Hub, since: str | None) -> tuple[Vector, bool]:
+    """Where a registration starts, and whether that resumes `since`.
+
+    `since` resumes when it is a cursor of this bucket's epoch and shards and each of its
+    positions is within what its shard retains (trimmed <= it <= head). A malformed `since` is
+    refused (CursorError) by an ordered bucket, and not resumed by one in a Redis Cluster (a
+    cursor of another partition count, or a single-position one, starts over).
+    """
+    bucket = hub.bucket
+    cursor: Vector | None = None
+    if since is not None:
+        try:
+            cursor = await bucket.decode_cursor(since)
+        except CursorError:
+            if bucket.ordered:
+                raise
+    retentions = await bucket.retentions()
+    # Redis's epoch too: another publisher may have started a new one (a rollback) that this
+    # one's tail has not read yet (a shard of a bucket in a Redis Cluster holds a copy).
+    current = all(r.epoch == hub.epoch for r in retentions)
+    if current and not bucket.ordered:
+        current = await bucket.current_epoch() == hub.epoch
+    if (
+        cursor is not None
+        and current
+        and cursor.epoch == hub.epoch
+        and all(r.trimmed <= at <= r.head
+                for r, at in zip(retentions, cursor.positions, strict=True))
+    ):
+        return cursor, True
+    vector = hub.vector
+    if not current:
+        return vector, False
+    return vector.with_positions(
+        [max(r.head, at) for r, at in zip(retentions, vector.positions, strict=True)]
+    ), False
+
+
+async def resume(hub: Hub, conn: Subscriber, start: Vector) -> None:
+    """Send `conn` everything after `start`, then make it live (see the module's docstring)."""
+    try:
+        epoch = hub.epoch
+        while not hub.vector.covers(start) and not conn.closing and hub.epoch == epoch:
+            # A cursor from a publisher whose tail is ahead of ours: wait for ours.
+            await hub._advanced.wait()
+        if conn.closing:
+            return
+        if hub.epoch != epoch or start.epoch != hub.epoch:
+            hub.close_recreated(conn)
+            return
+        position = await replay_to_window(hub, conn, start)
+        if position is None:
+            return
+        conn.position = position
+        await hub._catch_up(conn)  # checks the window before it first awaits
+    except (ConnectionError, RuntimeError) as exc:
+        log.info("resume ended: connection gone", remote=conn.remote, error=str(exc))
+    except BucketBusy as exc:
+        log.warning("resume failed: publisher overloaded", remote=conn.remote, error=str(exc))
+        hub.close_now(conn, CloseCode.OVERLOADED, "publisher overloaded during replay")
+    except BucketUnavailable as exc:
+        log.warning("resume failed: bucket unavailable", remote=conn.remote, error=str(exc))
+        hub.close_now(conn, CloseCode.TRY_AGAIN_LATER, "bucket unavailable during replay")
+
+
+async def replay_to_window(hub: Hub, conn: Subscriber, start: Vector) -> StreamId | None:
+    """Replay from Redis what `conn` missed after `start` that the window does not hold; the
+    window position it goes on from, or None when it was closed."""
+    while True:
+        local = hub.order.window_position(start)
+        if local is not None and hub.window.covers(local):
+            return local
+        until, position = hub.order.replay_target(hub.epoch, hub.window.base, hub.window.head)
+        if not await replay_shards(hub, conn, start, until):
+            return None
+        if hub.epoch != start.epoch:
+            hub.close_recreated(conn)
+            return None
+        if hub.window.covers(position):
+            return position
+        log.debug("resume outrun by the window: replaying again", remote=conn.remote)
+        start = until
+
+
+async def replay_shards(hub: Hub, conn: Subscriber, start: Vector, until: Vector) -> bool:
+    """Send `conn` each shard's matching entries in (start, until], shard by shard (order is
+    per shard), each with the cursor after it. False when the connection was closed (trimmed
+    past its position, a new epoch)."""
+    composite = start.composite
+    vector = start
+    shards = await hub.bucket.shards()
+    for s, shard in enumerate(shards):
+        position, end = start.positions[s], until.positions[s]
+        while position < end and not conn.closing:
+            read = await shard.tail(position, None, REPLAY_BATCH)
+            if read.epoch != hub.epoch:
+                # The tail resets the hub when it reads this too; this one cannot wait for it.
+                hub.close_recreated(conn)
+                return False
+            if read.trimmed > position:
+                hub.close_trimmed(conn)
+                return False
+            rows = [row for row in read.entries if row.position <= end]
+            if not rows:
+                break
+            for row in rows:
+                vector = vector.advanced(s, row.position)
+                if conn.wants(row):
+                    if not await hub._writable(conn):
+                        return False
+                    cursor = vector.encode()
+                    payload = ChangeItem(row.resource, row.sub_resources,
+                                         row.changed_resource_id, row.position.ms,
+                                         cursor).encode()
+                    frame = change_chunk(cursor, payload) if conn.sse else text_frame(payload)
+                    conn.transport.write(frame)
+                    # An ordered bucket's log positions are window positions too.
+                    hub._wrote_one(conn, None if composite else row.position, len(frame))
+                position = row.position
+    return not conn.closing
+
+
+__all__ = ["REPLAY_BATCH", "replay_shards", "replay_to_window", "resume", "start_of"]
