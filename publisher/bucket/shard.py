@@ -378,6 +378,7 @@ class Shard:
     async def _wait_on_master(self, replicas: int, timeout: float) -> Any:
         """SET the marker and WAIT on one connection to the master of the shard's slot."""
         client: Any = self.redis
+        await client.initialize()  # knows the slots (a no-op once it does)
         node = client.get_node_from_key(self.keys.replicated)
         connection = node.acquire_connection()
         try:

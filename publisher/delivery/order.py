@@ -15,6 +15,7 @@ capability `ordered` chooses between the two ways of tying them:
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -67,6 +68,13 @@ class TotalOrder:
         """The cursor of the window entry at `position` (stamped with `stamped`)."""
         return Cursor(epoch, position).encode()
 
+    remember = 0
+    """Unused: a window position is the change's own."""
+
+    def local(self, shard: int, position: StreamId) -> StreamId | None:
+        """The window position of the change at `position` of `shard`: the same."""
+        return position
+
     def vector_at(self, epoch: str, position: StreamId) -> Vector | None:
         """The vector of window position `position`: the position itself."""
         return Vector(epoch, (position,))
@@ -91,6 +99,10 @@ class Stamped:
 
     def __init__(self) -> None:
         self._vector = Vector("", (ZERO,), True)
+        self.remember = 0
+        """How many of the newest changes' window positions `local` finds (the delivery
+        trace's size; 0 while it is off)."""
+        self._locals: OrderedDict[tuple[int, StreamId], StreamId] = OrderedDict()
         """Everything delivered: each shard's newest position delivered."""
         self._serial = 0
         self._ms = 0
@@ -108,6 +120,7 @@ class Stamped:
 
     def restart(self, epoch: str, heads: Sequence[StreamId]) -> StreamId:
         self._vector = Vector(epoch, tuple(heads), True)
+        self._locals.clear()
         return self._next(0)
 
     def stamp(self, shard: int, entries: Sequence[LogEntry]) -> Sequence[LogEntry]:
@@ -118,11 +131,22 @@ class Stamped:
             if entry.position <= self._vector.positions[shard]:
                 continue  # already delivered (a re-read after a Redis reconnect)
             self._vector = self._vector.advanced(shard, entry.position)
+            local = self._next(entry.position.ms)
             out.append(StampedEntry(
-                self._next(entry.position.ms), entry.resource, entry.sub_resources,
+                local, entry.resource, entry.sub_resources,
                 entry.changed_resource_id, self._vector.encode(), entry.position.ms,
             ))
+            if self.remember:
+                locals_ = self._locals
+                locals_[(shard, entry.position)] = local
+                while len(locals_) > self.remember:
+                    locals_.popitem(last=False)
         return out
+
+    def local(self, shard: int, position: StreamId) -> StreamId | None:
+        """The window position the change at `position` of `shard` was given, while it is among
+        the newest `remember` (None otherwise)."""
+        return self._locals.get((shard, position))
 
     def skipped(self, shard: int, trimmed: StreamId) -> StreamId:
         self._vector = self._vector.advanced(shard, trimmed)

@@ -287,12 +287,15 @@ class Service:
     def _trace(self, config: Config) -> None:
         """Record the delivery trace as `config.trace` says (started, resized or stopped)."""
         trace = config.trace
-        if not trace.enabled or not self.bucket.ordered:
+        if not trace.enabled:
             self.hub.trace = None
         elif self.hub.trace is None:
             self.hub.trace = TraceLog(trace.items, trace.max_age)
         else:
             self.hub.trace.resize(trace.items, trace.max_age, time.time())
+        # A bucket in a Redis Cluster: the hub remembers which window position each of the
+        # newest changes got, for the trace route to find a commit's cursor.
+        self.hub.order.remember = trace.items if trace.enabled else 0
 
     async def stop(self) -> None:
         if self._server is not None:

@@ -7,7 +7,7 @@ import pytest
 import redis
 
 from changefeed.cursor import CompositeCursor, StreamId
-from changefeed.errors import BucketUnavailable, ChangeError
+from changefeed.errors import BucketUnavailable, ChangeError, ReplicationTimeout
 from changefeed.protocol import Resource
 from publisher.bucket import Change, ChangeBucket, connect, open_bucket, partition_of
 from tests.servers import RedisCluster
@@ -98,5 +98,27 @@ async def test_the_usual_five_lines_work_with_a_cluster_url(
         assert CompositeCursor.decode(cursor).epoch == await bucket.current_epoch()
         await bucket.advertise("p-1", b"{}", 10)  # the fleet's keys: one slot, {name}
         assert [name for name, _, _ in await bucket.publishers()] == ["p-1"]
+    finally:
+        await bucket.aclose()
+
+
+async def test_a_commit_with_replicas_waits_on_each_written_shards_master(
+    redis_cluster: RedisCluster, bucket_name: str
+) -> None:
+    """WAIT runs on the master of every shard the commit wrote (the session's cluster has no
+    replicas: none confirms, so ReplicationTimeout says 0 of 1, the commit written all the
+    same)."""
+    bucket = bucket_of(redis_cluster, bucket_name, partitions=4)
+    try:
+        changes = [Change.put("vm", f"vm-{i}", ["nic"], {"n": i}) for i in range(12)]
+        assert len({partition_of(c.changed_resource_id, 4) for c in changes}) > 1
+        with pytest.raises(ReplicationTimeout) as raised:
+            await bucket.commit_replicated(changes, key="r1", replicas=1, timeout=0.2)
+        error = raised.value
+        assert (error.replicas, error.acknowledged) == (1, 0)
+        assert "written on the master" in str(error)
+        assert error.cursors == await bucket.commit_many(changes, key="r1"), "written once"
+        assert await bucket.wait_for_replicas(0, 0.1) == 0
+        assert await bucket.get("vm", "vm-3") == b'{"n":3}'
     finally:
         await bucket.aclose()
