@@ -120,16 +120,13 @@ async def scan_newest(
     return [entry.item(start.epoch) for entry in found], more, reach
 
 
-async def answer(bucket: ChangeBucket, hub: Hub, request: EventsRequest) -> EventsReply:
-    """Run one `events` request: scan, and wait for new items when the ADR says so."""
-    if not bucket.ordered and (request.before is not None or not request.oldest_first):
-        raise ParamError(NOT_ORDERED)
-    loop_time = asyncio.get_running_loop().time
-    deadline = loop_time() + request.wait
-    retentions = await bucket.retentions()
-    epoch = retentions[0].epoch or ""
+async def _bounds(
+    bucket: ChangeBucket, request: EventsRequest, epoch: str, retentions: Sequence[Retention]
+) -> tuple[Vector, Vector | None, Vector | None, str | None]:
+    """Where a request's scan starts, its `after` and `before` as this bucket's vectors, and
+    why the client missed items (None: it did not): a cursor of another kind or epoch is
+    ignored, an `after` trimmed in any shard is missed."""
     start = bucket.vector(epoch, [ZERO] * len(retentions))
-    missed = None
     after: Vector | None = None
     before: Vector | None = None
     for name, cursor in (("after", request.after), ("before", request.before)):
@@ -138,18 +135,28 @@ async def answer(bucket: ChangeBucket, hub: Hub, request: EventsRequest) -> Even
         try:
             vector = await bucket.decode_cursor(cursor.encode())
         except CursorError as exc:
-            missed = exc.why
-            break
+            return start, None, None, exc.why
         if vector.epoch != epoch:
-            missed = "the cursor is of another bucket epoch (the bucket was recreated)"
-            break
+            return start, None, None, (
+                "the cursor is of another bucket epoch (the bucket was recreated)")
         after, before = (vector, before) if name == "after" else (after, vector)
-    if missed is not None:
-        after = before = None
-    elif after is not None:
-        start = after
+    if after is not None:
         if any(at < r.trimmed for at, r in zip(after.positions, retentions, strict=True)):
-            missed = "after is older than the retained log: items after it were trimmed"
+            return after, after, before, (
+                "after is older than the retained log: items after it were trimmed")
+        return after, after, before, None
+    return start, after, before, None
+
+
+async def answer(bucket: ChangeBucket, hub: Hub, request: EventsRequest) -> EventsReply:
+    """Run one `events` request: scan, and wait for new items when the ADR says so."""
+    if not bucket.ordered and (request.before is not None or not request.oldest_first):
+        raise ParamError(NOT_ORDERED)
+    loop_time = asyncio.get_running_loop().time
+    deadline = loop_time() + request.wait
+    retentions = await bucket.retentions()
+    epoch = retentions[0].epoch or ""
+    start, after, before, missed = await _bounds(bucket, request, epoch, retentions)
     bound = None if before is None else before.positions[0]
     while True:
         reach = start
