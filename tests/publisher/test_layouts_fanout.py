@@ -6,16 +6,23 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import aiohttp
 import orjson
+import pytest
 
 from changefeed.cursor import ZERO, CompositeCursor, Cursor, StreamId, new_epoch
-from publisher.bucket import parse_vector
-from publisher.config.settings import Config
+from publisher.bucket import Change, ChangeBucket, parse_vector
+from publisher.config.settings import Config, load_config
+from publisher.delivery.hub import TRIMMED
 from tests.conftest import PublisherFactory
+from tests.listener.app import bucket_of, publisher_process
 from tests.publisher.layouts import PARTITIONS, by_commit_order, check_order, commit, own
 from tests.publisher.test_sse import stream
+from tests.publisher.test_tail import _get_json, _until_closed, stopped
+from tests.servers import write_config
 from tests.wsclient import refused, register, v1
 
 
@@ -179,3 +186,44 @@ async def test_a_resume_outrun_by_the_window_replays_again_and_loses_nothing(
         got = [i["changedResourceId"] for i in await resumed.take(360, timeout=30)]
         assert sorted(got) == sorted([*missed, *await later])
         assert await resumed.quiet()
+
+
+async def test_a_stalled_tail_under_another_writers_trim_closes_its_listeners(
+    layout: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """The publisher is stopped while another writer commits and trims: its tail meets a trim
+    gap in a shard, closes the listener with 4009 after a gap-free prefix, counts the gap, and
+    goes on (a listener registered after it gets new changes)."""
+    bucket_section: dict[str, Any] = {"name": "stall", "partitions": PARTITIONS}
+    url = None
+    if layout == "redis":
+        url = request.getfixturevalue("redis_server").url
+        bucket_section["redisUrl"] = url
+    else:
+        bucket_section["cluster"] = request.getfixturevalue("redis_cluster").node_urls
+    path = write_config(tmp_path / "config.js", url, bucket=bucket_section,
+                        limits={"pingInterval": 60})
+    async with bucket_of(load_config(path)) as bucket, publisher_process(path) as b:
+        live = await register(b.ws_url, v1("vm", ["nic"], instance="live"))
+        closing = asyncio.create_task(_until_closed(live))
+        with stopped(b):
+            burst = await bucket.commit_many(
+                Change.put("vm", f"b-{i:04}", ["nic"], {"n": i}) for i in range(2000))
+            assert await bucket.trim(None, 100) >= 1800
+        items, code, reason = await closing
+        assert (code, reason) == (4009, TRIMMED)
+        sent = {own(i["cursor"], i["changedResourceId"]) for i in items}
+        assert sent <= {own(c, f"b-{i:04}") for i, c in enumerate(burst)}
+        stats = await _get_json(b.url + "/changefeeds/stats")
+        assert stats["tail"]["trimGaps"] >= 1 and stats["tail"]["healthy"] is True
+        after = await register(b.ws_url, v1("vm", ["nic"], instance="after"))
+        cursors = await commit_in(bucket, "c", 3)
+        got = await after.take(3)
+        assert {i["changedResourceId"] for i in got} == set(cursors)
+        await after.close()
+
+
+async def commit_in(bucket: ChangeBucket, prefix: str, n: int) -> dict[str, str]:
+    ids = [f"{prefix}-{i}" for i in range(n)]
+    cursors = await bucket.commit_many(Change.put("vm", i, ["nic"], {"n": 1}) for i in ids)
+    return dict(zip(ids, cursors, strict=True))
