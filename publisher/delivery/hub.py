@@ -34,7 +34,6 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from changefeed.cursor import ZERO, Cursor, StreamId
-from changefeed.errors import BucketBusy, BucketUnavailable
 from changefeed.protocol import (
     CloseCode,
     close_frame,
@@ -413,7 +412,8 @@ class Hub:
         self._lagging.add(conn)
         if conn.registration.coalesce and not conn.sse and not conn.replaying:
             self._coalescible.add(conn)
-        conn.task = asyncio.create_task(self._catch_up(conn), name=f"catch-up {conn.remote}")
+        conn.task = asyncio.create_task(replay.catch_up(self, conn),
+                                        name=f"catch-up {conn.remote}")
 
     def _coalesce_before(self, oldest: WindowEntry | None) -> None:
         """The window is about to drop `oldest`: switch every coalescible connection not sent
@@ -531,55 +531,7 @@ class Hub:
         self._wake()
         return len(behind)
 
-    # --- catching up ---------------------------------------------------------------------
-
-    async def _catch_up(self, conn: Subscriber) -> None:
-        """Send `conn` what it missed, from Redis then from the window, then make it live."""
-        try:
-            while not conn.closing:
-                if conn.coalesced is not None:
-                    await self._drain_coalesced(conn, conn.coalesced)
-                    return
-                window = self.window
-                if conn.position > window.head:
-                    # A cursor from a publisher whose tail is ahead of ours: wait for ours.
-                    await self._advanced.wait()
-                    continue
-                if not window.covers(conn.position):
-                    # A resuming connection that fell out of the window replays again from
-                    # Redis where its window position is a position of the log (an ordered
-                    # bucket); otherwise it is slow.
-                    start = self.order.vector_at(self.epoch, conn.position)
-                    if not conn.replaying or start is None:
-                        self.close_slow(conn)
-                        return
-                    position = await replay.replay_to_window(self, conn, start)
-                    if position is None:
-                        return
-                    conn.position = position
-                    continue
-                entries = window.after(conn.position)
-                if not entries:
-                    self._go_live(conn)
-                    return
-                for entry in entries:
-                    if conn.wants(entry):
-                        if not await self._writable(conn):
-                            return
-                        if conn.coalesced is not None:
-                            break  # switched while it waited: `entry` is in its set
-                        frame = self.sse_of(entry) if conn.sse else entry.frame
-                        conn.transport.write(frame)
-                        self._wrote_one(conn, entry.position, len(frame))
-                    conn.position = entry.position
-        except (ConnectionError, RuntimeError) as exc:
-            log.info("catch-up ended: connection gone", remote=conn.remote, error=str(exc))
-        except BucketBusy as exc:
-            log.warning("catch-up failed: publisher overloaded", remote=conn.remote, error=str(exc))
-            self.close_now(conn, CloseCode.OVERLOADED, "publisher overloaded during replay")
-        except BucketUnavailable as exc:
-            log.warning("catch-up failed: bucket unavailable", remote=conn.remote, error=str(exc))
-            self.close_now(conn, CloseCode.TRY_AGAIN_LATER, "bucket unavailable during replay")
+    # --- catching up (publisher.delivery.replay runs the loops) ---------------------------
 
     def _go_live(self, conn: Subscriber) -> None:
         conn.live = True
@@ -588,37 +540,6 @@ class Hub:
         self._lagging.discard(conn)
         self._coalescible.discard(conn)
         conn.task = None
-
-    async def _drain_coalesced(self, conn: Subscriber, coalesced: Coalesced) -> None:
-        """Send each pending id once, oldest newest-change first, while the fan-out keeps
-        folding new items in; live again right after the last one (`caughtUp`), with nothing
-        awaited in between."""
-        while not conn.closing:
-            if not coalesced:
-                self._go_live(conn)  # only when nothing it wanted fell out of the window
-                return
-            if not await self._writable(conn):
-                return
-            item, position = coalesced.pop(self.epoch)
-            frame = text_frame(item.encode())
-            conn.transport.write(frame)
-            conn.last_sent = position
-            self.delivered += 1
-            self.bytes_written += len(frame)
-            if item.caught_up:
-                self.coalesced["finished"] += 1
-                self.coalesced["items"] += coalesced.folded
-                self.coalesced["sent"] += coalesced.sent_ids
-                log.info(
-                    "slow consumer caught up",
-                    instance=conn.registration.instance,
-                    service=conn.registration.service,
-                    remote=conn.remote,
-                    items=coalesced.folded,
-                    sent=coalesced.sent_ids,
-                )
-                self._go_live(conn)
-                return
 
     def _wrote_one(self, conn: Subscriber, position: StreamId | None, size: int) -> None:
         """Count one item written to `conn` outside the fan-out (catching up, replaying):

@@ -1,5 +1,5 @@
-"""Where a registration starts, and the resume of one that starts behind: one path for every
-bucket.
+"""Where a registration starts, the resume of one that starts behind, and the catch-up of any
+connection that is not live: one path for every bucket.
 
 A registration starts at a position in every shard (`Vector`, `start_of`): the `since` it resumes,
 else the newer, per shard, of Redis's head and what this process delivered (the listener's
@@ -13,8 +13,9 @@ else than what the hub delivered (`Hub.vector`) is resumed in a task of its own 
   go on), each with the cursor after it (`<epoch>.<id>` for an ordered bucket, the composite
   cursor for one in a Redis Cluster). An ordered bucket replays only what the window no longer
   holds: its window positions are the log's;
-- then it catches up from the window as any lagging connection does (`Hub._catch_up`); if the
-  window moved past it meanwhile it replays again.
+- then it catches up from the window as any lagging connection does (`catch_up`); if the
+  window moved past it meanwhile it replays again. A coalescing connection that fell out of the
+  window is sent its coalesced set instead (`drain_coalesced`).
 """
 
 from __future__ import annotations
@@ -30,9 +31,10 @@ from changefeed.errors import BucketBusy, BucketUnavailable, CursorError
 from changefeed.protocol import ChangeItem, CloseCode, text_frame
 from changefeed.sse import change_chunk
 from publisher.bucket import ChangeBucket, Vector
+from publisher.delivery.coalesce import Coalesced
 from publisher.delivery.order import Order
 from publisher.delivery.subscribers import Subscriber
-from publisher.delivery.window import Window
+from publisher.delivery.window import Window, WindowEntry
 
 log = structlog.get_logger(__name__)
 
@@ -48,16 +50,21 @@ class Hub(Protocol):
     order: Order
     window: Window
     closed: Counter[str]
+    coalesced: Counter[str]
+    delivered: int
+    bytes_written: int
     _advanced: asyncio.Event
 
     @property
     def vector(self) -> Vector: ...
+    def sse_of(self, entry: WindowEntry) -> bytes: ...
+    def close_slow(self, conn: Subscriber) -> None: ...
     def close_now(self, conn: Subscriber, code: int, reason: str) -> None: ...
     def close_trimmed(self, conn: Subscriber) -> None: ...
     def close_recreated(self, conn: Subscriber) -> None: ...
+    def _go_live(self, conn: Subscriber) -> None: ...
     async def _writable(self, conn: Subscriber) -> bool: ...
     def _wrote_one(self, conn: Subscriber, position: StreamId | None, size: int) -> None: ...
-    async def _catch_up(self, conn: Subscriber) -> None: ...
 
 
 async def start_of(hub: Hub, since: str | None) -> tuple[Vector, bool]:
@@ -114,7 +121,7 @@ async def resume(hub: Hub, conn: Subscriber, start: Vector) -> None:
         if position is None:
             return
         conn.position = position
-        await hub._catch_up(conn)  # checks the window before it first awaits
+        await catch_up(hub, conn)  # checks the window before it first awaits
     except (ConnectionError, RuntimeError) as exc:
         log.info("resume ended: connection gone", remote=conn.remote, error=str(exc))
     except BucketBusy as exc:
@@ -182,4 +189,93 @@ async def replay_shards(hub: Hub, conn: Subscriber, start: Vector, until: Vector
     return not conn.closing
 
 
-__all__ = ["REPLAY_BATCH", "replay_shards", "replay_to_window", "resume", "start_of"]
+async def catch_up(hub: Hub, conn: Subscriber) -> None:
+    """Send `conn` what it missed, from Redis then from the window, then make it live."""
+    try:
+        while not conn.closing:
+            if conn.coalesced is not None:
+                await drain_coalesced(hub, conn, conn.coalesced)
+                return
+            window = hub.window
+            if conn.position > window.head:
+                # A cursor from a publisher whose tail is ahead of ours: wait for ours.
+                await hub._advanced.wait()
+                continue
+            if not window.covers(conn.position):
+                # A resuming connection that fell out of the window replays again from
+                # Redis where its window position is a position of the log (an ordered
+                # bucket); otherwise it is slow.
+                start = hub.order.vector_at(hub.epoch, conn.position)
+                if not conn.replaying or start is None:
+                    hub.close_slow(conn)
+                    return
+                position = await replay_to_window(hub, conn, start)
+                if position is None:
+                    return
+                conn.position = position
+                continue
+            entries = window.after(conn.position)
+            if not entries:
+                hub._go_live(conn)
+                return
+            for entry in entries:
+                if conn.wants(entry):
+                    if not await hub._writable(conn):
+                        return
+                    if conn.coalesced is not None:
+                        break  # switched while it waited: `entry` is in its set
+                    frame = hub.sse_of(entry) if conn.sse else entry.frame
+                    conn.transport.write(frame)
+                    hub._wrote_one(conn, entry.position, len(frame))
+                conn.position = entry.position
+    except (ConnectionError, RuntimeError) as exc:
+        log.info("catch-up ended: connection gone", remote=conn.remote, error=str(exc))
+    except BucketBusy as exc:
+        log.warning("catch-up failed: publisher overloaded", remote=conn.remote, error=str(exc))
+        hub.close_now(conn, CloseCode.OVERLOADED, "publisher overloaded during replay")
+    except BucketUnavailable as exc:
+        log.warning("catch-up failed: bucket unavailable", remote=conn.remote, error=str(exc))
+        hub.close_now(conn, CloseCode.TRY_AGAIN_LATER, "bucket unavailable during replay")
+
+
+async def drain_coalesced(hub: Hub, conn: Subscriber, coalesced: Coalesced) -> None:
+    """Send each pending id once, oldest newest-change first, while the fan-out keeps
+    folding new items in; live again right after the last one (`caughtUp`), with nothing
+    awaited in between."""
+    while not conn.closing:
+        if not coalesced:
+            hub._go_live(conn)  # only when nothing it wanted fell out of the window
+            return
+        if not await hub._writable(conn):
+            return
+        item, position = coalesced.pop(hub.epoch)
+        frame = text_frame(item.encode())
+        conn.transport.write(frame)
+        conn.last_sent = position
+        hub.delivered += 1
+        hub.bytes_written += len(frame)
+        if item.caught_up:
+            hub.coalesced["finished"] += 1
+            hub.coalesced["items"] += coalesced.folded
+            hub.coalesced["sent"] += coalesced.sent_ids
+            log.info(
+                "slow consumer caught up",
+                instance=conn.registration.instance,
+                service=conn.registration.service,
+                remote=conn.remote,
+                items=coalesced.folded,
+                sent=coalesced.sent_ids,
+            )
+            hub._go_live(conn)
+            return
+
+
+__all__ = [
+    "REPLAY_BATCH",
+    "catch_up",
+    "drain_coalesced",
+    "replay_shards",
+    "replay_to_window",
+    "resume",
+    "start_of",
+]
