@@ -59,7 +59,7 @@ async def _fall_behind(service: Service) -> list[tuple[str, list[str], str]]:
         assert conn is not None, "the coalescing listener was closed"
         assert len(committed) < MAX_ITEMS, "the coalescing listener never fell behind"
         committed += await _commit(service, len(committed), BATCH)
-    assert hub.coalesced["started"] == 1
+    assert hub.coalesced["started"] >= 1  # more when a catch-up ended in the socket buffers
     return committed
 
 
@@ -76,11 +76,10 @@ async def test_a_coalescing_listener_killed_mid_catch_up_resumes_exactly(
         reader = Reader(slow)
         before_kill: list[dict[str, Any]] = []
         coalesced = 0
-        while coalesced < 10:
+        while coalesced < 10:  # ten items into the catch-up the listener is reading
             item = await reader.item()
             before_kill.append(item)
-            coalesced += bool(item.get("coalesced"))
-            assert not item.get("caughtUp"), "killed in the middle of the catch-up"
+            coalesced = 0 if item.get("caughtUp") else coalesced + bool(item.get("coalesced"))
         last = before_kill[-1]["cursor"]
         slow.sock.close()
 
