@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,6 +82,11 @@ class Committer:
         self._packed_keys: dict[str, bytes] = {}
         self._witness_packed = EMPTY
         """The witness argument, packed when the witness changes."""
+        self.commit_one: Callable[[PackedChanges, str, str], Awaitable[Committed]] = (
+            self._commit_direct if direct else self._commit_routed
+        )
+        """One commit.lua call of `packed` under `key` (digest: of the changes, '' without a
+        key): bound once, so a single commit awaits no layer of its own."""
         self._adopted: str | None = None
         self._candidate = new_epoch()
         """The epoch commit.lua gives the shard if it creates it (or renews its epoch). Drawn
@@ -309,14 +314,7 @@ class Committer:
                 await connection.disconnect()
             await pool.release(connection)
 
-    async def commit_one(self, packed: PackedChanges, key: str, digest: str) -> Committed:
-        """One commit.lua call of `packed` under `key` (digest: of the changes, '' without a
-        key)."""
-        if self.direct:
-            return await self._commit_direct(packed, key, digest)
-        return await self._commit_routed(packed, key)
-
-    async def _commit_routed(self, packed: PackedChanges, key: str) -> Committed:
+    async def _commit_routed(self, packed: PackedChanges, key: str, digest: str = "") -> Committed:
         """One commit.lua call through a Redis Cluster client (to the master of the slot)."""
         keys, args = self.arguments(packed, key)
         async with translate_redis_errors(self.what, sent=True):

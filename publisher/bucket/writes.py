@@ -319,10 +319,11 @@ class BucketWrites(BucketCore):
 
         >>> cursors = await bucket.commit_replicated(changes, key=k, replicas=1)
         """
+        if replicas <= 0:
+            return await self.commit_many(changes, key=key)
         changes = list(changes)
         cursors = await self.commit_many(changes, key=key)
-        if replicas > 0:
-            await self._replicated(changes, cursors, replicas, timeout)
+        await self._replicated(changes, cursors, replicas, timeout)
         return cursors
 
     async def _replicated(
