@@ -280,7 +280,8 @@ class Hub:
         if written and self.observe_latency is not None:
             now_ms = time.time() * 1000
             for entry in written:
-                self.observe_latency(max(now_ms - entry.position.ms, 0.0) / 1000)
+                committed = entry.published or entry.position.ms
+                self.observe_latency(max(now_ms - committed, 0.0) / 1000)
         self._published(overflowed)
 
     def _publish_one(self, raw: LogEntry) -> None:
@@ -333,7 +334,8 @@ class Hub:
                 self.bytes_written += sent
                 self.sse_delivered += sse_sent
                 if self.observe_latency is not None:
-                    self.observe_latency(max(time.time() * 1000 - entry.position.ms, 0.0) / 1000)
+                    committed = entry.published or entry.position.ms
+                    self.observe_latency(max(time.time() * 1000 - committed, 0.0) / 1000)
         self._published(overflowed)
 
     def _published(self, overflowed: Iterable[Subscriber]) -> None:
