@@ -53,6 +53,15 @@ def make_config(tmp_path: Path) -> Callable[..., Config]:
 
 
 @pytest.fixture
+async def layout_publisher(
+    layout_config: Callable[..., Config], start_publisher: PublisherFactory
+) -> AsyncIterator[Service]:
+    """A publisher on a bucket of 4 partitions of `layout`."""
+    async with start_publisher(layout_config(4)) as service:
+        yield service
+
+
+@pytest.fixture
 def config(redis_server: RedisServer, make_config: Callable[..., Config]) -> Config:
     return make_config(redis_server.url)
 

@@ -30,7 +30,7 @@ from changefeed.cursor import StreamId
 from changefeed.errors import BucketBusy, BucketUnavailable, CursorError
 from changefeed.protocol import ChangeItem, CloseCode, text_frame
 from changefeed.sse import change_chunk
-from publisher.bucket import ChangeBucket, Vector
+from publisher.bucket import ChangeBucket, Vector, parse_vector
 from publisher.delivery.coalesce import Coalesced
 from publisher.delivery.order import Order
 from publisher.delivery.subscribers import Subscriber
@@ -71,9 +71,10 @@ async def start_of(hub: Hub, since: str | None) -> tuple[Vector, bool]:
     """Where a registration starts, and whether that resumes `since`.
 
     `since` resumes when it is a cursor of this bucket's epoch and shards and each of its
-    positions is within what its shard retains (trimmed <= it <= head). A malformed `since` is
-    refused (CursorError) by an ordered bucket, and not resumed by one in a Redis Cluster (a
-    cursor of another partition count, or a single-position one, starts over).
+    positions is within what its shard retains (trimmed <= it <= head). A `since` that is no
+    cursor is refused (CursorError); one of another kind is refused by an ordered bucket, and
+    not resumed by one in a Redis Cluster (a cursor of another partition count, or a
+    single-position one, starts over).
     """
     bucket = hub.bucket
     cursor: Vector | None = None
@@ -83,6 +84,7 @@ async def start_of(hub: Hub, since: str | None) -> tuple[Vector, bool]:
         except CursorError:
             if bucket.ordered:
                 raise
+            parse_vector(since)  # not a cursor at all: refused on any bucket
     retentions = await bucket.retentions()
     # Redis's epoch too: another publisher may have started a new one (a rollback) that this
     # one's tail has not read yet (a shard of a bucket in a Redis Cluster holds a copy).

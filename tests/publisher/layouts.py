@@ -32,6 +32,11 @@ async def commit(
     return dict(zip(ids, cursors, strict=True))
 
 
+def owns(items: list[dict[str, Any]]) -> list[tuple[int, StreamId]]:
+    """The own positions of received items, in order."""
+    return [own(i["cursor"], i["changedResourceId"]) for i in items]
+
+
 def check_order(items: list[dict[str, Any]]) -> None:
     """Each item's cursor never goes back in any shard, and moves the item's own shard."""
     before: Vector | None = None
@@ -54,4 +59,4 @@ def by_commit_order(ids: list[str]) -> bool:
     return True
 
 
-__all__ = ["PARTITIONS", "by_commit_order", "check_order", "commit", "own"]
+__all__ = ["PARTITIONS", "by_commit_order", "check_order", "commit", "own", "owns"]
