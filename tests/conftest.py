@@ -86,7 +86,7 @@ def layout_config(
     redis-server, or a bucket of its own in the session's Redis Cluster), loaded."""
 
     def make(partitions: int = 4, **extra: Any) -> Config:
-        bucket = {"name": f"cf{next(_bucket_names)}", "partitions": partitions}
+        bucket = {"name": f"layout{next(_bucket_names)}", "partitions": partitions}
         if layout == "redis":
             server: RedisServer = request.getfixturevalue("redis_server")
             return make_config(server.url, bucket={**bucket, "redisUrl": server.url}, **extra)
