@@ -104,6 +104,7 @@ class CursorError(ChangefeedError):
 
     def __init__(self, cursor: str, why: str) -> None:
         self.cursor = cursor
+        self.why = why
         super().__init__(f"invalid cursor {cursor!r}: {why}")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
@@ -52,8 +53,47 @@ def make_config(tmp_path: Path) -> Callable[..., Config]:
 
 
 @pytest.fixture
+async def layout_publisher(
+    layout_config: Callable[..., Config], start_publisher: PublisherFactory
+) -> AsyncIterator[Service]:
+    """A publisher on a bucket of 4 partitions of `layout`."""
+    async with start_publisher(layout_config(4)) as service:
+        yield service
+
+
+@pytest.fixture
 def config(redis_server: RedisServer, make_config: Callable[..., Config]) -> Config:
     return make_config(redis_server.url)
+
+
+LAYOUTS = ["redis", "cluster"]
+"""Where a bucket's partitions live: one Redis (one shard, an ordered bucket), or the session's
+3-master Redis Cluster (one shard per partition)."""
+_bucket_names = itertools.count()
+
+
+@pytest.fixture(params=LAYOUTS)
+def layout(request: pytest.FixtureRequest) -> str:
+    """A test that takes it runs once per layout."""
+    return str(request.param)
+
+
+@pytest.fixture
+def layout_config(
+    layout: str, request: pytest.FixtureRequest, make_config: Callable[..., Config]
+) -> Callable[..., Config]:
+    """layout_config(partitions=4, **extra): a config.js of a bucket of `layout` (a private
+    redis-server, or a bucket of its own in the session's Redis Cluster), loaded."""
+
+    def make(partitions: int = 4, **extra: Any) -> Config:
+        bucket = {"name": f"layout{next(_bucket_names)}", "partitions": partitions}
+        if layout == "redis":
+            server: RedisServer = request.getfixturevalue("redis_server")
+            return make_config(server.url, bucket={**bucket, "redisUrl": server.url}, **extra)
+        cluster: RedisCluster = request.getfixturevalue("redis_cluster")
+        return make_config(None, bucket={**bucket, "cluster": cluster.node_urls}, **extra)
+
+    return make
 
 
 PublisherFactory = Callable[..., AbstractAsyncContextManager[Service]]

@@ -22,8 +22,7 @@ ALLOWED: dict[str, str] = {
     # What is over the limits today, by module path or `path::qualified.name`, with why.
     # The commit path, the reads and the tail of the bucket, rewritten as one partitioned log
     # (issue 22, items 1 and 3):
-    "publisher/bucket/client.py": _UNIFICATION,
-    "publisher/bucket/client.py::ChangeBucket._commit_calls": _UNIFICATION,
+    "publisher/bucket/commits.py::Committer._commit_calls_direct": _UNIFICATION,
     # The hub and the websocket/SSE handlers lose their cluster copies (cluster_hub.py) there:
     "publisher/delivery/hub.py": _UNIFICATION,
     "publisher/delivery/hub.py::Hub.publish": _UNIFICATION,

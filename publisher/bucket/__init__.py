@@ -1,15 +1,21 @@
 """The change bucket and the authoritative store, in Redis.
 
-    keys.py      the key layout of a bucket (`Keys`) and the partition of a change
-    values.py    what goes in and comes out: `Change`, `LogEntry`, `StatePage`, `Committed`, ...
-    markers.py   the keyset marker of bootstrap pages
-    scripts.py   the Lua scripts (`*.lua` beside it), loaded with importlib.resources
-    client.py    `ChangeBucket` and `connect`: the commit path, the reads and the tail
-    translate.py `translate_redis_errors`: the one place where redis-py's errors become ours
+    keys.py       the key layout of a bucket or shard (`Keys`) and the partition of a change
+    values.py     what goes in and comes out: `Change`, `LogEntry`, `StatePage`, `Committed`, ...
+    vector.py     a position in every shard (`Vector`): what a cursor names
+    markers.py    the keyset marker of bootstrap pages
+    scripts.py    the Lua scripts (`*.lua` beside it), loaded with importlib.resources
+    connection.py `connect` (any Redis URL) and the one place where redis-py's errors become ours
+    commits.py    one shard's commit path (`Committer`): commit.lua calls, single or streamed
+    shard.py      `Shard`: one slot-local log with one id sequence (tail, reads, trim, pages)
+    layout.py     which shards a bucket has: the one place that tells a Redis Cluster apart
+    core.py, writes.py, reads.py, client.py
+                  `ChangeBucket` (its shards and epoch, its commit path, its reads) and
+                  `open_bucket`
     fleet.py, ledgers.py, cursor_sets.py, durable.py
-                 small stores of bucket-wide keys: the fleet's reports (`bucket.fleet`), the
-                 Spark ledgers (`bucket.ledgers`), the feed's cursor sets (`bucket.cursor_sets`),
-                 the durable consumers (`DurableStore`)
+                  small stores of bucket-wide keys: the fleet's reports (`bucket.fleet`), the
+                  Spark ledgers (`bucket.ledgers`), the feed's cursor sets (`bucket.cursor_sets`),
+                  the durable consumers (`DurableStore`)
 
 This module re-exports what the rest of the tree uses.
 """
@@ -18,19 +24,18 @@ from publisher.bucket.client import (
     BATCH,
     IDEMPOTENCY_KEYS,
     REPLICAS_TIMEOUT,
-    TRIM_BATCH,
     Batch,
     ChangeBucket,
     EncodedBatch,
     KeyOf,
     StreamStats,
-    connect,
-    translate_redis_errors,
+    open_bucket,
 )
-from publisher.bucket.cluster import ClusterBucket  # also what ChangeBucket over a cluster is
+from publisher.bucket.connection import connect, translate_redis_errors
 from publisher.bucket.keys import Keys, partition_of
 from publisher.bucket.markers import decode_marker, encode_marker
 from publisher.bucket.scripts import COMMIT
+from publisher.bucket.shard import TRIM_BATCH, Shard
 from publisher.bucket.values import (
     MAX_ID_BYTES,
     Change,
@@ -47,6 +52,7 @@ from publisher.bucket.values import (
     merge_partitions,
     parse_entry,
 )
+from publisher.bucket.vector import Vector, decode_vector, parse_vector
 
 COMMIT_LUA = COMMIT.text
 """The commit script's text, for a test that must commit with a synchronous client."""
@@ -61,7 +67,6 @@ __all__ = [
     "Batch",
     "Change",
     "ChangeBucket",
-    "ClusterBucket",
     "Committed",
     "Encoded",
     "EncodedBatch",
@@ -72,15 +77,20 @@ __all__ = [
     "Op",
     "Piece",
     "Retention",
+    "Shard",
     "StatePage",
     "StreamStats",
+    "Vector",
     "connect",
     "decode_marker",
+    "decode_vector",
     "digest_of",
     "encode_change",
     "encode_marker",
     "merge_partitions",
+    "open_bucket",
     "parse_entry",
+    "parse_vector",
     "partition_of",
     "translate_redis_errors",
 ]

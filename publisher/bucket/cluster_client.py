@@ -1,5 +1,5 @@
 """The redis-py client of a Redis Cluster (`redis+cluster://` URLs), for `connect()` and
-`publisher.bucket.cluster`."""
+`publisher.bucket.layout`."""
 
 from __future__ import annotations
 

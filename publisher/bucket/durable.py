@@ -28,7 +28,8 @@ import orjson
 from changefeed.cursor import Cursor, StreamId
 from changefeed.durable import Action, ConsumerConfig, DeliveryId, Outcome, Settled
 from changefeed.protocol import ChangeItem
-from publisher.bucket.client import ChangeBucket, translate_redis_errors
+from publisher.bucket.client import ChangeBucket
+from publisher.bucket.connection import translate_redis_errors
 from publisher.bucket.scripts import DURABLE
 from publisher.bucket.values import LogEntry
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from publisher.bucket.connection import translate_redis_errors
 from publisher.bucket.keys import Keys
-from publisher.bucket.translate import translate_redis_errors
 
 
 class FleetStore:

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import orjson
 
-from changefeed.cursor import Cursor, StreamId
+from changefeed.cursor import AnyCursor, Cursor, StreamId
 from changefeed.protocol import ChangeItem
 from changefeed.watch import MAX_ID_BYTES
 
@@ -106,7 +106,7 @@ class StatePage:
     ids: list[str]
     states: list[bytes]
     """Each state as committed, as JSON bytes (not decoded again)."""
-    cursor: Cursor | None
+    cursor: AnyCursor | None
     """The bucket head when the page was read (None before the bucket has an epoch)."""
 
 

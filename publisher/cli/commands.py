@@ -22,8 +22,7 @@ import structlog
 
 from changefeed.credentials import Credentials, pick_token
 from changefeed.errors import ChangefeedError, ReplicationTimeout
-from publisher.bucket import REPLICAS_TIMEOUT, Change
-from publisher.bucket.cluster import open_bucket
+from publisher.bucket import REPLICAS_TIMEOUT, Change, open_bucket
 from publisher.bucket.embedded import EmbeddedRedis
 from publisher.cli.seen import wait_seen_by_options
 from publisher.config.logs import set_level

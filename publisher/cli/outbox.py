@@ -12,7 +12,7 @@ import click
 import orjson
 
 from changefeed.errors import ChangefeedError
-from publisher.bucket.cluster import open_bucket
+from publisher.bucket import open_bucket
 from publisher.cli.commands import _credentials, _get_json, _load, config_option, redis_option
 from publisher.cli.seen import wait_seen_by_options
 from publisher.config.outbox import Outbox

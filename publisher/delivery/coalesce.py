@@ -42,13 +42,20 @@ class Pending:
     """The newest change's position."""
     items: int = 1
     """How many changes (log items) this one item stands for."""
+    cursor: str | None = None
+    """The newest change's cursor as the hub stamped it (a bucket in a Redis Cluster: the
+    composite cursor after it); None: the cursor of `position` in the epoch."""
+    published: int | None = None
+    """The newest change's commit time (ms), when `position` is not a stream id."""
 
     def item(self, key: Key, epoch: str, *, last: bool) -> ChangeItem:
         """The item sent for this id: the merged sub-resources, the newest cursor."""
         resource, changed = key
         return ChangeItem(
-            resource, tuple(self.sub_resources), changed, self.position.ms,
-            Cursor(epoch, self.position).encode(), coalesced=True, caught_up=last,
+            resource, tuple(self.sub_resources), changed,
+            self.position.ms if self.published is None else self.published,
+            self.cursor or Cursor(epoch, self.position).encode(), coalesced=True,
+            caught_up=last,
         )
 
 
@@ -77,9 +84,10 @@ class Coalesced:
 
     def fold(
         self, resource: str, sub_resources: Iterable[str], changed_resource_id: str,
-        position: StreamId,
+        position: StreamId, cursor: str | None = None, published: int | None = None,
     ) -> None:
-        """Record a change for this listener. Positions must grow from call to call.
+        """Record a change for this listener. Positions must grow from call to call. `cursor`
+        (and `published`): the change's own, when the position is not its stream id.
 
         Raises CoalesceOverflow when it is a new id and `limit` ids are pending already.
         """
@@ -89,13 +97,15 @@ class Coalesced:
         if pending is None:
             if len(pending_ids) >= self.limit:
                 raise CoalesceOverflow(self.limit)
-            pending = Pending(list(dict.fromkeys(sub_resources)), position)
+            pending = Pending(list(dict.fromkeys(sub_resources)), position, 1, cursor, published)
         else:
             known = pending.sub_resources
             for sub in sub_resources:
                 if sub not in known:
                     known.append(sub)
             pending.position = position
+            pending.cursor = cursor
+            pending.published = published
             pending.items += 1
         pending_ids[key] = pending  # re-inserted: last in the order of newest changes
         self.folded += 1

@@ -9,7 +9,13 @@ connection's transport, without awaiting. A connection whose transport buffer pa
 own; if the window moves past it, it is closed with 4008 (slow consumer) -- unless it registered
 with `coalesce`: then it is switched to a coalesced catch-up (publisher.delivery.coalesce) just
 before the window would move past it, and closed with 4008 only when that set passes `coalesce_ids`
-ids. A resuming connection (registration with `since`) first reads what it missed from Redis.
+ids. A resuming connection (registration with `since`) first reads what it missed from Redis
+(publisher.delivery.replay).
+
+The window's order and the cursor each entry carries are the bucket's (publisher.delivery.order):
+for an ordered bucket an entry's position is its stream id and its cursor `<epoch>.<id>`; for a
+bucket in a Redis Cluster each entry has a process-local position and is stamped with the
+composite cursor of everything delivered up to it.
 
 A connection that cannot be sent a gap-free history any more is closed with 4009 and one of the
 reasons below, exactly as if its `since` had expired: its next registration gets `resumed: false`.
@@ -21,39 +27,34 @@ import asyncio
 import contextlib
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from itertools import chain
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from changefeed.cursor import ZERO, Cursor, StreamId
-from changefeed.errors import BucketBusy, BucketUnavailable
 from changefeed.protocol import (
-    WILDCARD,
-    ChangeKind,
     CloseCode,
-    Registration,
     close_frame,
     text_frame,
 )
 from changefeed.sse import change_chunk, close_chunks
-from changefeed.watch import prefixes_of
-from publisher.bucket import ChangeBucket, LogEntry
+from publisher.bucket import ChangeBucket, LogEntry, Vector
+from publisher.delivery import replay
 from publisher.delivery.coalesce import Coalesced, CoalesceOverflow
+from publisher.delivery.order import StampedEntry, order_of
+from publisher.delivery.subscribers import Routes, Subscriber, Transport
 from publisher.delivery.trace import TraceLog
 from publisher.delivery.window import Window, WindowEntry
 
 if TYPE_CHECKING:
-    from publisher.security.auth import Identity
+    pass
 
 log = structlog.get_logger(__name__)
 
 CLOSE_GRACE = 2.0
 """Seconds a congested connection gets to take its close frame before it is aborted."""
-REPLAY_BATCH = 1000
-"""Log entries a resuming connection reads from Redis per call."""
 
 SLOW = "slow consumer: fell behind the window"
 SLOW_COALESCED = "slow consumer: more than {} ids changed while it was behind"
@@ -64,138 +65,6 @@ ROLLED_BACK = "bucket rolled back: bootstrap again"
 """4009: Redis lost changes this publisher had sent; it started a new epoch."""
 TRIMMED = "items trimmed before they were sent: bootstrap again"
 """4009: the log was trimmed past what this connection had been sent."""
-
-
-class Transport(Protocol):
-    def write(self, data: bytes) -> None: ...
-    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None: ...
-    def get_write_buffer_size(self) -> int: ...
-    def is_closing(self) -> bool: ...
-    def close(self) -> None: ...
-    def abort(self) -> None: ...
-
-
-@dataclass(eq=False, slots=True)
-class Subscriber:
-    """A registered websocket: what it listens for and how far it has been sent."""
-
-    registration: Registration
-    transport: Transport
-    protocol: Any
-    """aiohttp's protocol of the connection: its drain waits for the transport buffer."""
-    remote: str
-    connected_at: float = field(default_factory=time.time)
-    live: bool = True
-    """Written to directly by the fan-out; False while it catches up in its own task."""
-    position: StreamId = ZERO
-    """While not live: the last entry it was sent or that did not match it."""
-    last_sent: StreamId | None = None
-    replaying: bool = False
-    """Resuming from `since`: may read what it missed from Redis, not only from the window."""
-    closing: bool = False
-    quiet: int = 0
-    """Keepalive sweeps (publisher.delivery.pings) since the listener last sent anything."""
-    task: asyncio.Task[None] | None = None
-    kinds: dict[str, ChangeKind] = field(default_factory=dict)
-    """The registration's change kinds by resource."""
-    sse: bool = False
-    """A server-sent events stream (publisher.web.sse), not a websocket: written `WindowEntry.sse`
-    chunks instead of frames, and a `close` event instead of a close frame."""
-    identity: Identity | None = None
-    """Who registered it, checked again when credentials are reloaded or expire
-    (publisher.web.revocation); None: not checked."""
-    coalesced: Coalesced | None = None
-    """Set while it is in a coalesced catch-up (registered with `coalesce`, fell out of the
-    window): every item for it is folded in here instead of being sent."""
-
-    def __post_init__(self) -> None:
-        self.kinds = {kind.resource: kind for kind in self.registration.kinds}
-
-    def wants(self, entry: WindowEntry | LogEntry) -> bool:
-        """True when `entry` is for this connection: its sub-resources and its watch."""
-        kind = self.kinds.get(entry.resource)
-        return kind is not None and kind.matches_item(
-            entry.sub_resources, entry.changed_resource_id
-        )
-
-
-Table = dict[str, dict[str, set[Subscriber]]]
-"""resource -> key (a sub-resource, an id or an id prefix) -> connections."""
-
-
-class Routes:
-    """Which connections an item goes to. Pure: no I/O.
-
-    A change kind that watches every id is indexed by its sub-resources: an item costs one lookup
-    per sub-resource it carries. One with a watch is indexed by its exact ids and its prefixes
-    instead, so the many connections that each watch a few ids are not visited for every item of
-    their resource: an item looks up its id and each of its `/`-separated prefixes (the State
-    Watch pattern's walk up the hierarchy), then checks the sub-resources of those found.
-    """
-
-    def __init__(self) -> None:
-        self._by_sub: Table = {}
-        self._by_id: Table = {}
-        self._by_prefix: Table = {}
-
-    def _keys(self, kind: ChangeKind) -> Iterator[tuple[Table, Iterable[str]]]:
-        if kind.watch.everything:
-            yield self._by_sub, kind.sub_resources
-        else:
-            yield self._by_id, kind.watch.ids
-            yield self._by_prefix, kind.watch.prefixes
-
-    def add(self, conn: Subscriber) -> None:
-        for kind in conn.registration.kinds:
-            for table, keys in self._keys(kind):
-                by_key = table.setdefault(kind.resource, {})
-                for key in keys:
-                    by_key.setdefault(key, set()).add(conn)
-
-    def remove(self, conn: Subscriber) -> None:
-        for kind in conn.registration.kinds:
-            for table, keys in self._keys(kind):
-                by_key = table.get(kind.resource, {})
-                for key in keys:
-                    members = by_key.get(key)
-                    if members is not None:
-                        members.discard(conn)
-                        if not members:
-                            del by_key[key]
-                if not by_key:
-                    table.pop(kind.resource, None)
-
-    def matching(
-        self, resource: str, sub_resources: Iterable[str], changed_resource_id: str
-    ) -> Iterable[Subscriber]:
-        """Each connection registered for an item of `resource` with `sub_resources` and
-        `changed_resource_id`, once: often the index's own set (iterate it before the routes
-        change, not after)."""
-        sets: list[set[Subscriber]] = []
-        by_sub = self._by_sub.get(resource)
-        if by_sub:
-            sets.extend(by_sub[s] for s in sub_resources if s in by_sub)
-            if WILDCARD in by_sub:
-                sets.append(by_sub[WILDCARD])
-        by_id = self._by_id.get(resource)
-        by_prefix = self._by_prefix.get(resource)
-        if by_id or by_prefix:
-            found: list[set[Subscriber]] = []
-            if by_id and changed_resource_id in by_id:
-                found.append(by_id[changed_resource_id])
-            if by_prefix:
-                found.extend(
-                    by_prefix[p] for p in prefixes_of(changed_resource_id) if p in by_prefix
-                )
-            if found:
-                sets.append(
-                    {c for c in chain(*found) if c.kinds[resource].matches(sub_resources)}
-                )
-        if len(sets) == 1:
-            return sets[0]
-        if sets:
-            return set().union(*sets)
-        return ()
 
 
 @dataclass(slots=True)
@@ -215,6 +84,9 @@ class Hub:
     ) -> None:
         self.window = window
         self.bucket = bucket
+        self.order = order_of(bucket)
+        """How the window is ordered and what cursor an entry carries (the bucket's
+        capability `ordered` chooses)."""
         self.send_buffer = send_buffer
         self.coalesce_ids = coalesce_ids
         """The bound of a coalesced catch-up's set (`limits.coalesceIds`)."""
@@ -235,8 +107,8 @@ class Hub:
         """Waits begun since start: a poll that woke, found nothing for it and waits again
         counts twice."""
         self.released = False
-        self.log_head = window.head
-        """The bucket's head at the tail's last read."""
+        self.heads: tuple[StreamId, ...] = (window.head,)
+        """Each shard's head at the tail's last read of it."""
         self.unread = 0
         """Log entries after the window head at the tail's last read (items it is behind)."""
         self.closed: Counter[str] = Counter()
@@ -257,14 +129,37 @@ class Hub:
 
     # --- membership ----------------------------------------------------------------------
 
-    def add(self, conn: Subscriber, since: StreamId | None = None) -> None:
-        """Register `conn`: live from the window head, or catching up from `since` (a resumed
-        cursor, or a bucket head the tail has not read up to yet)."""
+    @property
+    def vector(self) -> Vector:
+        """Everything delivered (the window head), as a position in every shard."""
+        return self.order.vector(self.epoch, self.window.head)
+
+    def position(self, shard: int) -> StreamId:
+        """What was delivered of shard `shard` (its position in `vector`)."""
+        return self.order.position(shard, self.window.head)
+
+    @property
+    def log_head(self) -> StreamId:
+        """The newest shard head at the tail's last reads (an ordered bucket's head)."""
+        return max(self.heads)
+
+    async def start_of(self, since: str | None) -> tuple[Vector, bool]:
+        """Where a registration starts, and whether that resumes `since` (see
+        `replay.start_of`). Raises CursorError for a malformed `since` of an ordered bucket."""
+        return await replay.start_of(self, since)
+
+    def add(self, conn: Subscriber, start: Vector | None = None) -> None:
+        """Register `conn`: live from the window head, or sent everything after `start` first
+        (a resumed cursor, or a bucket head the tail has not read up to yet)."""
         self.connections.add(conn)
         self.routes.add(conn)
-        if since is not None and since != self.window.head:
-            conn.replaying = True
-            self._fall_behind(conn, since)
+        if start is not None and start != self.vector:
+            conn.live = False
+            conn.replaying = True  # not closed as slow while it replays from Redis
+            conn.position = self.window.head
+            self._lagging.add(conn)
+            conn.task = asyncio.create_task(replay.resume(self, conn, start),
+                                            name=f"resume {conn.remote}")
 
     def remove(self, conn: Subscriber) -> None:
         self.connections.discard(conn)
@@ -278,6 +173,12 @@ class Hub:
 
     def encode(self, entry: LogEntry) -> WindowEntry:
         payload = entry.item(self.epoch).encode()
+        if isinstance(entry, StampedEntry):
+            return WindowEntry(
+                entry.position, entry.resource, entry.sub_resources,
+                entry.changed_resource_id, payload, text_frame(payload),
+                cursor=entry.cursor, published=entry.published,
+            )
         return WindowEntry(
             entry.position,
             entry.resource,
@@ -287,15 +188,18 @@ class Hub:
             text_frame(payload),
         )
 
+    def cursor_of(self, entry: WindowEntry) -> str:
+        """The cursor `entry` carries."""
+        return self.order.cursor(self.epoch, entry.position, entry.cursor)
+
     def sse_of(self, entry: WindowEntry) -> bytes:
         """`entry` as a server-sent event's chunk, built once for every SSE subscriber."""
         chunk = entry.sse
         if chunk is None:
-            chunk = entry.sse = change_chunk(Cursor(self.epoch, entry.position).encode(),
-                                             entry.payload)
+            chunk = entry.sse = change_chunk(self.cursor_of(entry), entry.payload)
         return chunk
 
-    def publish(self, entries: Sequence[LogEntry]) -> None:
+    def publish(self, entries: Sequence[LogEntry], shard: int = 0) -> None:
         """Append new log entries to the window and write them to live matching connections.
 
         Each connection gets one write per call: the frames of every entry it matches, joined.
@@ -303,7 +207,13 @@ class Hub:
         one system call for all of them instead of one per entry, so the publisher catches up.
         A connection takes frames while what it has queued, counting those of this call, is
         within `send_buffer`; past it, it falls behind after the last frame it took.
+        `entries` are of shard `shard`: stamped first when the bucket has several
+        (publisher.delivery.order).
         """
+        if self.order.composite:
+            entries = self.order.stamp(shard, entries)
+            if not entries:
+                return
         if len(entries) == 1:
             self._publish_one(entries[0])
             return
@@ -370,7 +280,8 @@ class Hub:
         if written and self.observe_latency is not None:
             now_ms = time.time() * 1000
             for entry in written:
-                self.observe_latency(max(now_ms - entry.position.ms, 0.0) / 1000)
+                committed = entry.published or entry.position.ms
+                self.observe_latency(max(now_ms - committed, 0.0) / 1000)
         self._published(overflowed)
 
     def _publish_one(self, raw: LogEntry) -> None:
@@ -423,7 +334,8 @@ class Hub:
                 self.bytes_written += sent
                 self.sse_delivered += sse_sent
                 if self.observe_latency is not None:
-                    self.observe_latency(max(time.time() * 1000 - entry.position.ms, 0.0) / 1000)
+                    committed = entry.published or entry.position.ms
+                    self.observe_latency(max(time.time() * 1000 - committed, 0.0) / 1000)
         self._published(overflowed)
 
     def _published(self, overflowed: Iterable[Subscriber]) -> None:
@@ -446,7 +358,7 @@ class Hub:
             return True
         try:
             conn.coalesced.fold(entry.resource, entry.sub_resources, entry.changed_resource_id,
-                                entry.position)
+                                entry.position, entry.cursor, entry.published)
         except CoalesceOverflow:
             return False
         return True
@@ -462,13 +374,26 @@ class Hub:
         Long polls wait here, as catching-up connections do: one shared event, no Redis
         connection or buffer per waiting client.
         """
+        return await self._wait(lambda: self.window.head > position, timeout)
+
+    async def wait_beyond(self, heads: Sequence[StreamId], timeout: float) -> bool:
+        """`wait_past` until any shard `s` was delivered past `heads[s]`."""
+        return await self._wait(
+            lambda: any(self.position(s) > head for s, head in enumerate(heads)), timeout
+        )
+
+    async def wait_covers(self, wanted: Vector, timeout: float) -> bool:
+        """`wait_past` until everything delivered covers `wanted` (each shard's position)."""
+        return await self._wait(lambda: self.vector.covers(wanted), timeout)
+
+    async def _wait(self, done: Callable[[], bool], timeout: float) -> bool:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         epoch = self.epoch
         self.waits += 1
         self.waiting += 1
         try:
-            while self.window.head <= position and self.epoch == epoch:
+            while not done() and self.epoch == epoch:
                 remaining = deadline - loop.time()
                 if self.released or remaining <= 0:
                     return False
@@ -489,7 +414,8 @@ class Hub:
         self._lagging.add(conn)
         if conn.registration.coalesce and not conn.sse and not conn.replaying:
             self._coalescible.add(conn)
-        conn.task = asyncio.create_task(self._catch_up(conn), name=f"catch-up {conn.remote}")
+        conn.task = asyncio.create_task(replay.catch_up(self, conn),
+                                        name=f"catch-up {conn.remote}")
 
     def _coalesce_before(self, oldest: WindowEntry | None) -> None:
         """The window is about to drop `oldest`: switch every coalescible connection not sent
@@ -505,7 +431,8 @@ class Hub:
                 for entry in self.window.after(conn.position):
                     if conn.wants(entry):
                         coalesced.fold(entry.resource, entry.sub_resources,
-                                       entry.changed_resource_id, entry.position)
+                                       entry.changed_resource_id, entry.position, entry.cursor,
+                                       entry.published)
             except CoalesceOverflow:
                 self.close_slow(conn)
                 continue
@@ -533,6 +460,11 @@ class Hub:
         self.closed["slowConsumer"] += 1
         reason = SLOW if coalesced is None else SLOW_COALESCED.format(coalesced.limit)
         self.close_now(conn, CloseCode.SLOW_CONSUMER, reason)
+
+    def close_recreated(self, conn: Subscriber) -> None:
+        """Close a connection whose replay found another epoch in Redis (4009)."""
+        self.closed["epochChange"] += 1
+        self.close_now(conn, CloseCode.BUCKET_RESET, RECREATED)
 
     def close_trimmed(self, conn: Subscriber) -> None:
         """Close a connection whose next items were trimmed before it was sent them (4009)."""
@@ -570,6 +502,18 @@ class Hub:
             self.close_now(conn, CloseCode.BUCKET_RESET, reason)
         self._wake()
 
+    def restart(
+        self, epoch: str, heads: Sequence[StreamId], *, rollback: bool = False
+    ) -> None:
+        """A new history from each shard's head `heads`: every connection closed with 4009."""
+        self.heads = tuple(heads)
+        self.reset(epoch, self.order.restart(epoch, heads), rollback=rollback)
+
+    def skip(self, shard: int, trimmed: StreamId) -> int:
+        """Shard `shard` was trimmed past what the tail had read, up to `trimmed`: close every
+        connection not sent past it (4009) and go on from there (`skip_to`)."""
+        return self.skip_to(self.order.skipped(shard, trimmed))
+
     def skip_to(self, trimmed: StreamId) -> int:
         """The tail found the log trimmed past the window head: the items up to `trimmed` are
         gone unread. Close every connection that had not been sent past them (4009) and restart
@@ -589,48 +533,7 @@ class Hub:
         self._wake()
         return len(behind)
 
-    # --- catching up ---------------------------------------------------------------------
-
-    async def _catch_up(self, conn: Subscriber) -> None:
-        """Send `conn` what it missed, from Redis then from the window, then make it live."""
-        try:
-            while not conn.closing:
-                if conn.coalesced is not None:
-                    await self._drain_coalesced(conn, conn.coalesced)
-                    return
-                window = self.window
-                if conn.position > window.head:
-                    # A cursor from a publisher whose tail is ahead of ours: wait for ours.
-                    await self._advanced.wait()
-                    continue
-                if not window.covers(conn.position):
-                    if not conn.replaying:
-                        self.close_slow(conn)
-                        return
-                    await self._replay_from_bucket(conn, window.base)
-                    continue
-                entries = window.after(conn.position)
-                if not entries:
-                    self._go_live(conn)
-                    return
-                for entry in entries:
-                    if conn.wants(entry):
-                        if not await self._writable(conn):
-                            return
-                        if conn.coalesced is not None:
-                            break  # switched while it waited: `entry` is in its set
-                        frame = self.sse_of(entry) if conn.sse else entry.frame
-                        conn.transport.write(frame)
-                        self._wrote_one(conn, entry.position, len(frame))
-                    conn.position = entry.position
-        except (ConnectionError, RuntimeError) as exc:
-            log.info("catch-up ended: connection gone", remote=conn.remote, error=str(exc))
-        except BucketBusy as exc:
-            log.warning("catch-up failed: publisher overloaded", remote=conn.remote, error=str(exc))
-            self.close_now(conn, CloseCode.OVERLOADED, "publisher overloaded during replay")
-        except BucketUnavailable as exc:
-            log.warning("catch-up failed: bucket unavailable", remote=conn.remote, error=str(exc))
-            self.close_now(conn, CloseCode.TRY_AGAIN_LATER, "bucket unavailable during replay")
+    # --- catching up (publisher.delivery.replay runs the loops) ---------------------------
 
     def _go_live(self, conn: Subscriber) -> None:
         conn.live = True
@@ -640,77 +543,17 @@ class Hub:
         self._coalescible.discard(conn)
         conn.task = None
 
-    async def _drain_coalesced(self, conn: Subscriber, coalesced: Coalesced) -> None:
-        """Send each pending id once, oldest newest-change first, while the fan-out keeps
-        folding new items in; live again right after the last one (`caughtUp`), with nothing
-        awaited in between."""
-        while not conn.closing:
-            if not coalesced:
-                self._go_live(conn)  # only when nothing it wanted fell out of the window
-                return
-            if not await self._writable(conn):
-                return
-            item, position = coalesced.pop(self.epoch)
-            frame = text_frame(item.encode())
-            conn.transport.write(frame)
-            conn.last_sent = position
-            self.delivered += 1
-            self.bytes_written += len(frame)
-            if item.caught_up:
-                self.coalesced["finished"] += 1
-                self.coalesced["items"] += coalesced.folded
-                self.coalesced["sent"] += coalesced.sent_ids
-                log.info(
-                    "slow consumer caught up",
-                    instance=conn.registration.instance,
-                    service=conn.registration.service,
-                    remote=conn.remote,
-                    items=coalesced.folded,
-                    sent=coalesced.sent_ids,
-                )
-                self._go_live(conn)
-                return
-
-    async def _replay_from_bucket(self, conn: Subscriber, until: StreamId) -> None:
-        """Send a resuming connection the matching items in (position, until] from Redis.
-
-        Each read says, in the same snapshot, how far the log was trimmed: a replay that falls
-        behind trimming is closed as the tail's listeners are, never continued over the gap.
-        """
-        while conn.position < until and not conn.closing:
-            read = await self.bucket.tail(conn.position, None, REPLAY_BATCH)
-            if read.epoch != self.epoch:
-                # The tail resets the hub when it reads this too; this one cannot wait for it.
-                self.closed["epochChange"] += 1
-                self.close_now(conn, CloseCode.BUCKET_RESET, RECREATED)
-                return
-            if read.trimmed > conn.position:
-                self.close_trimmed(conn)
-                return
-            rows = [row for row in read.entries if row.position <= until]
-            if not rows:
-                conn.position = until
-                return
-            for row in rows:
-                if conn.wants(row):
-                    if not await self._writable(conn):
-                        return
-                    payload = row.item(self.epoch).encode()
-                    frame = (
-                        change_chunk(Cursor(self.epoch, row.position).encode(), payload)
-                        if conn.sse else text_frame(payload)
-                    )
-                    conn.transport.write(frame)
-                    self._wrote_one(conn, row.position, len(frame))
-                conn.position = row.position
-
-    def _wrote_one(self, conn: Subscriber, position: StreamId, size: int) -> None:
-        """Count one item written to `conn` outside the fan-out (catching up, replaying)."""
-        conn.last_sent = position
+    def _wrote_one(self, conn: Subscriber, position: StreamId | None, size: int) -> None:
+        """Count one item written to `conn` outside the fan-out (catching up, replaying):
+        the item at window position `position` (None: replayed from a shard of a bucket in a
+        Redis Cluster, at no window position)."""
         self.delivered += 1
         self.bytes_written += size
         if conn.sse:
             self.sse_delivered += 1
+        if position is None:
+            return
+        conn.last_sent = position
         if self.trace is not None:
             self.trace.wrote_late(position, conn.registration.service, time.time())
 
@@ -738,7 +581,15 @@ class Hub:
         after its position, plus every log item the tail has not read yet (of any kind: the
         tail cannot know which match before reading them). `headCursor` is the bucket's head.
         """
-        head = max(self.log_head, self.window.head)
+        head = None
+        if self.epoch:
+            vector = self.vector
+            head = vector.with_positions(
+                [max(h, at) for h, at in zip(self.heads, vector.positions, strict=True)]
+            ).encode()
+        sent = {}
+        if self.order.composite:
+            sent = {e.position: e.cursor for e in self.window.after(ZERO)}
         out = []
         for conn in self.connections:
             reg = conn.registration
@@ -758,10 +609,32 @@ class Hub:
                             "%Y-%m-%dT%H:%M:%SZ", time.gmtime(conn.connected_at)
                         ),
                         "remote": conn.remote,
-                        "lastCursorSent": Cursor(self.epoch, last).encode() if last else None,
+                        "lastCursorSent": self._cursor_sent(last, sent),
                         "itemsBehindHead": behind,
-                        "headCursor": Cursor(self.epoch, head).encode() if self.epoch else None,
+                        "headCursor": head,
                         "publisher": publisher_id,
                     }
                 )
         return out
+
+    def _cursor_sent(self, last: StreamId | None, sent: dict[StreamId, str | None]) -> str | None:
+        """The cursor of the entry at window position `last` (None: not known any more)."""
+        if last is None:
+            return None
+        if self.order.composite:
+            return sent.get(last)
+        return Cursor(self.epoch, last).encode()
+
+
+__all__ = [
+    "CLOSE_GRACE",
+    "RECREATED",
+    "ROLLED_BACK",
+    "SLOW",
+    "SLOW_COALESCED",
+    "TRIMMED",
+    "Hub",
+    "Routes",
+    "Subscriber",
+    "Transport",
+]

@@ -1,8 +1,10 @@
-"""The tail: one blocking read loop per publisher process, feeding the hub.
+"""The tail: the blocking reads of a publisher process, feeding the hub.
 
-It waits with XREAD BLOCK (no polling interval) after the last position it delivered and reads
-with the tail script (tail.lua) pipelined behind the wait, so every read also brings, in the same
-snapshot, what the tail checks it against (`assess`):
+It reads each shard of the bucket (`publisher.bucket.Shard`): an ordered bucket's one shard in
+run()'s own task, a bucket in a Redis Cluster's shards in one read loop each. Each waits with
+XREAD BLOCK (no polling interval) after the last position it delivered and reads with the tail
+script (tail.lua) pipelined behind the wait, so every read also brings, in the same snapshot, what
+the tail checks it against (`assess`, per shard):
 
 - another epoch (or none): the bucket was recreated, or another publisher saw a rollback;
 - the log's head behind the tail's position, or the entry at that position gone without being
@@ -12,8 +14,10 @@ snapshot, what the tail checks it against (`assess`):
   process, a burst) and the items in between are gone unread.
 
 Each closes the listeners that cannot continue without a gap (4009, a reason per fault), is
-logged and counted. While Redis is unreachable the tail retries with exponential backoff and
-jitter and reports itself unhealthy (new registrations are refused with 1013).
+logged and counted: a new history in any shard restarts every shard at its head; a trim gap in a
+shard closes the listeners that had not been sent past it. While Redis is unreachable the tail
+retries with exponential backoff and jitter and reports itself unhealthy (new registrations are
+refused with 1013).
 """
 
 from __future__ import annotations
@@ -27,9 +31,9 @@ from typing import Any
 import structlog
 
 from changefeed.backoff import Backoff
-from changefeed.cursor import ZERO, Cursor, StreamId
+from changefeed.cursor import ZERO, StreamId
 from changefeed.errors import BucketUnavailable, PartitionMismatch
-from publisher.bucket import ChangeBucket, LogRead
+from publisher.bucket import ChangeBucket, LogRead, Shard
 from publisher.delivery.hub import Hub
 
 log = structlog.get_logger(__name__)
@@ -123,6 +127,29 @@ class Faults:
     """Times the tail read again after failed reads (Redis reachable again)."""
 
 
+class _Restart(Exception):
+    """A shard's read showed a new history: every shard starts over."""
+
+    def __init__(self, shard: int, read: LogRead, fault: NewHistory) -> None:
+        super().__init__(fault.reason)
+        self.shard = shard
+        self.read = read
+        self.fault = fault
+
+
+@dataclass(slots=True)
+class _Follow:
+    """What the tail knows of one shard between reads."""
+
+    partitions: int = 1
+    added: int | None = None
+    """Entries ever added to the shard's log up to what was delivered (see `added_after`)."""
+    unread: int = 0
+    read_now: bool = True
+    """Read without waiting first: after a reconnect (whatever happened meanwhile is seen
+    at once) and after a full batch (more is waiting)."""
+
+
 class Tail:
     def __init__(self, bucket: ChangeBucket, hub: Hub, backoff: Backoff | None = None) -> None:
         self.bucket = bucket
@@ -132,12 +159,8 @@ class Tail:
         self.started = asyncio.Event()
         self.faults = Faults()
         self._stopping = asyncio.Event()
-        self._partitions = 1
-        self._added: int | None = None
-        """Entries ever added to the log up to the window head (see `added_after`)."""
-        self._read_now = True
-        """Read without waiting first: after a reconnect (whatever happened meanwhile is seen
-        at once) and after a full batch (more is waiting)."""
+        self._shards: list[Shard] = []
+        self._follow: list[_Follow] = []
 
     def stop(self) -> None:
         """Make run() return. A blocked read is abandoned (its connection aborted), not awaited
@@ -145,37 +168,44 @@ class Tail:
         self._stopping.set()
         self.bucket.abandon_reads()
 
-    async def _read(self) -> LogRead | None:
-        """The next read, or None when stopping. It runs in run()'s own task: a read per change
-        at single commits, so no task or future of its own (stop() ends it by aborting its
-        connection)."""
+    async def _read(self, s: int) -> LogRead | None:
+        """The next read of shard `s`, or None when stopping. An ordered bucket's runs in run()'s
+        own task: a read per change at single commits, so no task or future of its own (stop()
+        ends it by aborting its connection)."""
         if self._stopping.is_set():
             return None
-        block = None if self._read_now else BLOCK_MS
+        follow = self._follow[s]
+        block = None if follow.read_now else BLOCK_MS
         try:
-            return await self.bucket.tail(self.hub.window.head, block, BATCH)
+            return await self._shards[s].tail(self.hub.position(s), block, BATCH)
         except BucketUnavailable:
             if self._stopping.is_set():
                 return None
             raise
 
+    async def _heads(self) -> list[LogRead]:
+        self._shards = await self.bucket.shards()
+        return list(await asyncio.gather(*(s.tail(ZERO, None, 0) for s in self._shards)))
+
     async def start(self) -> None:
-        """Learn the epoch and the log head; the window starts there."""
+        """Learn the epoch and each shard's head; the window starts there."""
         epoch = await self.bucket.ensure()
-        read = await self.bucket.tail(ZERO, None, 0)
-        self._restart(epoch, read)
-        self.hub.reset(epoch, read.head)
+        reads = await self._heads()
+        self._restart(reads)
+        self.hub.restart(epoch, [read.head for read in reads])
         self.healthy = True
         self.started.set()
-        log.info("tail started", epoch=epoch, head=str(read.head))
+        log.info("tail started", epoch=epoch, head=self.hub.vector.encode(), shards=len(reads))
 
-    def _restart(self, epoch: str, read: LogRead) -> None:
-        """Take up the log of `read` from its head: what the next `assess` compares with. The
-        caller resets the hub (closing every listener with its reason)."""
-        self._partitions = read.partitions or self._partitions
-        self._added = read.added
+    def _restart(self, reads: list[LogRead]) -> None:
+        """Take up each shard's log of `reads` from its head: what the next `assess` compares
+        with. The caller restarts the hub (closing every listener with its reason)."""
+        olds = self._follow
+        self._follow = [
+            _Follow(read.partitions or (olds[s].partitions if s < len(olds) else 1), read.added)
+            for s, read in enumerate(reads)
+        ]
         self.hub.unread = 0
-        self.hub.log_head = read.head
 
     async def run(self) -> None:
         delays = None
@@ -184,20 +214,80 @@ class Tail:
                 if not self.started.is_set():
                     await self.start()
                     delays = None
-                read = await self._read()
-                if read is None:
+                if len(self._shards) == 1:
+                    read = await self._read(0)
+                    if read is None:
+                        return
+                    self._take(0, read)
+                elif not await self._follow_all():
                     return
-                await self._take(read)
-                if not self.healthy:
-                    # Healthy only now: a registration must not be answered from a log the
-                    # tail has not checked since Redis came back (it may have rolled back).
-                    log.info("bucket reachable again", position=str(self.hub.window.head))
-                    self.healthy = True
-                    self.faults.reconnects += 1
                 delays = None
+            except _Restart as restart:
+                await self._new_history(restart)
             except (BucketUnavailable, PartitionMismatch) as exc:
-                self._read_now = True
+                for follow in self._follow:
+                    follow.read_now = True
                 delays = await self._back_off(exc, delays)
+
+    async def _follow_all(self) -> bool:
+        """Read every shard, one loop each, until one fails (raised) or the tail stops
+        (False)."""
+        tasks = [asyncio.create_task(self._follow_shard(s), name=f"tail shard {s}")
+                 for s in range(len(self._shards))]
+        stopping = asyncio.create_task(self._stopping.wait())
+        try:
+            done, _ = await asyncio.wait([*tasks, stopping], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in [*tasks, stopping]:
+                if not task.done():
+                    # Abandoned, not awaited: a blocked XREAD is not always given up promptly.
+                    task.cancel()
+                    task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        for task in done:
+            if task is not stopping and not task.cancelled():
+                error = task.exception()
+                if error is not None:
+                    raise error  # what ended a shard's loop (the others' are retrieved)
+        return False
+
+    async def _follow_shard(self, s: int) -> None:
+        while True:
+            read = await self._read(s)
+            if read is None:
+                return
+            self._take(s, read)
+
+    def _take(self, s: int, read: LogRead) -> None:
+        """Check `read` of shard `s` against what the tail knows, then hand its entries to the
+        hub. Raises _Restart on a new history."""
+        hub = self.hub
+        follow = self._follow[s]
+        position = hub.position(s)
+        fault = assess(read, position, hub.epoch, follow.partitions, follow.added)
+        follow.read_now = not read.complete
+        if isinstance(fault, NewHistory):
+            raise _Restart(s, read, fault)
+        if isinstance(fault, Gap):
+            self._skip_gap(s, fault)
+        follow.added = added_after(read, follow.added, fault)
+        heads = hub.heads
+        if len(heads) == 1:
+            hub.heads = (read.head,)
+        else:
+            hub.heads = (*heads[:s], read.head, *heads[s + 1:])
+        added = follow.added
+        follow.unread = 0 if added is None or read.added is None else read.added - added
+        hub.unread = follow.unread if len(self._follow) == 1 else sum(
+            f.unread for f in self._follow
+        )
+        if read.entries:
+            hub.publish(read.entries, s)
+        if not self.healthy:
+            # Healthy only now: a registration must not be answered from a log the tail has
+            # not checked since Redis came back (it may have rolled back).
+            log.info("bucket reachable again", position=hub.vector.encode())
+            self.healthy = True
+            self.faults.reconnects += 1
 
     async def _back_off(
         self, exc: BucketUnavailable | PartitionMismatch, delays: Iterator[float] | None
@@ -220,86 +310,79 @@ class Tail:
             await asyncio.wait_for(self._stopping.wait(), delay)
         return delays
 
-    async def _take(self, read: LogRead) -> None:
-        """Check `read` against what the tail knows, then hand its entries to the hub."""
-        hub = self.hub
-        fault = assess(read, hub.window.head, hub.epoch, self._partitions, self._added)
-        self._read_now = not read.complete
-        if isinstance(fault, NewHistory):
-            await self._new_history(read, fault)
-            return
-        if isinstance(fault, Gap):
-            self._skip_gap(fault)
-        self._added = added_after(read, self._added, fault)
-        hub.log_head = read.head
-        hub.unread = 0 if self._added is None or read.added is None else read.added - self._added
-        if read.entries:
-            hub.publish(read.entries)
-
-    def _skip_gap(self, gap: Gap) -> None:
-        """The tail fell behind trimming: close whoever has not been sent past the horizon."""
-        closed = self.hub.skip_to(gap.trimmed)
+    def _skip_gap(self, s: int, gap: Gap) -> None:
+        """The tail fell behind trimming in shard `s`: close whoever has not been sent past
+        the horizon."""
+        closed = self.hub.skip(s, gap.trimmed)
         self.faults.trim_gaps += 1
         self.faults.items_lost += gap.lost or 0
         log.warning(
             "tail fell behind the trim horizon: items trimmed before they were sent",
+            shard=s,
             position=str(gap.position),
             trimmed=str(gap.trimmed),
             lost=gap.lost,
             closed=closed,
         )
 
-    async def _new_history(self, read: LogRead, fault: NewHistory) -> None:
-        """Start over on the log as it now is, under a new epoch if this tail saw a rollback."""
+    async def _new_history(self, restart: _Restart) -> None:
+        """Start over on every shard's log as it now is, under a new epoch if this tail saw a
+        rollback (or a shard whose copy of the epoch is gone: it lost its keys)."""
         hub = self.hub
+        fault, read = restart.fault, restart.read
         old = hub.epoch
         listeners = len(hub.connections)
-        if fault.rollback:
+        seen = " ".join(map(str, hub.vector.positions))
+        rollback = fault.rollback or (read.epoch is None and not self.bucket.ordered)
+        if rollback:
             await self.bucket.renew_epoch(old)
         # The epoch as it now is; created with the bucket if it has none (Redis came back
         # empty), and the partition count checked again.
         epoch = await self.bucket.ensure()
-        self._restart(epoch, read)
-        if fault.rollback:
+        reads = [read] if len(self._shards) == 1 else await self._heads()
+        self._restart(reads)
+        heads = [r.head for r in reads]
+        if rollback:
             self.faults.rollbacks += 1
             log.error(
                 "bucket rolled back: Redis lost changes this publisher had seen; new epoch, "
                 "every listener must bootstrap again",
-                reason=fault.reason,
-                seen=str(hub.window.head),
-                head=str(read.head),
-                old=old,
-                new=epoch,
+                reason=fault.reason, shard=restart.shard, seen=seen,
+                head=" ".join(map(str, heads)), old=old, new=epoch,
                 listeners=listeners,
             )
-            hub.reset(epoch, read.head, rollback=True)
         else:
             self.faults.epoch_changes += 1
             log.warning(
                 "bucket recreated: new epoch, closing every listener",
-                reason=fault.reason,
-                old=old,
-                new=epoch,
+                reason=fault.reason, shard=restart.shard, old=old, new=epoch,
                 listeners=listeners,
             )
-            hub.reset(epoch, read.head)
+        hub.restart(epoch, heads, rollback=rollback)
 
     def lag(self) -> tuple[int, float]:
-        """How far the tail is behind the bucket's head at its last read: in items, and in
-        seconds of commit time (the head's Redis time less that of the last item read)."""
+        """How far the tail is behind the bucket's head at its last reads: in items, and in
+        seconds of commit time (the largest, over the shards, of the head's Redis time less
+        that of the last item read)."""
         hub = self.hub
-        if hub.unread <= 0 or hub.log_head <= hub.window.head:
+        if hub.unread <= 0:
             return max(hub.unread, 0), 0.0
-        return hub.unread, max(hub.log_head.ms - hub.window.head.ms, 0) / 1000
+        seconds = max(
+            (max(head.ms - at.ms, 0) for head, at in
+             zip(hub.heads, hub.vector.positions, strict=True) if head > at and at != ZERO),
+            default=0,
+        )
+        return hub.unread, seconds / 1000
 
     def stats(self) -> dict[str, Any]:
         """The tail's part of /changefeeds/stats."""
         hub = self.hub
         epoch = hub.epoch
-        return {
+        vector = hub.vector
+        out = {
             "healthy": self.healthy,
-            "position": Cursor(epoch, hub.window.head).encode() if epoch else None,
-            "bucketHead": Cursor(epoch, hub.log_head).encode() if epoch else None,
+            "position": vector.encode() if epoch else None,
+            "bucketHead": vector.with_positions(hub.heads).encode() if epoch else None,
             "itemsBehind": hub.unread,
             "secondsBehind": self.lag()[1],
             "trimGaps": self.faults.trim_gaps,
@@ -307,3 +390,6 @@ class Tail:
             "rollbacks": self.faults.rollbacks,
             "epochChanges": self.faults.epoch_changes,
         }
+        if vector.composite:
+            out["partitions"] = len(vector.positions)
+        return out

@@ -316,9 +316,12 @@ def iso(at: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{ms:03d}Z"
 
 
-def record_body(record: Record, cursor: Cursor, publisher_id: str) -> dict[str, Any]:
+def record_body(
+    record: Record, cursor: Cursor, publisher_id: str, shown: str | None = None
+) -> dict[str, Any]:
     """A record as `GET /changefeeds/trace/<cursor>` answers it (times as ISO strings, and as
-    milliseconds after the commit: the commit's time is Redis's, the others this host's)."""
+    milliseconds after the commit: the commit's time is Redis's, the others this host's).
+    `cursor` is the change's own position; `shown` the cursor asked for (default: `cursor`)."""
     committed = cursor.position.ms / 1000
 
     def after(at: float) -> float:
@@ -335,7 +338,7 @@ def record_body(record: Record, cursor: Cursor, publisher_id: str) -> dict[str, 
         for name, writes in sorted(record.services.items())
     }
     return {
-        "cursor": cursor.encode(),
+        "cursor": shown or cursor.encode(),
         "publisher": publisher_id,
         "committedAt": iso(committed),
         "readAt": iso(record.read_at),

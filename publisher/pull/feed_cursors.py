@@ -1,6 +1,5 @@
 """Which cursor each partition of a feed request reads from (ZeroEventHub's cursor sets): the
-request's own, or its consumer's stored set. Shared by the feed of a single-Redis bucket
-(publisher.pull.polls) and of a cluster bucket (publisher.pull.cluster_polls)."""
+request's own, or its consumer's stored set (for the feed, publisher.pull.polls)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,15 @@
 """Answering pull requests over the change bucket's log: `events` long polls and ZeroEventHub feed
-pages (the I/O half; the wire formats are `changefeed.longpoll` and `changefeed.feed`).
+pages (the I/O half; the wire formats are `changefeed.longpoll` and `changefeed.feed`). One path
+for every bucket: each shard's log is read after its position and the reads are merged by stream
+id (`merge_partitions`: never past what a read covers).
+
+`events` oldest first gives each eligible item the cursor of everything scanned up to it (an
+ordered bucket's `<epoch>.<id>`, the composite cursor of a bucket in a Redis Cluster), so the last
+item's cursor, passed as the next `after`, skips exactly what was answered. `before` and newest
+first need a total order of the items: only an `ordered` bucket has one (400 otherwise).
+
+The feed has a cursor per partition, a position of that partition's shard (a single-position
+cursor; a composite cursor is accepted too, its position p taken).
 
 The publisher keeps no state per client: each request scans the shared log in Redis, and a
 waiting request waits on the hub's one shared "window advanced" event.
@@ -12,11 +22,11 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from changefeed import feed
-from changefeed.cursor import ZERO, CompositeCursor, Cursor, StreamId
+from changefeed.cursor import ZERO, CompositeCursor, Cursor, StreamId, is_composite
+from changefeed.errors import CursorError, ParamError
 from changefeed.longpoll import EventFilter, EventsReply, EventsRequest
-from publisher.bucket import LogEntry, Retention, merge_partitions
-from publisher.delivery.cluster_hub import ClusterHub
-from publisher.pull.cluster_polls import answer_cluster, respond_feed_cluster
+from changefeed.protocol import ChangeItem
+from publisher.bucket import LogEntry, Retention, Vector, merge_partitions
 from publisher.pull.feed_cursors import feed_cursors
 
 if TYPE_CHECKING:
@@ -25,22 +35,26 @@ if TYPE_CHECKING:
     from publisher.delivery.hub import Hub
 
 SCAN = 1000
-"""Log entries read per Redis call while looking for eligible items."""
+"""Log entries read per shard per Redis call while looking for eligible items."""
+NOT_ORDERED = (
+    "this bucket is not `ordered` (a Redis Cluster orders items per partition only): events are "
+    "answered oldest first (order=oldest) after a cursor, without before"
+)
 
 
-def reply_of(
-    entries: Sequence[LogEntry], more: bool, retention: Retention, missed: str | None
-) -> EventsReply:
-    """The wire reply for `entries` of the log described by `retention`."""
-    epoch = retention.epoch or ""
-    empty = retention.oldest is None
-    return EventsReply(
-        tuple(entry.item(epoch) for entry in entries),
-        more,
-        "" if empty else Cursor(epoch, retention.oldest).encode(),  # type: ignore[arg-type]
-        "" if empty else Cursor(epoch, retention.head).encode(),
-        missed is not None,
-        missed or "",
+def _edges(epoch: str, retentions: Sequence[Retention], ordered: bool) -> tuple[str, str]:
+    """The reply's `oldest` and `newest` cursors: an ordered bucket's oldest retained item and
+    head (both "" when the log is empty); each shard's trimmed horizon (after it, every item
+    retained) and head for a bucket in a Redis Cluster."""
+    if ordered:
+        retention = retentions[0]
+        if retention.oldest is None:
+            return "", ""
+        return (Cursor(epoch, retention.oldest).encode(),
+                Cursor(epoch, retention.head).encode())
+    return (
+        CompositeCursor(epoch, tuple(r.trimmed for r in retentions)).encode(),
+        CompositeCursor(epoch, tuple(r.head for r in retentions)).encode(),
     )
 
 
@@ -56,82 +70,146 @@ def select(
     return False
 
 
+Scan = tuple[list[ChangeItem], bool, Vector]
+"""Eligible items, `more`, and the position of the newest item found."""
+
+
 async def scan(
-    bucket: ChangeBucket,
-    request: EventsRequest,
-    after: StreamId | None,
+    bucket: ChangeBucket, request: EventsRequest, start: Vector, before: StreamId | None
+) -> Scan:
+    """The eligible items after `start` (and before `before`, an ordered bucket's), oldest
+    first by stream id, each with the cursor of everything scanned up to it, and `more`."""
+    shards = await bucket.shards()
+    vector = reach = start
+    found: list[ChangeItem] = []
+    while True:
+        reads = await asyncio.gather(
+            *(shard.read(vector.positions[s], None, SCAN) for s, shard in enumerate(shards))
+        )
+        shard_of = {id(e): s for s, entries in enumerate(reads) for e in entries}
+        merged = reads[0] if len(reads) == 1 else merge_partitions(list(reads), SCAN)
+        for entry in merged:
+            if before is not None and entry.position >= before:
+                return found, False, reach
+            vector = vector.advanced(shard_of[id(entry)], entry.position)
+            if request.filter.matches(entry):
+                if len(found) == request.max_results:
+                    return found, True, reach
+                found.append(ChangeItem(entry.resource, entry.sub_resources,
+                                        entry.changed_resource_id, entry.position.ms,
+                                        vector.encode()))
+                reach = vector
+        if all(len(entries) < SCAN for entries in reads):
+            return found, False, reach
+
+
+async def scan_newest(
+    bucket: ChangeBucket, request: EventsRequest, start: Vector, after: StreamId | None,
     before: StreamId | None,
-) -> tuple[list[LogEntry], bool]:
-    """The eligible items in (after, before) in the request's order, and `more`."""
+) -> Scan:
+    """The eligible items of an ordered bucket in (after, before), newest first, and `more`."""
     found: list[LogEntry] = []
-    if before is not None and before <= ZERO:
-        return found, False  # nothing is older than the start (and Redis refuses `(0-0`)
-    if request.oldest_first:
-        position = after or StreamId(0, 0)
-        while True:
-            entries = await bucket.read(position, None, SCAN)
-            if before is not None:
-                entries = [e for e in entries if e.position < before]
-            if select(entries, request.filter, request.max_results, found):
-                return found, True
-            if len(entries) < SCAN:
-                return found, False
-            position = entries[-1].position
     upper = before
     while True:
         entries = await bucket.read_newest(upper, after, SCAN)
-        if select(entries, request.filter, request.max_results, found):
-            return found, True
-        if len(entries) < SCAN:
-            return found, False
+        more = select(entries, request.filter, request.max_results, found)
+        if more or len(entries) < SCAN:
+            break
         upper = entries[-1].position
+    reach = start.with_positions([found[0].position]) if found else start
+    return [entry.item(start.epoch) for entry in found], more, reach
+
+
+async def _bounds(
+    bucket: ChangeBucket, request: EventsRequest, epoch: str, retentions: Sequence[Retention]
+) -> tuple[Vector, Vector | None, Vector | None, str | None]:
+    """Where a request's scan starts, its `after` and `before` as this bucket's vectors, and
+    why the client missed items (None: it did not): a cursor of another kind or epoch is
+    ignored, an `after` trimmed in any shard is missed."""
+    start = bucket.vector(epoch, [ZERO] * len(retentions))
+    after: Vector | None = None
+    before: Vector | None = None
+    for name, cursor in (("after", request.after), ("before", request.before)):
+        if cursor is None:
+            continue
+        try:
+            vector = await bucket.decode_cursor(cursor.encode())
+        except CursorError as exc:
+            return start, None, None, exc.why
+        if vector.epoch != epoch:
+            return start, None, None, (
+                "the cursor is of another bucket epoch (the bucket was recreated)")
+        after, before = (vector, before) if name == "after" else (after, vector)
+    if after is not None:
+        if any(at < r.trimmed for at, r in zip(after.positions, retentions, strict=True)):
+            return after, after, before, (
+                "after is older than the retained log: items after it were trimmed")
+        return after, after, before, None
+    return start, after, before, None
 
 
 async def answer(bucket: ChangeBucket, hub: Hub, request: EventsRequest) -> EventsReply:
     """Run one `events` request: scan, and wait for new items when the ADR says so."""
-    if isinstance(hub, ClusterHub):
-        return await answer_cluster(hub, request)
+    if not bucket.ordered and (request.before is not None or not request.oldest_first):
+        raise ParamError(NOT_ORDERED)
     loop_time = asyncio.get_running_loop().time
     deadline = loop_time() + request.wait
-    retention = await bucket.retention()
-    epoch = retention.epoch
-    missed = None
-    after = request.after.position if isinstance(request.after, Cursor) else None
-    before = request.before.position if isinstance(request.before, Cursor) else None
-    for cursor in (request.after, request.before):
-        if isinstance(cursor, CompositeCursor):
-            missed = "the cursor is composite (of a bucket in a Redis Cluster), not of this bucket"
-            after = before = None
-        elif cursor is not None and cursor.epoch != epoch:
-            missed = "the cursor is of another bucket epoch (the bucket was recreated)"
-            after = before = None
-    if missed is None and after is not None and after < retention.trimmed:
-        missed = "after is older than the retained log: items after it were trimmed"
-    floor = after
+    retentions = await bucket.retentions()
+    epoch = retentions[0].epoch or ""
+    start, after, before, missed = await _bounds(bucket, request, epoch, retentions)
+    bound = None if before is None else before.positions[0]
     while True:
-        items, more = await scan(bucket, request, floor, before)
+        reach = start
+        items: list[ChangeItem]
+        if bound is not None and bound <= ZERO:
+            items, more = [], False  # nothing is older than the start
+        elif request.oldest_first:
+            items, more, reach = await scan(bucket, request, start, bound)
+        else:
+            floor = None if start.positions[0] == ZERO and after is None else start.positions[0]
+            items, more, reach = await scan_newest(bucket, request, start, floor, bound)
         if items or before is not None or missed is not None:
             break  # a client that missed items must learn it now, not after the wait
         remaining = deadline - loop_time()
         if remaining <= 0:
             break
-        # Nothing eligible up to this head: wait for the tail to read past it, then look only
-        # at what is newer (no busy polling: one shared event).
-        floor = max(floor or retention.head, retention.head)
-        if not await hub.wait_past(floor, remaining):
+        # Nothing eligible up to each shard's head: wait for the tail to read past it, then
+        # look only at what is newer (no busy polling: one shared event).
+        heads = start.with_positions(
+            [max(at, r.head) for at, r in zip(start.positions, retentions, strict=True)]
+        )
+        start = heads
+        if not await hub.wait_beyond(heads.positions, remaining):
             break
-        retention = await bucket.retention()
-        if retention.epoch != epoch:
+        retentions = await bucket.retentions()
+        if retentions[0].epoch != epoch:
             missed = "the bucket was recreated while waiting"
-            items, more = [], False
+            items, more, reach = [], False, start
             break
-        if missed is None and floor < retention.trimmed:
+        if missed is None and any(
+            at < r.trimmed for at, r in zip(start.positions, retentions, strict=True)
+        ):
             # Items after what the client has seen were trimmed before this publisher read
             # them (it was stalled): say so now, with whatever eligible items are left.
             missed = "items after the cursor were trimmed while waiting"
-    if items and max(items[0].position, items[-1].position) > retention.head:
-        retention = await bucket.retention()  # `newest` must not be older than an item
-    return reply_of(items, more, retention, missed)
+    if items and not start.with_positions([r.head for r in retentions]).covers(reach):
+        retentions = await bucket.retentions()  # `newest` must not be older than an item
+    oldest, newest = _edges(epoch, retentions, bucket.ordered)
+    return EventsReply(tuple(items), more, oldest, newest, missed is not None, missed or "")
+
+
+def _position(text: str, p: int, epoch: str, retention: Retention) -> StreamId:
+    """Partition p's position for the feed's input cursor `text` (a composite cursor stands for
+    its position p). Raises ParamError or CursorGone."""
+    if is_composite(text):
+        try:
+            cursor = CompositeCursor.decode(text)
+        except CursorError:
+            cursor = None
+        if cursor is None or p >= len(cursor.positions):
+            raise ParamError(f"cursor{p} is not a cursor this feed issued for partition {p}")
+        text = Cursor(cursor.epoch, cursor.positions[p]).encode()
+    return feed.resolve(text, f"cursor{p}", epoch, retention.trimmed, retention.head)
 
 
 async def respond_feed(
@@ -143,41 +221,44 @@ async def respond_feed(
 ) -> list[bytes]:
     """The NDJSON lines of one feed request. Its consumer (if any) must be one of
     `cursorsets.consumers` (the caller checks). Raises ParamError, CursorGone, CursorSetsFull."""
-    if isinstance(hub, ClusterHub):
-        return await respond_feed_cluster(hub, request, cursorsets)
     cursors = await feed_cursors(bucket, request, partitions, cursorsets)
-
-    retention = await bucket.retention()
-    epoch = retention.epoch or await bucket.ensure()
+    retentions = await bucket.retentions()
+    epoch = retentions[0].epoch or await bucket.ensure()
+    shard_of = {p: (await bucket.locate(p))[0].index for p in cursors}
     positions = {
-        p: feed.resolve(text, f"cursor{p}", epoch, retention.trimmed, retention.head)
-        for p, text in cursors.items()
+        p: _position(text, p, epoch, retentions[shard_of[p]]) for p, text in cursors.items()
     }
     if request.page_size == 0:
         return []
     deadline = asyncio.get_running_loop().time() + request.wait
     while True:
-        read, head = await bucket.read_partitions(positions, request.page_size)
+        read, heads = await bucket.read_partitions(positions, request.page_size)
         chosen = merge_partitions(list(read.values()), request.page_size)
         remaining = deadline - asyncio.get_running_loop().time()
-        if chosen or remaining <= 0 or not await hub.wait_past(head, remaining):
+        if chosen or remaining <= 0:
+            break
+        snapshot = [hub.position(s) for s in range(len(retentions))]
+        for p, head in heads.items():
+            snapshot[shard_of[p]] = head
+        if not await hub.wait_beyond(snapshot, remaining):
             break
     partition_of = {id(entry): p for p, entries in read.items() for entry in entries}
     lines = [
         feed.event_line(partition_of[id(e)], e.item(epoch), bucket.name, request.headers)
         for e in chosen
     ]
-    last_chosen = chosen[-1].position if chosen else None
+    taken: dict[int, list[LogEntry]] = {}
+    for entry in chosen:
+        taken.setdefault(partition_of[id(entry)], []).append(entry)
     for p, entries in read.items():
-        complete = len(entries) < request.page_size
-        if complete and (not entries or (last_chosen and entries[-1].position <= last_chosen)):
-            position = max(head, positions[p])  # read to its end: the snapshot's head
+        mine = taken.get(p, [])
+        if len(entries) < request.page_size and len(mine) == len(entries):
+            position = max(heads[p], positions[p])  # read to its end: the snapshot's head
         else:
-            taken = [e.position for e in entries if last_chosen and e.position <= last_chosen]
-            position = taken[-1] if taken else positions[p]
+            position = mine[-1].position if mine else positions[p]
         if position != positions[p] or cursors[p] in (feed.FIRST, feed.LAST):
             lines.append(feed.checkpoint_line(p, Cursor(epoch, position).encode()))
     return lines
 
 
-__all__ = ["SCAN", "answer", "reply_of", "respond_feed", "scan", "select"]
+__all__ = ["NOT_ORDERED", "SCAN", "answer", "respond_feed", "scan", "scan_newest", "select"]

@@ -22,12 +22,10 @@ from aiohttp import web
 from changefeed.cursor import ZERO, Cursor, StreamId
 from changefeed.errors import BucketUnavailable, ChangefeedError, ConfigError, ListenFailed
 from changefeed.protocol import CHANGEFEEDS, CloseCode
-from publisher.bucket import ChangeBucket, connect
-from publisher.bucket.cluster_url import is_cluster_url
+from publisher.bucket import ChangeBucket, open_bucket
 from publisher.config.reload import fixed_changes, keep_fixed
 from publisher.config.security import check_exposure
 from publisher.config.settings import Config
-from publisher.delivery.cluster_tail import cluster_parts
 from publisher.delivery.hub import Hub
 from publisher.delivery.pings import ping_forever
 from publisher.delivery.tail import Tail
@@ -69,7 +67,6 @@ from publisher.web.metrics import Metrics
 from publisher.web.poll_routes import add_poll_routes
 from publisher.web.revocation import expire_forever, revoke
 from publisher.web.trace_route import add_trace_route
-from publisher.web.websocket import resume_position
 
 log = structlog.get_logger(__name__)
 
@@ -104,39 +101,22 @@ class Service:
         self.resources = config.resource_map
         self.id = publisher_id or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
         self.redis_url = config.bucket.redis_url
-        bucket = config.bucket
-        self.bucket: ChangeBucket
-        self._tail_bucket: ChangeBucket
-        self.hub: Hub
-        self.tail: Tail
-        self.cluster = is_cluster_url(self.redis_url)
-        """A Redis Cluster bucket: no durable consumers and no delivery trace (yet)."""
-        if self.cluster and config.durable.consumers:
+        self.bucket: ChangeBucket = open_bucket(config)
+        if not self.bucket.ordered and config.durable.consumers:
             raise ConfigError(
                 "durable.consumers", sorted(config.durable.consumers),
-                "none with a Redis Cluster bucket (durable consumers need a single Redis or "
-                "Sentinel bucket: docs/scaling.md#redis-cluster)",
+                "none with a Redis Cluster bucket (a durable consumer's dispatch is one atomic "
+                "compare-and-set of its position with the read of the log, which needs the log "
+                "in one slot; the bucket is not `ordered`: docs/scaling.md#redis-cluster)",
             )
-        if self.cluster:
-            self.bucket, self._tail_bucket, self.hub, self.tail = cluster_parts(config)
-        else:
-            client = connect(
-                self.redis_url, pool_size=bucket.pool_size, pool_timeout=bucket.pool_timeout
-            )
-            self.bucket = ChangeBucket(client, bucket.name, config.resources, bucket.partitions)
-            # The tail's own connection: a blocking XREAD never waits behind requests, nor
-            # they on it.
-            self._tail_bucket = ChangeBucket(
-                connect(self.redis_url, blocking=True, pool_size=2),
-                bucket.name,
-                config.resources,
-                bucket.partitions,
-            )
-            self.hub = Hub(
-                Window(config.limits.window, ZERO), self.bucket, config.limits.send_buffer,
-                coalesce_ids=config.limits.coalesce_ids,
-            )
-            self.tail = Tail(self._tail_bucket, self.hub)
+        # The tail's own connections (one per shard): a blocking XREAD never waits behind
+        # requests, nor they on it.
+        self._tail_bucket = open_bucket(config, tail=True)
+        self.hub = Hub(
+            Window(config.limits.window, ZERO), self.bucket, config.limits.send_buffer,
+            coalesce_ids=config.limits.coalesce_ids,
+        )
+        self.tail = Tail(self._tail_bucket, self.hub)
         self._assemble(config)
         self._runner: web.AppRunner | None = None
         self._server: asyncio.Server | None = None
@@ -325,12 +305,15 @@ class Service:
     def _trace(self, config: Config) -> None:
         """Record the delivery trace as `config.trace` says (started, resized or stopped)."""
         trace = config.trace
-        if not trace.enabled or self.cluster:
+        if not trace.enabled:
             self.hub.trace = None
         elif self.hub.trace is None:
             self.hub.trace = TraceLog(trace.items, trace.max_age)
         else:
             self.hub.trace.resize(trace.items, trace.max_age, time.time())
+        # A bucket in a Redis Cluster: the hub remembers which window position each of the
+        # newest changes got, for the trace route to find a commit's cursor.
+        self.hub.order.remember = trace.items if trace.enabled else 0
 
     async def stop(self) -> None:
         if self._server is not None:
@@ -354,8 +337,10 @@ class Service:
         self.admission.per_client = min(self.admission.per_client, cap)
 
     async def resume_position(self, cursor: Cursor) -> StreamId | None:
-        """Where a registration with `since=cursor` resumes, or None if it cannot."""
-        return await resume_position(self.hub, self.bucket, cursor)
+        """Where a registration of an ordered bucket with `since=cursor` resumes, or None if it
+        cannot."""
+        start, resumed = await self.hub.start_of(cursor.encode())
+        return start.positions[0] if resumed else None
 
     async def _background(self, app: web.Application) -> AsyncIterator[None]:
         tasks = [

@@ -1,12 +1,14 @@
 """Reading the bucket into Spark: ranges of the change log (or resources of the store) planned on
 the driver, read by executors.
 
-A range is (after, until] in one epoch of the bucket; the executors read it page by page with
-the publisher's `ChangeBucket.read` (and, with includeState, each page's current states with one
-HMGET per resource). A batch read is bounded when it is planned: by endingCursor or
-endingTimestamp, else by the head at that moment. Streaming offsets are `{"cursor": "<cursor>"}`:
-the last item a micro-batch includes, so a restarted query goes on from its checkpoint with
-nothing lost and nothing read twice.
+A range is (after, until] of one shard of the bucket in one epoch (an ordered bucket has one
+shard; a bucket in a Redis Cluster one per partition, each cut into ranges of its own); the
+executors read it page by page with the shard's `read` (and, with includeState, each page's
+current states with one HMGET per resource). A batch read is bounded when it is planned: by
+endingCursor or endingTimestamp, else by the head at that moment. Streaming offsets are
+`{"cursor": "<cursor>"}` (each shard's position: composite for a bucket in a Redis Cluster): the
+last item a micro-batch includes, so a restarted query goes on from its checkpoint with nothing
+lost and nothing read twice.
 
 The store (`table=store`) is read one resource per partition, page by page in id order with
 `ChangeBucket.page`: each page is consistent, the whole read is not a snapshot.
@@ -21,12 +23,18 @@ from typing import Any, TypeVar
 
 from pyspark.sql.datasource import InputPartition
 
-from changefeed.cursor import ZERO, AnyCursor, CompositeCursor, Cursor, StreamId, parse_cursor
+from changefeed.cursor import ZERO, StreamId
 from changefeed.errors import ChangefeedError, CursorError
-from publisher.bucket import ChangeBucket, LogEntry, Retention
-from publisher.bucket.cluster import ClusterBucket, open_bucket
-from publisher.bucket.cluster_url import is_cluster_url
-from publisher.spark import cluster_log
+from publisher.bucket import (
+    ChangeBucket,
+    LogEntry,
+    Retention,
+    Vector,
+    decode_vector,
+    merge_partitions,
+    open_bucket,
+    parse_vector,
+)
 from publisher.spark.options import Options, SourceOptions, Target
 
 T = TypeVar("T")
@@ -44,19 +52,26 @@ _LAST_SEQ = 2**64 - 1
 
 
 class LogRange(InputPartition):
-    """Items after `after` up to `until` (inclusive) of the log of epoch `epoch`: of partition
-    `partition` of `partitions` for a bucket in a Redis Cluster (None: the bucket's one log)."""
+    """Items after `after` up to `until` (inclusive) of shard `shard` of the log of epoch
+    `epoch` (`shards` in all; `composite`: a bucket in a Redis Cluster, whose rows' cursors are
+    composite: the bucket's vector with only this shard's position)."""
 
     def __init__(
-        self, epoch: str, after: StreamId, until: StreamId, partition: int | None = None,
-        partitions: int = 1,
+        self, epoch: str, after: StreamId, until: StreamId, shard: int = 0, shards: int = 1,
+        composite: bool = False,
     ) -> None:
-        super().__init__((epoch, str(after), str(until), partition))
+        super().__init__((epoch, str(after), str(until), shard))
         self.epoch = epoch
         self.after = after
         self.until = until
-        self.partition = partition
-        self.partitions = partitions
+        self.shard = shard
+        self.shards = shards
+        self.composite = composite
+
+    def cursor(self, position: StreamId) -> str:
+        """The cursor of the row at `position`."""
+        return Vector.zero(self.epoch, self.shards, self.composite).advanced(
+            self.shard, position).encode()
 
 
 class StoreRange(InputPartition):
@@ -90,8 +105,8 @@ def with_bucket(target: Target, use: Callable[[ChangeBucket], Awaitable[T]]) -> 
 
 
 def split(
-    epoch: str, after: StreamId, until: StreamId, parts: int, partition: int | None = None,
-    partitions: int = 1,
+    epoch: str, after: StreamId, until: StreamId, parts: int, shard: int = 0, shards: int = 1,
+    composite: bool = False,
 ) -> list[LogRange]:
     """(after, until] cut into at most `parts` ranges of equal time."""
     if until <= after:
@@ -101,23 +116,22 @@ def split(
     bounds = [StreamId(after.ms + span * k // parts, _LAST_SEQ) for k in range(1, parts)]
     starts = [after, *bounds]
     ends = [*bounds, until]
-    return [LogRange(epoch, a, b, partition, partitions)
+    return [LogRange(epoch, a, b, shard, shards, composite)
             for a, b in zip(starts, ends, strict=True)]
 
 
-def ranges(first: AnyCursor, last: AnyCursor, parts: int) -> list[LogRange]:
-    """The ranges of (first, last]: cut in time, and per partition for composite cursors (a
-    bucket in a Redis Cluster), about `parts` in all."""
-    if isinstance(first, CompositeCursor) and isinstance(last, CompositeCursor):
-        n = len(first.positions)
-        each = max(1, parts // n)
-        return [
-            r for p in range(n)
-            for r in split(first.epoch, first.positions[p], last.positions[p], each, p, n)
-        ]
-    if isinstance(first, Cursor) and isinstance(last, Cursor):
-        return split(first.epoch, first.position, last.position, parts)
-    raise ChangefeedError(f"offsets of two kinds: {first} and {last}")
+def ranges(first: Vector, last: Vector, parts: int) -> list[LogRange]:
+    """The ranges of (first, last]: cut in time, and per shard (one per partition of a bucket
+    in a Redis Cluster), about `parts` in all."""
+    if first.composite != last.composite or len(first.positions) != len(last.positions):
+        raise ChangefeedError(f"offsets of two kinds: {first} and {last}")
+    n = len(first.positions)
+    each = max(1, parts // n)
+    return [
+        r for s in range(n)
+        for r in split(first.epoch, first.positions[s], last.positions[s], each, s, n,
+                       first.composite)
+    ]
 
 
 def _executor_bucket(target: Target) -> ChangeBucket:
@@ -131,21 +145,13 @@ def read_range(
     owner = _executor_bucket(target)
     with asyncio.Runner() as runner:
         try:
-            bucket = owner
-            if part.partition is not None:  # a partition of a bucket in a Redis Cluster
-                assert isinstance(owner, ClusterBucket)
-                bucket = runner.run(owner.parts())[part.partition]
+            shard = runner.run(owner.shards())[part.shard]
             after = part.after
             while True:
-                entries = runner.run(bucket.read(after, part.until, PAGE))
-                states = runner.run(_states(bucket, entries)) if include_state else None
+                entries = runner.run(shard.read(after, part.until, PAGE))
+                states = runner.run(_states(owner, entries)) if include_state else None
                 for n, entry in enumerate(entries):
-                    cursor = (
-                        Cursor(part.epoch, entry.position).encode() if part.partition is None
-                        else CompositeCursor.at(
-                            part.epoch, part.partitions, part.partition, entry.position
-                        )
-                    )
+                    cursor = part.cursor(entry.position)
                     row: tuple[Any, ...] = (
                         cursor,
                         datetime.fromtimestamp(entry.position.ms / 1000, tz=UTC),
@@ -199,64 +205,75 @@ def plan_store_read(options: SourceOptions) -> list[StoreRange]:
     return [StoreRange(resource) for resource in found]
 
 
-def position_in(retention: Retention, cursor: Cursor, fail_on_data_loss: bool) -> StreamId:
-    """Where `cursor` is in the retained log; CursorError when it cannot be resumed from."""
-    if retention.epoch is not None and cursor.epoch != retention.epoch:
+def _vector(text: str, bucket: ChangeBucket, shards: int, epoch: str | None) -> Vector:
+    """The cursor `text` of this bucket (of `epoch`, when known); CursorError otherwise."""
+    cursor = decode_vector(text, shards, not bucket.ordered)
+    if epoch is not None and cursor.epoch != epoch:
         raise CursorError(
-            cursor.encode(), f"of another bucket epoch than this bucket's {retention.epoch!r} "
-            "(the bucket was recreated): start again without the checkpoint",
+            text, f"of another bucket epoch than this bucket's {epoch!r} (the bucket was "
+            "recreated): start again without the checkpoint",
         )
-    if fail_on_data_loss and cursor.position < retention.trimmed:
-        raise CursorError(
-            cursor.encode(), "older than the retained log (items after it were trimmed by maxAge); "
-            "set failOnDataLoss=false to go on from the oldest retained item",
-        )
-    return max(cursor.position, retention.trimmed)
+    return cursor
 
 
-def _start(options: SourceOptions, retention: Retention, epoch: str) -> StreamId:
-    """The position a read starts after: startingCursor, startingTimestamp or earliest."""
+def resumable(
+    cursor: Vector, retentions: list[Retention], fail_on_data_loss: bool
+) -> tuple[StreamId, ...]:
+    """Each shard's position to go on after; CursorError when one was trimmed past."""
+    out = []
+    for at, retention in zip(cursor.positions, retentions, strict=True):
+        if fail_on_data_loss and at < retention.trimmed:
+            raise CursorError(
+                cursor.encode(), "older than the retained log (items after it were trimmed by "
+                "maxAge); set failOnDataLoss=false to go on from the oldest retained item",
+            )
+        out.append(max(at, retention.trimmed))
+    return tuple(out)
+
+
+def _starts(
+    options: SourceOptions, bucket: ChangeBucket, retentions: list[Retention], epoch: str
+) -> tuple[StreamId, ...]:
+    """Each shard's position a read starts after: startingCursor, startingTimestamp or
+    earliest."""
     if options.start_ms is not None:
         ms = options.start_ms - 1
-        return max(retention.trimmed, StreamId(ms, _LAST_SEQ) if ms >= 0 else ZERO)
+        at = StreamId(ms, _LAST_SEQ) if ms >= 0 else ZERO
+        return tuple(max(r.trimmed, at) for r in retentions)
     if options.start == "earliest":
-        return retention.trimmed
+        return tuple(r.trimmed for r in retentions)
     if options.start == "latest":
-        return retention.head
-    return position_in(retention, Cursor.decode(options.start), options.fail_on_data_loss)
+        return tuple(r.head for r in retentions)
+    cursor = _vector(options.start, bucket, len(retentions), epoch)
+    return resumable(cursor, retentions, options.fail_on_data_loss)
 
 
-def _end(options: SourceOptions, retention: Retention) -> StreamId | None:
-    """The last position a read may include (endingCursor, endingTimestamp); None: no bound."""
+def _ends(
+    options: SourceOptions, bucket: ChangeBucket, retentions: list[Retention], epoch: str
+) -> tuple[StreamId, ...] | None:
+    """Each shard's last position a read may include (endingCursor, endingTimestamp); None:
+    no bound."""
     if options.end_ms is not None:
-        return StreamId(max(options.end_ms, 0), _LAST_SEQ)
+        return (StreamId(max(options.end_ms, 0), _LAST_SEQ),) * len(retentions)
     if options.end is None or options.end == "latest":
         return None
-    cursor = Cursor.decode(options.end)
-    if retention.epoch is not None and cursor.epoch != retention.epoch:
-        raise CursorError(
-            cursor.encode(), f"of another bucket epoch than this bucket's {retention.epoch!r} "
-            "(the bucket was recreated)",
-        )
-    return cursor.position
+    return _vector(options.end, bucket, len(retentions), epoch).positions
 
 
-def starting_cursor(options: SourceOptions) -> AnyCursor:
+async def _epoch(bucket: ChangeBucket) -> str:
+    return await bucket.current_epoch() or await bucket.ensure()
+
+
+def starting_cursor(options: SourceOptions) -> Vector:
     """The cursor a new stream starts after: earliest, latest, the one given or the time."""
-    if is_cluster_url(options.target.redis_url):
-        return with_bucket(
-            options.target, lambda b: cluster_log.with_cluster(
-                b, lambda c: cluster_log.starting_cursor(c, options))
-        )
 
-    async def start(bucket: ChangeBucket) -> Cursor:
-        retention = await bucket.retention()
-        epoch = retention.epoch or await bucket.ensure()
+    async def start(bucket: ChangeBucket) -> Vector:
+        epoch = await _epoch(bucket)
+        retentions = await bucket.retentions()
+        positions = _starts(options, bucket, retentions, epoch)
         if options.start not in ("earliest", "latest") and options.start_ms is None:
-            cursor = Cursor.decode(options.start)
-            position_in(retention, cursor, options.fail_on_data_loss)
-            return cursor
-        return Cursor(epoch, _start(options, retention, epoch))
+            return _vector(options.start, bucket, len(retentions), epoch)  # as given
+        return bucket.vector(epoch, positions)
 
     return with_bucket(options.target, start)
 
@@ -264,91 +281,90 @@ def starting_cursor(options: SourceOptions) -> AnyCursor:
 def plan_batch_read(options: SourceOptions) -> list[LogRange]:
     """The ranges of a batch read: from the start given (exclusive) to the end given
     (inclusive), or to the head when the read is planned."""
-    if is_cluster_url(options.target.redis_url):
-        bounds = with_bucket(
-            options.target, lambda b: cluster_log.with_cluster(
-                b, lambda c: cluster_log.batch_bounds(c, options))
-        )
-        return [] if bounds is None else ranges(*bounds, options.partitions)
-    retention = with_bucket(options.target, lambda bucket: bucket.retention())
-    if retention.epoch is None:
-        return []
-    after = _start(options, retention, retention.epoch)
-    if options.start == "earliest" and options.start_ms is None:
-        after = ZERO  # the whole retained log, even what a trim is removing meanwhile
-    until = _end(options, retention)
-    return split(retention.epoch, after, retention.head if until is None else until,
-                 options.partitions)
+
+    async def bounds(bucket: ChangeBucket) -> tuple[Vector, Vector] | None:
+        epoch = await bucket.current_epoch()
+        if epoch is None:
+            return None
+        retentions = await bucket.retentions()
+        after = _starts(options, bucket, retentions, epoch)
+        if options.start == "earliest" and options.start_ms is None:
+            after = (ZERO,) * len(retentions)  # the whole retained log, even what a trim is
+            # removing meanwhile
+        until = _ends(options, bucket, retentions, epoch) or tuple(r.head for r in retentions)
+        return bucket.vector(epoch, after), bucket.vector(epoch, until)
+
+    found = with_bucket(options.target, bounds)
+    return [] if found is None else ranges(*found, options.partitions)
 
 
-def stream_bound(options: SourceOptions) -> StreamId | CompositeCursor | None:
+def stream_bound(options: SourceOptions) -> Vector | None:
     """Where a stream stops (endingCursor or endingTimestamp), or None."""
-    if is_cluster_url(options.target.redis_url):
-        return with_bucket(
-            options.target, lambda b: cluster_log.with_cluster(
-                b, lambda c: cluster_log.stream_bound(c, options))
-        )
-    retention = with_bucket(options.target, lambda bucket: bucket.retention())
-    return _end(options, retention)
+
+    async def bound(bucket: ChangeBucket) -> Vector | None:
+        epoch = await _epoch(bucket)
+        ends = _ends(options, bucket, await bucket.retentions(), epoch)
+        return None if ends is None else bucket.vector(epoch, ends)
+
+    return with_bucket(options.target, bound)
 
 
-def head(options: SourceOptions) -> AnyCursor | None:
-    """The bucket's head (None before it has an epoch): composite for a Redis Cluster."""
-    async def head_of(bucket: ChangeBucket) -> AnyCursor | None:
-        return await bucket.head_cursor()
+def head(options: SourceOptions) -> Vector | None:
+    """The bucket's head (None before it has an epoch): each shard's."""
+
+    async def head_of(bucket: ChangeBucket) -> Vector | None:
+        return await bucket.head()
 
     return with_bucket(options.target, head_of)
 
 
 def latest(
-    options: SourceOptions, start: AnyCursor, max_items: int | None,
-    bound: StreamId | CompositeCursor | None = None,
-) -> AnyCursor:
-    """The end of the next micro-batch after `start`: the log's head, or `max_items` further,
-    never past `bound`."""
-    if isinstance(start, CompositeCursor):
-        assert bound is None or isinstance(bound, CompositeCursor)
-        return with_bucket(
-            options.target, lambda b: cluster_log.with_cluster(
-                b, lambda c: cluster_log.latest(c, options, start, max_items, bound))
-        )
-    assert not isinstance(bound, CompositeCursor)
+    options: SourceOptions, start: Vector, max_items: int | None, bound: Vector | None = None,
+) -> Vector:
+    """The end of the next micro-batch after `start`: each shard's head, or `max_items`
+    further in all (merged by stream id), never past `bound`."""
 
-    async def end_of(bucket: ChangeBucket) -> Cursor:
-        retention = await bucket.retention()
-        after = position_in(retention, start, options.fail_on_data_loss)
-        last = retention.head if bound is None else min(retention.head, bound)
-        if last <= after:
-            return Cursor(start.epoch, after)
+    async def end_of(bucket: ChangeBucket) -> Vector:
+        retentions = await bucket.retentions()
+        epoch = retentions[0].epoch
+        _vector(start.encode(), bucket, len(retentions), epoch)
+        after = resumable(start, retentions, options.fail_on_data_loss)
+        last = tuple(
+            r.head if bound is None else min(r.head, bound.positions[s])
+            for s, r in enumerate(retentions)
+        )
         if max_items is None:
-            return Cursor(start.epoch, last)
-        entries = await bucket.read(after, last, max_items)
-        return Cursor(start.epoch, entries[-1].position if entries else after)
+            return start.with_positions([max(a, b) for a, b in zip(after, last, strict=True)])
+        shards = await bucket.shards()
+        reads = [await shard.read(after[s], last[s], max_items) if last[s] > after[s] else []
+                 for s, shard in enumerate(shards)]
+        shard_of = {id(e): s for s, entries in enumerate(reads) for e in entries}
+        vector = start.with_positions(after)
+        merged = reads[0] if len(reads) == 1 else merge_partitions(reads, max_items)
+        for entry in merged:
+            vector = vector.advanced(shard_of[id(entry)], entry.position)
+        return vector
 
     return with_bucket(options.target, end_of)
 
 
-def bounded(
-    bound: StreamId | CompositeCursor | None, head: AnyCursor
-) -> StreamId | CompositeCursor:
-    """The nearer of a stream's bound and the head (each partition's, for composite ones)."""
-    if isinstance(head, CompositeCursor):
-        if not isinstance(bound, CompositeCursor):
-            return head
-        return CompositeCursor(head.epoch, tuple(
-            min(a, b) for a, b in zip(head.positions, bound.positions, strict=True)
-        ))
-    if isinstance(bound, CompositeCursor):
-        raise ChangefeedError(f"a composite bound {bound} for a single log's head {head}")
-    return head.position if bound is None else min(bound, head.position)
+def bounded(bound: Vector | None, head: Vector) -> Vector:
+    """The nearer of a stream's bound and the head (each shard's)."""
+    if bound is None:
+        return head
+    if bound.composite != head.composite or len(bound.positions) != len(head.positions):
+        raise ChangefeedError(f"a bound {bound} of another kind than the head {head}")
+    return head.with_positions(
+        [min(a, b) for a, b in zip(head.positions, bound.positions, strict=True)]
+    )
 
 
-def offset(cursor: AnyCursor) -> dict[str, str]:
+def offset(cursor: Vector) -> dict[str, str]:
     return {"cursor": cursor.encode()}
 
 
-def cursor_of(offset: dict[str, Any]) -> AnyCursor:
+def cursor_of(offset: dict[str, Any]) -> Vector:
     try:
-        return parse_cursor(offset["cursor"])
+        return parse_vector(offset["cursor"])
     except (KeyError, TypeError):
         raise ChangefeedError(f"not an offset of the changefeed source: {offset!r}") from None

@@ -42,8 +42,8 @@ from publisher.bucket import (
     Encoded,
     EncodedBatch,
     StreamStats,
+    open_bucket,
 )
-from publisher.bucket.cluster import open_bucket
 from publisher.spark.options import SinkOptions, Target
 from publisher.spark.progress import Figures, ledger_entry
 from publisher.spark.rows import RowEncoder, by_id, canonical, chunks

@@ -19,12 +19,10 @@ from urllib.parse import quote, urlencode
 import orjson
 from aiohttp import web
 
-from changefeed.cursor import CompositeCursor, Cursor, StreamId
 from changefeed.errors import CursorError
 from changefeed.protocol import CHANGEFEEDS, Resource
 from changefeed.watch import Watch, parse_watch
 from publisher.bucket import decode_marker, encode_marker
-from publisher.delivery.cluster_hub import ClusterHub
 from publisher.web.app_keys import BUCKET, CONFIG, HUB, LIVE
 from publisher.web.fleet import stats_of_scope
 from publisher.web.http import bad_request, json_error
@@ -55,13 +53,6 @@ def _watch(request: web.Request) -> Watch:
         raise bad_request("InvalidWatch", str(exc)) from None
 
 
-def _before(position: StreamId) -> StreamId:
-    """The position just before `position`: the hub's wait_past(it) ends once `position` is in."""
-    if position.seq:
-        return StreamId(position.ms, position.seq - 1)
-    return StreamId(position.ms - 1, (1 << 64) - 1) if position.ms else position
-
-
 async def at_least(request: web.Request) -> web.Response | None:
     """`?min_cursor=` (and `?wait=`): None once the bucket's head is at or past the cursor, so
     that what the route reads next holds that change; else the error to answer.
@@ -75,8 +66,9 @@ async def at_least(request: web.Request) -> web.Response | None:
     if text is None:
         return None
     hub = request.app[HUB]
+    bucket = request.app[BUCKET]
     try:
-        wanted = (CompositeCursor.decode if isinstance(hub, ClusterHub) else Cursor.decode)(text)
+        wanted = await bucket.decode_cursor(text)
     except CursorError as exc:
         return json_error(400, "InvalidCursor", f"min_cursor: {exc}")
     limits = request.app[LIVE].config.limits
@@ -91,49 +83,18 @@ async def at_least(request: web.Request) -> web.Response | None:
                               f"wait must be seconds from 0 to {limits.max_wait:g}")
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait
-    bucket = request.app[BUCKET]
-    if isinstance(wanted, CompositeCursor):
-        assert isinstance(hub, ClusterHub)
-        return await _cluster_at_least(hub, wanted, text, deadline, wait)
     while True:
-        retention = await bucket.retention()
-        if retention.epoch != wanted.epoch:
+        head = await bucket.head()
+        if head is None or head.epoch != wanted.epoch:
             return json_error(
                 409, "CursorGone",
-                f"min_cursor {text} is of another bucket epoch than {retention.epoch}: the "
-                "bucket was recreated; bootstrap without it",
-            )
-        if retention.head >= wanted.position:
-            return None
-        remaining = deadline - loop.time()
-        if remaining <= 0 or not await hub.wait_past(_before(wanted.position), remaining):
-            head = Cursor(retention.epoch, retention.head).encode()
-            return json_error(
-                504, "MinCursorTimeout",
-                f"the bucket's head ({head}) did not reach min_cursor {text} within {wait:g} s",
-            )
-
-
-async def _cluster_at_least(
-    hub: ClusterHub, wanted: CompositeCursor, text: str, deadline: float, wait: float
-) -> web.Response | None:
-    """`at_least` for a bucket in a Redis Cluster: every partition's head at or past the
-    composite cursor's position in it."""
-    loop = asyncio.get_running_loop()
-    while True:
-        head = await hub.cluster.head_cursor()
-        if head is None or head.epoch != wanted.epoch or len(head.positions) != len(
-            wanted.positions
-        ):
-            return json_error(
-                409, "CursorGone",
-                f"min_cursor {text} is not of this bucket's epoch and partitions: the bucket was "
-                "recreated; bootstrap without it",
+                f"min_cursor {text} is of another bucket epoch than "
+                f"{head.epoch if head else None}: the bucket was recreated; bootstrap without it",
             )
         if head.covers(wanted):
             return None
         remaining = deadline - loop.time()
-        if remaining <= 0 or not await hub.wait_past(hub.window.head, remaining):
+        if remaining <= 0 or not await hub.wait_covers(wanted, remaining):
             return json_error(
                 504, "MinCursorTimeout",
                 f"the bucket's head ({head}) did not reach min_cursor {text} within {wait:g} s",

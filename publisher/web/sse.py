@@ -18,16 +18,13 @@ import structlog
 from aiohttp import web
 
 from changefeed import sse
-from changefeed.cursor import CompositeCursor, Cursor, StreamId
 from changefeed.errors import CursorError, RegistrationError
 from changefeed.protocol import CloseCode, Registration, parse_registration, registration_reply
-from publisher.delivery.cluster_hub import ClusterHub
 from publisher.delivery.hub import Subscriber
 from publisher.security.clientaddr import client_address
 from publisher.web.access import CORS, LISTEN, identity_of, requires
-from publisher.web.app_keys import ACCESS, BUCKET, CONFIG, HUB, LIVE, TAIL
+from publisher.web.app_keys import ACCESS, CONFIG, HUB, LIVE, TAIL
 from publisher.web.http import UNAVAILABLE, json_error
-from publisher.web.websocket import start_position
 
 log = structlog.get_logger(__name__)
 
@@ -85,12 +82,6 @@ async def handle_sse(request: web.Request) -> web.StreamResponse:
         )
     except RegistrationError as exc:
         return json_error(400, "InvalidRegistration", exc.reason)
-    cursor = None
-    if registration.since is not None and not isinstance(hub, ClusterHub):
-        try:
-            cursor = Cursor.decode(registration.since)
-        except CursorError as exc:
-            return json_error(400, "InvalidCursor", f"since: {exc}")
     refusal = app[ACCESS].registration_refusal(identity, registration, remote,
                                                len(hub.connections))
     if refusal is not None:
@@ -99,11 +90,10 @@ async def handle_sse(request: web.Request) -> web.StreamResponse:
         return json_error(status, code, refusal[1], headers)
     if not app[TAIL].healthy:
         return json_error(503, "BucketUnavailable", UNAVAILABLE, {"Retry-After": "5"})
-    start: StreamId | CompositeCursor
-    if isinstance(hub, ClusterHub):  # a bucket in a Redis Cluster: composite cursors
+    try:
         start, resumed = await hub.start_of(registration.since)
-    else:
-        start, resumed = await start_position(hub, app[BUCKET], cursor)
+    except CursorError as exc:
+        return json_error(400, "InvalidCursor", f"since: {exc}")
 
     response = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
@@ -114,9 +104,7 @@ async def handle_sse(request: web.Request) -> web.StreamResponse:
     transport = request.transport
     if transport is None or transport.is_closing():
         return response
-    start_cursor = (
-        start if isinstance(start, CompositeCursor) else Cursor(hub.epoch, start)
-    ).encode()
+    start_cursor = start.encode()
     reply = registration_reply(registration, app[CONFIG].resource_map, start_cursor, resumed)
     # From here to hub.add nothing awaits: the registered event's id is where the stream starts.
     first = sse.event(sse.REGISTERED, orjson.dumps(reply), start_cursor)
@@ -127,11 +115,7 @@ async def handle_sse(request: web.Request) -> web.StreamResponse:
     transport.set_write_buffer_limits(high=limits.send_buffer)
     conn = Subscriber(registration, transport, request.protocol, remote, sse=True,
                       identity=identity)
-    if isinstance(start, CompositeCursor):
-        assert isinstance(hub, ClusterHub)
-        hub.add_at(conn, start)
-    else:
-        hub.add(conn, start)
+    hub.add(conn, start)
     bound = _bound(registration, remote)
     bound.info("sse listener registered", resumed=resumed, listeners=len(hub.connections))
     try:

@@ -15,7 +15,6 @@ import orjson
 import structlog
 from aiohttp import WSMessage, WSMsgType, web
 
-from changefeed.cursor import CompositeCursor, Cursor, StreamId
 from changefeed.errors import BucketBusy, BucketUnavailable, CursorError, RegistrationError
 from changefeed.protocol import (
     HEARTBEAT,
@@ -27,15 +26,14 @@ from changefeed.protocol import (
     registration_reply,
     text_frame,
 )
-from publisher.bucket import ChangeBucket
+from publisher.bucket import Vector
 from publisher.config.settings import Config
-from publisher.delivery.cluster_hub import ClusterHub
-from publisher.delivery.hub import Hub, Subscriber
+from publisher.delivery.hub import Subscriber
 from publisher.security.auth import Identity
 from publisher.security.clientaddr import client_address
 from publisher.web.access import identity_of, selected_protocols
 from publisher.web.admission import PROTOCOL_ERROR, Guard
-from publisher.web.app_keys import ACCESS, BUCKET, CONFIG, HUB, LIFECYCLE, LIVE, TAIL, Lifecycle
+from publisher.web.app_keys import ACCESS, CONFIG, HUB, LIFECYCLE, LIVE, TAIL, Lifecycle
 from publisher.web.discovery import VersionRefused, resources_body, shape_for
 from publisher.web.http import OVERLOADED, UNAVAILABLE, bad_request, json_response
 
@@ -46,38 +44,6 @@ _CLOSED = (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED)
 NOT_REFUSED = (None, 1000, 1001, 1005, 1006)
 """Close codes of a socket that ended before registering without being refused (the listener
 closed it, or the publisher is stopping)."""
-
-
-async def start_position(
-    hub: Hub, bucket: ChangeBucket, cursor: Cursor | None
-) -> tuple[StreamId, bool]:
-    """Where a new registration's stream starts, and whether that resumes `cursor` (`since`).
-
-    A registration that does not resume starts at the bucket's head as Redis has it now, not at
-    this publisher's window head: the listener's bootstrap, read after the reply, already holds
-    every change up to there, so changes the tail has not read yet are not sent to it again as
-    live changes, and the reply's cursor is a true position of the log (never 0-0 in front of a
-    full bucket).
-    """
-    retention = await bucket.retention()
-    # Redis's epoch too: another publisher may have started a new one (a rollback) that this
-    # one's tail has not read yet.
-    current = retention.epoch == hub.epoch
-    if (
-        cursor is not None
-        and current
-        and cursor.epoch == hub.epoch
-        and retention.trimmed <= cursor.position <= retention.head
-    ):
-        return cursor.position, True
-    head = hub.window.head
-    return (max(head, retention.head) if current else head), False
-
-
-async def resume_position(hub: Hub, bucket: ChangeBucket, cursor: Cursor) -> StreamId | None:
-    """Where a registration with `since=cursor` resumes, or None if it cannot."""
-    position, resumed = await start_position(hub, bucket, cursor)
-    return position if resumed else None
 
 
 def describe(config: Config, accept_version: str | None = None) -> web.Response:
@@ -149,9 +115,7 @@ async def handle_changefeeds(request: web.Request) -> web.StreamResponse:
     hub = app[HUB]
     resources = app[CONFIG].resource_map
     # From here to hub.add nothing awaits: the reply's cursor is exactly where the stream starts.
-    cursor = (
-        start if isinstance(start, CompositeCursor) else Cursor(hub.epoch, start)
-    ).encode()
+    cursor = start.encode()
     # (Not kept in a local: this frame lives as long as the connection.)
     transport.write(text_frame(orjson.dumps(registration_reply(
         registration, resources, cursor, resumed
@@ -159,11 +123,7 @@ async def handle_changefeeds(request: web.Request) -> web.StreamResponse:
     # The protocol pauses (and drains) above the send buffer: what the hub counts as slow.
     transport.set_write_buffer_limits(high=limits.send_buffer)
     conn = Subscriber(registration, transport, request.protocol, remote, identity=identity)
-    if isinstance(start, CompositeCursor):
-        assert isinstance(hub, ClusterHub)
-        hub.add_at(conn, start)
-    else:
-        hub.add(conn, start)
+    hub.add(conn, start)
     log.info(
         "listener registered",
         **_context(conn),
@@ -246,7 +206,7 @@ async def _refuse(
 async def _register(
     ws: web.WebSocketResponse, version: int, app: web.Application, remote: str,
     identity: Identity,
-) -> tuple[Registration, StreamId | CompositeCursor, bool] | None:
+) -> tuple[Registration, Vector, bool] | None:
     """Read and check the registration: with where its stream starts and whether that resumes
     its `since`; None when the socket was refused (and closed)."""
     timeout = app[LIVE].config.limits.registration_timeout
@@ -282,18 +242,11 @@ async def _register(
     if not app[TAIL].healthy:
         await _refuse(ws, CloseCode.TRY_AGAIN_LATER, UNAVAILABLE, remote)
         return None
-    hub = app[HUB]
-    cursor = None
-    if registration.since is not None and not isinstance(hub, ClusterHub):
-        try:
-            cursor = Cursor.decode(registration.since)
-        except CursorError as exc:
-            await _refuse(ws, CloseCode.POLICY_VIOLATION, f"since: {exc}", remote)
-            return None
     try:
-        if isinstance(hub, ClusterHub):  # a bucket in a Redis Cluster: composite cursors
-            return registration, *await hub.start_of(registration.since)
-        return registration, *await start_position(hub, app[BUCKET], cursor)
+        return registration, *await app[HUB].start_of(registration.since)
+    except CursorError as exc:
+        await _refuse(ws, CloseCode.POLICY_VIOLATION, f"since: {exc}", remote)
+        return None
     except BucketBusy:
         await _refuse(ws, CloseCode.OVERLOADED, OVERLOADED, remote)
         return None

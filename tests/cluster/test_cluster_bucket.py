@@ -7,17 +7,16 @@ import pytest
 import redis
 
 from changefeed.cursor import CompositeCursor, StreamId
-from changefeed.errors import BucketUnavailable, ChangeError
+from changefeed.errors import BucketUnavailable, ChangeError, ReplicationTimeout
 from changefeed.protocol import Resource
-from publisher.bucket import Change, ChangeBucket, connect, partition_of
-from publisher.bucket.cluster import ClusterBucket, connect_cluster
+from publisher.bucket import Change, ChangeBucket, connect, open_bucket, partition_of
 from tests.servers import RedisCluster
 
 RESOURCES = [Resource("vm", ("nic", "alias"), "/vms")]
 
 
-def bucket_of(cluster: RedisCluster, name: str, partitions: int = 8) -> ClusterBucket:
-    return ClusterBucket(connect_cluster(cluster.url), name, RESOURCES, partitions)
+def bucket_of(cluster: RedisCluster, name: str, partitions: int = 8) -> ChangeBucket:
+    return open_bucket(cluster.url, name, RESOURCES, partitions)
 
 
 async def test_a_commit_spreads_over_several_masters(
@@ -72,7 +71,7 @@ async def test_idempotency_is_per_partition_and_a_partial_failure_says_what_was_
         assert f"not written in [{p}]" in str(raised.value)
         page = await bucket.page("vm", None, 100)
         assert len(page.ids) == 12 and all(s == b'{"n":1}' for s in page.states)
-        log_lengths = [await part.redis.xlen(part.keys.log) for part in await bucket.parts()]
+        log_lengths = [await part.redis.xlen(part.keys.log) for part in await bucket.shards()]
         assert sum(log_lengths) == 12, "nothing was appended twice"
     finally:
         await bucket.aclose()
@@ -81,9 +80,7 @@ async def test_idempotency_is_per_partition_and_a_partial_failure_says_what_was_
 async def test_an_unreachable_cluster_is_bucket_unavailable(bucket_name: str) -> None:
     from tests.servers import free_port
 
-    bucket = ClusterBucket(
-        connect_cluster(f"redis+cluster://127.0.0.1:{free_port()}/"), bucket_name, RESOURCES, 2
-    )
+    bucket = open_bucket(f"redis+cluster://127.0.0.1:{free_port()}/", bucket_name, RESOURCES, 2)
     try:
         with pytest.raises(BucketUnavailable):
             await bucket.commit("vm", "vm-1", ["nic"], {})
@@ -96,10 +93,32 @@ async def test_the_usual_five_lines_work_with_a_cluster_url(
 ) -> None:
     bucket = ChangeBucket(connect(redis_cluster.url), bucket_name, RESOURCES, 4)
     try:
-        assert isinstance(bucket, ClusterBucket)
+        assert not bucket.ordered
         cursor = await bucket.commit("vm", "vm-1", ["nic"], {"uuid": "vm-1"})
         assert CompositeCursor.decode(cursor).epoch == await bucket.current_epoch()
         await bucket.fleet.advertise("p-1", b"{}", 10)  # the fleet's keys: one slot, {name}
         assert [name for name, _, _ in await bucket.fleet.publishers()] == ["p-1"]
+    finally:
+        await bucket.aclose()
+
+
+async def test_a_commit_with_replicas_waits_on_each_written_shards_master(
+    redis_cluster: RedisCluster, bucket_name: str
+) -> None:
+    """WAIT runs on the master of every shard the commit wrote (the session's cluster has no
+    replicas: none confirms, so ReplicationTimeout says 0 of 1, the commit written all the
+    same)."""
+    bucket = bucket_of(redis_cluster, bucket_name, partitions=4)
+    try:
+        changes = [Change.put("vm", f"vm-{i}", ["nic"], {"n": i}) for i in range(12)]
+        assert len({partition_of(c.changed_resource_id, 4) for c in changes}) > 1
+        with pytest.raises(ReplicationTimeout) as raised:
+            await bucket.commit_replicated(changes, key="r1", replicas=1, timeout=0.2)
+        error = raised.value
+        assert (error.replicas, error.acknowledged) == (1, 0)
+        assert "written on the master" in str(error)
+        assert error.cursors == await bucket.commit_many(changes, key="r1"), "written once"
+        assert await bucket.wait_for_replicas(0, 0.1) == 0
+        assert await bucket.get("vm", "vm-3") == b'{"n":3}'
     finally:
         await bucket.aclose()

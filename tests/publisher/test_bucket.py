@@ -244,8 +244,9 @@ async def test_the_tail_reads_with_the_python_reply_reader_when_hiredis_is_missi
             [Change.put("vm", i, ["nic"], {"n": 1}) for i in ids]
         )
         read = await waiting
-        assert bucket._channel is not None
-        assert isinstance(bucket._channel._parser, resp.RespReader)
+        channel = (await bucket.shards())[0]._channel
+        assert channel is not None
+        assert isinstance(channel._parser, resp.RespReader)
         assert [e.position for e in read.entries] == [Cursor.decode(c).position for c in cursors]
         assert read.complete and read.witnessed
     finally:
@@ -295,7 +296,8 @@ async def test_single_commits_keep_a_connection_and_survive_a_flush_a_kill_and_c
     cursors += await asyncio.gather(
         *(bucket.commit("vm", f"many{n}", ["nic"], {"n": n}) for n in range(20))
     )
-    assert bucket._commits is not None and bucket._commits._connection is not None
+    kept = (await bucket.shards())[0].commits._commits
+    assert kept is not None and kept._connection is not None
     log: list[tuple[bytes, Any]] = await plain.xrange("{test}:log")  # type: ignore[assignment]
     assert [entry_id.decode() for entry_id, _ in log] == [
         str(Cursor.decode(c).position) for c in sorted(cursors, key=_position_of)

@@ -23,12 +23,14 @@ from typing import Any
 import aiohttp
 import orjson
 
-from publisher.bucket import Change
+from changefeed.cursor import StreamId
+from publisher.bucket import Change, parse_vector
 from publisher.config.settings import Config
 from publisher.delivery.hub import CLOSE_GRACE
 from publisher.server.service import Service
 from tests.conftest import PublisherFactory
-from tests.servers import RedisServer, scaled
+from tests.publisher.layouts import PARTITIONS, own, owns
+from tests.servers import scaled
 from tests.wsclient import Feed, register, v1, v2
 
 LIMITS = {"window": 200, "sendBuffer": 16384, "pingInterval": 60}
@@ -129,7 +131,8 @@ class RawListener:
 class Run:
     """What one slow-consumer scenario observed."""
 
-    committed: list[str] = field(default_factory=list)
+    committed: list[tuple[int, StreamId]] = field(default_factory=list)
+    """The own position (shard, position) of each change committed, in commit order."""
     slow_buffer_max: int = 0
 
 
@@ -139,11 +142,9 @@ def _slow_connection(service: Service) -> Any:
 
 @asynccontextmanager
 async def _scenario(
-    redis_server: RedisServer,
-    make_config: Callable[..., Config],
-    start_publisher: PublisherFactory,
+    layout_config: Callable[..., Config], start_publisher: PublisherFactory,
 ) -> AsyncIterator[tuple[Service, RawListener, Feed, Feed, Run]]:
-    config = make_config(redis_server.url, limits=LIMITS)
+    config = layout_config(PARTITIONS, limits=LIMITS)
     async with start_publisher(config) as service:
         slow = await RawListener.register(service.url, v1("vm", ["nic"], instance="slow"))
         assert slow.reply["bootstrapRoute"] == "/vms" and slow.reply["resumed"] is False
@@ -155,11 +156,13 @@ async def _scenario(
         while _slow_connection(service) is not None:
             assert len(run.committed) < MAX_ITEMS, "the slow listener was never closed"
             n = len(run.committed)
+            ids = [f"{LONG}-{n + i}" for i in range(BATCH)]
             cursors = await service.bucket.commit_many(
-                Change.put("vm", f"{LONG}-{n + i}", ["nic"], {"n": n + i}) for i in range(BATCH)
+                Change.put("vm", id, ["nic"], {"n": n + i}) for i, id in enumerate(ids)
             )
-            run.committed += cursors
-            assert [i["cursor"] for i in await healthy.take(BATCH)] == cursors
+            mine = [own(c, id) for c, id in zip(cursors, ids, strict=True)]
+            run.committed += mine
+            assert sorted(owns(await healthy.take(BATCH))) == sorted(mine)
             slow_conn = _slow_connection(service)
             if slow_conn is not None:
                 size = slow_conn.transport.get_write_buffer_size()
@@ -172,12 +175,21 @@ async def _scenario(
                 await feed.close()
 
 
+def _prefix_in_each_shard(got: list[tuple[int, StreamId]], committed: list[tuple[int, StreamId]]
+                          ) -> bool:
+    """True when, in each shard, `got` is a prefix of what was committed there, in order."""
+    shards = {s for s, _ in committed}
+    return all(
+        [p for s, p in got if s == shard] == [p for s, p in committed if s == shard][
+            : sum(1 for s, _ in got if s == shard)]
+        for shard in shards
+    )
+
+
 async def test_slow_consumer_is_closed_with_4008_and_the_others_get_everything(
-    redis_server: RedisServer,
-    make_config: Callable[..., Config],
-    start_publisher: PublisherFactory,
+    layout_config: Callable[..., Config], start_publisher: PublisherFactory
 ) -> None:
-    async with _scenario(redis_server, make_config, start_publisher) as (
+    async with _scenario(layout_config, start_publisher) as (
         service, slow, healthy, other, run
     ):
         # The slow listener is gone from the publisher: not in the stats, not in the hub.
@@ -201,30 +213,33 @@ async def test_slow_consumer_is_closed_with_4008_and_the_others_get_everything(
         reason = close[1][2:].decode()
         assert code == 4008 and reason.startswith("slow consumer"), (code, reason)
         assert all(opcode == 0x1 for opcode, _ in texts)
-        got = [orjson.loads(payload)["cursor"] for _, payload in texts]
-        assert got == run.committed[: len(got)], "a gap-free prefix of what was committed"
+        items = [orjson.loads(payload) for _, payload in texts]
+        got = owns(items)
+        assert _prefix_in_each_shard(got, run.committed), "a gap-free prefix in each shard"
         assert 0 < len(got) <= len(run.committed) - LIMITS["window"], "it fell past the window"
 
         # The healthy listener keeps receiving; the unrelated one got nothing at all.
         last = await service.bucket.commit("vm", "after", ["nic"], {})
-        assert (await healthy.next())["cursor"] == last
+        assert owns([await healthy.next()]) == [own(last, "after")]
         net = await service.bucket.commit("network", "n1", ["ips"], {})
-        assert (await other.next())["cursor"] == net
+        assert owns([await other.next()]) == [own(net, "n1")]
 
         # It can come back with `since` and gets exactly what it missed, then live items.
-        back = await register(service.ws_url, v1("vm", ["nic"], instance="slow", since=got[-1]))
+        since = items[-1]["cursor"]
+        back = await register(service.ws_url, v1("vm", ["nic"], instance="slow", since=since))
         assert back.reply["resumed"] is True
-        missed = [*run.committed[len(got) :], last]
-        assert [i["cursor"] for i in await back.take(len(missed), timeout=15)] == missed
+        vector = parse_vector(since)
+        missed = [(s, p) for s, p in [*run.committed, own(last, "after")]
+                  if p > vector.positions[s]]
+        assert sorted(owns(await back.take(len(missed), timeout=15))) == sorted(missed)
+        assert await back.quiet()
         await back.close()
 
 
 async def test_a_stopped_readers_write_buffer_stays_near_the_send_buffer_limit(
-    redis_server: RedisServer,
-    make_config: Callable[..., Config],
-    start_publisher: PublisherFactory,
+    layout_config: Callable[..., Config], start_publisher: PublisherFactory
 ) -> None:
-    async with _scenario(redis_server, make_config, start_publisher) as (_, slow, *_, run):
+    async with _scenario(layout_config, start_publisher) as (_, slow, *_, run):
         await slow.read_to_end()  # lets the publisher close it now instead of after CLOSE_GRACE
         frame = 2 + 2 + len(LONG) + 200
         assert run.slow_buffer_max <= LIMITS["sendBuffer"] + 2 * frame, run.slow_buffer_max

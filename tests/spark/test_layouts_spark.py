@@ -1,6 +1,7 @@
-"""Spark and a bucket in a real 3-master Redis Cluster: the sink commits per partition and a
-listener gets each row once; batch and streaming reads plan per partition, with composite
-cursors and offsets (a restarted stream loses nothing and repeats nothing)."""
+"""Spark and a bucket on both layouts (one Redis, the session's 3-master Redis Cluster): the sink
+commits (per shard) and a listener gets each row once; batch and streaming reads plan per shard,
+with the bucket's cursors and offsets (composite for the cluster): a restarted stream loses
+nothing and repeats nothing."""
 
 from __future__ import annotations
 
@@ -12,31 +13,47 @@ import pytest
 from pyspark.sql import SparkSession
 from websockets.asyncio.client import connect
 
-from changefeed.cursor import CompositeCursor
-from publisher.bucket import Change
-from publisher.bucket.cluster import open_bucket
+from publisher.bucket import Change, open_bucket, parse_vector
 from publisher.config.settings import load_config
 from tests.conftest import PublisherFactory
-from tests.servers import RedisCluster, scaled, write_config
+from tests.servers import RedisCluster, RedisServer, scaled, write_config
 from tests.spark.test_sink import vms, write
 
 PARTITIONS = 4
 
 
-def cluster_options(cluster: RedisCluster, tmp_path: Path, name: str) -> dict[str, str]:
+@pytest.fixture
+def bucket_url(layout: str, request: pytest.FixtureRequest) -> str:
+    """The Redis URL of the layout's bucket: a private redis-server, or the session's cluster."""
+    if layout == "redis":
+        server: RedisServer = request.getfixturevalue("redis_server")
+        return server.url
+    cluster: RedisCluster = request.getfixturevalue("redis_cluster")
+    return cluster.url
+
+
+def layout_options(url: str, tmp_path: Path, name: str) -> dict[str, str]:
     path = write_config(
-        tmp_path / f"{name}.js", None,
-        bucket={"cluster": cluster.node_urls, "name": name, "partitions": PARTITIONS},
+        tmp_path / f"{name}.js", url, bucket={"redisUrl": url, "name": name,
+                                                "partitions": PARTITIONS},
     )
     return {"config": str(path)}
 
 
+def shards_of(cursor: str) -> int:
+    """How many positions `cursor` holds (one for an ordered bucket's)."""
+    vector = parse_vector(cursor)
+    assert vector.composite == (len(vector.positions) > 1)
+    return len(vector.positions)
+
+
 @pytest.mark.timeout(600)
 async def test_the_sink_reaches_a_listener_and_a_batch_read_gets_every_row(
-    spark: SparkSession, redis_cluster: RedisCluster, tmp_path: Path,
+    spark: SparkSession, layout: str, bucket_url: str, tmp_path: Path,
     start_publisher: PublisherFactory,
 ) -> None:
-    options = cluster_options(redis_cluster, tmp_path, "sparkc")
+    options = layout_options(bucket_url, tmp_path, "sparkc")
+    shards = PARTITIONS if layout == "cluster" else 1
     async with (
         start_publisher(load_config(options["config"])) as service,
         connect(service.ws_url, additional_headers={"Accept-Version": "~1"}) as ws,
@@ -61,7 +78,7 @@ async def test_the_sink_reaches_a_listener_and_a_batch_read_gets_every_row(
         frame = spark.read.format("changefeed").options(**options)
         rows = frame.option("numPartitions", "3").load().collect()
         for row in rows:
-            assert len(CompositeCursor.decode(row.cursor).positions) == PARTITIONS
+            assert shards_of(row.cursor) == shards
         return sorted(row.id for row in rows)
 
     assert await asyncio.to_thread(batch) == ids
@@ -69,14 +86,15 @@ async def test_the_sink_reaches_a_listener_and_a_batch_read_gets_every_row(
 
 
 @pytest.mark.timeout(600)
-def test_a_stream_read_resumes_from_its_composite_offset(
-    spark: SparkSession, redis_cluster: RedisCluster, tmp_path: Path
+def test_a_stream_read_resumes_from_its_offset(
+    spark: SparkSession, layout: str, bucket_url: str, tmp_path: Path
 ) -> None:
-    options = cluster_options(redis_cluster, tmp_path, "sparks")
+    options = layout_options(bucket_url, tmp_path, "sparks")
+    shards = PARTITIONS if layout == "cluster" else 1
     checkpoint, output = tmp_path / "checkpoint", tmp_path / "output"
 
     async def commit(ids: range) -> None:
-        bucket = open_bucket(redis_cluster.url, "sparks", None, PARTITIONS)
+        bucket = open_bucket(bucket_url, "sparks", None, PARTITIONS)
         try:
             await bucket.commit_many(Change.publish("vm", f"vm-{n}", ["nic"]) for n in ids)
         finally:
@@ -97,12 +115,12 @@ def test_a_stream_read_resumes_from_its_composite_offset(
         progress = [p for p in query.recentProgress if p["numInputRows"]]
         assert all(p["numInputRows"] <= per_trigger for p in progress)
         offset = orjson.loads(progress[-1]["sources"][0]["endOffset"])["cursor"]
-        assert len(CompositeCursor.decode(offset).positions) == PARTITIONS
+        assert shards_of(offset) == shards
         return sorted(row.id for row in spark.read.json(str(output)).collect())
 
     asyncio.run(commit(range(30)))
     assert stream(12) == sorted(f"vm-{n}" for n in range(30))
     asyncio.run(commit(range(30, 55)))
     assert stream(100) == sorted(f"vm-{n}" for n in range(55)), (
-        "the restarted stream goes on from its composite offset: nothing lost, nothing twice"
+        "the restarted stream goes on from its offset: nothing lost, nothing twice"
     )
