@@ -24,8 +24,6 @@ ALLOWED: dict[str, str] = {
     # (issue 22, items 1 and 3):
     "publisher/bucket/commits.py::Committer._commit_calls_direct": _UNIFICATION,
     # The hub and the websocket/SSE handlers lose their cluster copies (cluster_hub.py) there:
-    "publisher/delivery/hub.py": _UNIFICATION,
-    "publisher/delivery/hub.py::Hub.publish": _UNIFICATION,
     "publisher/web/websocket.py::handle_changefeeds": _UNIFICATION,
     "publisher/web/sse.py::handle_sse": _UNIFICATION,
     "publisher/web/bootstrap_routes.py::add_routes": _UNIFICATION,

@@ -10,7 +10,8 @@ own; if the window moves past it, it is closed with 4008 (slow consumer) -- unle
 with `coalesce`: then it is switched to a coalesced catch-up (publisher.delivery.coalesce) just
 before the window would move past it, and closed with 4008 only when that set passes `coalesce_ids`
 ids. A resuming connection (registration with `since`) first reads what it missed from Redis
-(publisher.delivery.replay).
+(publisher.delivery.replay). Several entries at once are routed and written by
+publisher.delivery.fanout; what the hub reports is read by publisher.delivery.hub_stats.
 
 The window's order and the cursor each entry carries are the bucket's (publisher.delivery.order):
 for an ordered bucket an entry's position is its stream id and its cursor `<epoch>.<id>`; for a
@@ -28,12 +29,11 @@ import contextlib
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import structlog
 
-from changefeed.cursor import ZERO, Cursor, StreamId
+from changefeed.cursor import StreamId
 from changefeed.protocol import (
     CloseCode,
     close_frame,
@@ -41,15 +41,12 @@ from changefeed.protocol import (
 )
 from changefeed.sse import change_chunk, close_chunks
 from publisher.bucket import ChangeBucket, LogEntry, Vector
-from publisher.delivery import replay
-from publisher.delivery.coalesce import Coalesced, CoalesceOverflow
+from publisher.delivery import fanout, hub_stats, replay
+from publisher.delivery.coalesce import CoalesceOverflow
 from publisher.delivery.order import StampedEntry, order_of
 from publisher.delivery.subscribers import Routes, Subscriber, Transport
 from publisher.delivery.trace import TraceLog
 from publisher.delivery.window import Window, WindowEntry
-
-if TYPE_CHECKING:
-    pass
 
 log = structlog.get_logger(__name__)
 
@@ -65,14 +62,6 @@ ROLLED_BACK = "bucket rolled back: bootstrap again"
 """4009: Redis lost changes this publisher had sent; it started a new epoch."""
 TRIMMED = "items trimmed before they were sent: bootstrap again"
 """4009: the log was trimmed past what this connection had been sent."""
-
-
-@dataclass(slots=True)
-class _Pending:
-    """What one publish() call will write to a connection, and its queue size with it."""
-
-    size: int
-    frames: list[bytes] = field(default_factory=list)
 
 
 class Hub:
@@ -200,15 +189,10 @@ class Hub:
         return chunk
 
     def publish(self, entries: Sequence[LogEntry], shard: int = 0) -> None:
-        """Append new log entries to the window and write them to live matching connections.
-
-        Each connection gets one write per call: the frames of every entry it matches, joined.
-        When the tail brings several entries at once (it fell behind), a connection then costs
-        one system call for all of them instead of one per entry, so the publisher catches up.
-        A connection takes frames while what it has queued, counting those of this call, is
-        within `send_buffer`; past it, it falls behind after the last frame it took.
-        `entries` are of shard `shard`: stamped first when the bucket has several
-        (publisher.delivery.order).
+        """Append new log entries to the window and write them to live matching connections:
+        one entry by `_publish_one`, several by publisher.delivery.fanout (one write per
+        connection for all of them). `entries` are of shard `shard`: stamped first when the
+        bucket has several (publisher.delivery.order).
         """
         if self.order.composite:
             entries = self.order.stamp(shard, entries)
@@ -217,72 +201,7 @@ class Hub:
         if len(entries) == 1:
             self._publish_one(entries[0])
             return
-        window = self.window
-        send_buffer = self.send_buffer
-        trace = self.trace
-        read_at = time.time() if trace is not None else 0.0
-        pending: dict[Subscriber, _Pending] = {}
-        written: list[WindowEntry] = []
-        fresh: list[WindowEntry] = []
-        sse_sent = 0
-        overflowed: set[Subscriber] = set()
-        for raw in entries:
-            if raw.position <= window.head:
-                continue  # already seen (a re-read after a Redis reconnect)
-            entry = self.encode(raw)
-            previous = window.head
-            if self._coalescible and len(window) >= window.capacity:
-                self._coalesce_before(window.oldest())
-            window.append(entry)
-            fresh.append(entry)
-            matching = self.routes.matching(
-                entry.resource, entry.sub_resources, entry.changed_resource_id
-            )
-            taken = False
-            for conn in matching:
-                if not conn.live:
-                    if conn.coalesced is not None and not self._folded(conn, entry):
-                        overflowed.add(conn)
-                    continue
-                queued = pending.get(conn)
-                if queued is None:
-                    transport = conn.transport
-                    if transport.is_closing():
-                        continue
-                    queued = pending[conn] = _Pending(transport.get_write_buffer_size())
-                if queued.size > send_buffer:
-                    self._fall_behind(conn, previous)
-                    continue
-                if conn.sse:
-                    frame = self.sse_of(entry)
-                    sse_sent += 1
-                else:
-                    frame = entry.frame
-                queued.frames.append(frame)
-                queued.size += len(frame)
-                conn.last_sent = entry.position
-                taken = True
-            if taken:
-                written.append(entry)
-        delivered = sent = 0
-        for conn, queued in pending.items():
-            frames = queued.frames
-            if frames:
-                data = frames[0] if len(frames) == 1 else b"".join(frames)
-                conn.transport.write(data)
-                delivered += len(frames)
-                sent += len(data)
-        self.delivered += delivered
-        self.bytes_written += sent
-        self.sse_delivered += sse_sent
-        if trace is not None:
-            trace.published(self.epoch, fresh, pending, delivered, read_at, time.time())
-        if written and self.observe_latency is not None:
-            now_ms = time.time() * 1000
-            for entry in written:
-                committed = entry.published or entry.position.ms
-                self.observe_latency(max(now_ms - committed, 0.0) / 1000)
-        self._published(overflowed)
+        fanout.publish_batch(self, entries)
 
     def _publish_one(self, raw: LogEntry) -> None:
         """`publish` of one entry (a tail read of one commit, the common case): each matching
@@ -294,7 +213,7 @@ class Hub:
         if raw.position > previous:
             entry = self.encode(raw)
             if self._coalescible and len(window) >= window.capacity:
-                self._coalesce_before(window.oldest())
+                fanout.coalesce_before(self, window.oldest())
             window.append(entry)
             trace = self.trace
             read_at = time.time() if trace is not None else 0.0
@@ -416,33 +335,6 @@ class Hub:
             self._coalescible.add(conn)
         conn.task = asyncio.create_task(replay.catch_up(self, conn),
                                         name=f"catch-up {conn.remote}")
-
-    def _coalesce_before(self, oldest: WindowEntry | None) -> None:
-        """The window is about to drop `oldest`: switch every coalescible connection not sent
-        it yet to a coalesced catch-up, holding what the window has for it."""
-        if oldest is None:
-            return
-        for conn in [c for c in self._coalescible if c.position < oldest.position]:
-            self._coalescible.discard(conn)
-            self._lagging.discard(conn)
-            coalesced = conn.coalesced = Coalesced(self.coalesce_ids)
-            self.coalesced["started"] += 1
-            try:
-                for entry in self.window.after(conn.position):
-                    if conn.wants(entry):
-                        coalesced.fold(entry.resource, entry.sub_resources,
-                                       entry.changed_resource_id, entry.position, entry.cursor,
-                                       entry.published)
-            except CoalesceOverflow:
-                self.close_slow(conn)
-                continue
-            log.info(
-                "slow consumer: coalesced catch-up",
-                instance=conn.registration.instance,
-                service=conn.registration.service,
-                remote=conn.remote,
-                ids=len(coalesced),
-            )
 
     def close_slow(self, conn: Subscriber) -> None:
         """Close a connection that fell out of the window (or whose coalesced catch-up passed
@@ -566,64 +458,15 @@ class Hub:
             await conn.protocol._drain_helper()
         return not (conn.closing or conn.transport.is_closing())
 
-    # --- reporting -----------------------------------------------------------------------
+    # --- reporting (publisher.delivery.hub_stats) ------------------------------------------
 
     def coalescing(self) -> dict[str, int]:
-        """The coalesced catch-ups since start (`started`, `finished`, `items`, `sent`), and
-        `listeners` in one now with `pending` ids between them (what they hold in memory)."""
-        sets = [c.coalesced for c in self.connections if c.coalesced is not None]
-        return {**self.coalesced, "listeners": len(sets), "pending": sum(map(len, sets))}
+        """The coalesced catch-ups since start and now (`hub_stats.coalescing`)."""
+        return hub_stats.coalescing(self)
 
     def stats(self, publisher_id: str) -> list[dict[str, Any]]:
-        """One entry per registered (connection, resource), as /changefeeds/stats shows them.
-
-        `itemsBehindHead` is what the connection may still be due: the matching window items
-        after its position, plus every log item the tail has not read yet (of any kind: the
-        tail cannot know which match before reading them). `headCursor` is the bucket's head.
-        """
-        head = None
-        if self.epoch:
-            vector = self.vector
-            head = vector.with_positions(
-                [max(h, at) for h, at in zip(self.heads, vector.positions, strict=True)]
-            ).encode()
-        sent = {}
-        if self.order.composite:
-            sent = {e.position: e.cursor for e in self.window.after(ZERO)}
-        out = []
-        for conn in self.connections:
-            reg = conn.registration
-            behind = self.unread
-            if conn.coalesced is not None:
-                behind += len(conn.coalesced)
-            elif not conn.live:
-                behind += sum(1 for e in self.window.after(conn.position) if conn.wants(e))
-            last = conn.last_sent
-            for kind in reg.kinds:
-                out.append(
-                    {
-                        "instance": reg.instance,
-                        "service": reg.service,
-                        "changeKind": kind.to_wire(),
-                        "connectedSince": time.strftime(
-                            "%Y-%m-%dT%H:%M:%SZ", time.gmtime(conn.connected_at)
-                        ),
-                        "remote": conn.remote,
-                        "lastCursorSent": self._cursor_sent(last, sent),
-                        "itemsBehindHead": behind,
-                        "headCursor": head,
-                        "publisher": publisher_id,
-                    }
-                )
-        return out
-
-    def _cursor_sent(self, last: StreamId | None, sent: dict[StreamId, str | None]) -> str | None:
-        """The cursor of the entry at window position `last` (None: not known any more)."""
-        if last is None:
-            return None
-        if self.order.composite:
-            return sent.get(last)
-        return Cursor(self.epoch, last).encode()
+        """One entry per registered (connection, resource) (`hub_stats.registrations`)."""
+        return hub_stats.registrations(self, publisher_id)
 
 
 __all__ = [
