@@ -22,7 +22,6 @@ ALLOWED: dict[str, str] = {
     # What is over the limits today, by module path or `path::qualified.name`, with why.
     # The commit path, the reads and the tail of the bucket, rewritten as one partitioned log
     # (issue 22, items 1 and 3):
-    "publisher/bucket/commits.py::Committer._commit_calls_direct": _UNIFICATION,
     # The hub and the websocket/SSE handlers lose their cluster copies (cluster_hub.py) there:
     "publisher/web/websocket.py::handle_changefeeds": _UNIFICATION,
     "publisher/web/sse.py::handle_sse": _UNIFICATION,

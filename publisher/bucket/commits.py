@@ -276,32 +276,12 @@ class Committer:
                         except Exception as exc:  # the caller's: answer what was sent first
                             failure = exc
                     if call is not None:
-                        command = self._command(*call)
-                        started = time.perf_counter()
-                        await connection.send_packed_command(command, check_health=False)
-                        stats.redis_seconds += time.perf_counter() - started
-                        inflight.append(command)
-                        stats.batches += 1
+                        await self._send(connection, self._command(*call), inflight, stats)
                     while inflight and (len(inflight) > window or call is None):
-                        started = time.perf_counter()
-                        try:
-                            reply = await connection.read_response()
-                        except redis.exceptions.ResponseError as exc:
-                            reply = exc
-                        stats.redis_seconds += time.perf_counter() - started
-                        sent = inflight.popleft()
-                        if sent is None:  # a SCRIPT LOAD
-                            if isinstance(reply, redis.exceptions.ResponseError):
-                                error = error or reply
-                        elif isinstance(reply, redis.exceptions.NoScriptError):
-                            await connection.send_packed_command(
-                                self._load + sent, check_health=False
-                            )
-                            inflight.extend((None, sent))
-                        elif isinstance(reply, redis.exceptions.ResponseError):
-                            error = error or reply
-                        else:
-                            yield self._answered(reply)
+                        committed, refused = await self._answer(connection, inflight, stats)
+                        error = error or refused
+                        if committed is not None:
+                            yield committed
                     if call is None:
                         break
                 if error is not None:
@@ -313,6 +293,43 @@ class Committer:
                 self._draw()  # it may have become the epoch, unanswered
                 await connection.disconnect()
             await pool.release(connection)
+
+    @staticmethod
+    async def _send(
+        connection: AbstractConnection, command: bytes, inflight: deque[bytes | None],
+        stats: StreamStats,
+    ) -> None:
+        """Send one commit.lua call of a stream (`_commit_calls_direct`), not waiting for it."""
+        started = time.perf_counter()
+        await connection.send_packed_command(command, check_health=False)
+        stats.redis_seconds += time.perf_counter() - started
+        inflight.append(command)
+        stats.batches += 1
+
+    async def _answer(
+        self, connection: AbstractConnection, inflight: deque[bytes | None], stats: StreamStats
+    ) -> tuple[Committed | None, redis.exceptions.ResponseError | None]:
+        """Read the reply to the oldest command in flight of a stream: (its `Committed`, None),
+        (None, the error Redis answered), or (None, None) for a SCRIPT LOAD's or for a NOSCRIPT
+        call, then sent again behind the script's load."""
+        started = time.perf_counter()
+        try:
+            reply = await connection.read_response()
+        except redis.exceptions.ResponseError as exc:
+            reply = exc
+        stats.redis_seconds += time.perf_counter() - started
+        sent = inflight.popleft()
+        if sent is None:  # a SCRIPT LOAD
+            if isinstance(reply, redis.exceptions.ResponseError):
+                return None, reply
+        elif isinstance(reply, redis.exceptions.NoScriptError):
+            await connection.send_packed_command(self._load + sent, check_health=False)
+            inflight.extend((None, sent))
+        elif isinstance(reply, redis.exceptions.ResponseError):
+            return None, reply
+        else:
+            return self._answered(reply), None
+        return None, None
 
     async def _commit_routed(self, packed: PackedChanges, key: str, digest: str = "") -> Committed:
         """One commit.lua call through a Redis Cluster client (to the master of the slot)."""
