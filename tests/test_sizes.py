@@ -23,8 +23,6 @@ ALLOWED: dict[str, str] = {
     # The commit path, the reads and the tail of the bucket, rewritten as one partitioned log
     # (issue 22, items 1 and 3):
     # The hub and the websocket/SSE handlers lose their cluster copies (cluster_hub.py) there:
-    "publisher/web/websocket.py::handle_changefeeds": _UNIFICATION,
-    "publisher/web/sse.py::handle_sse": _UNIFICATION,
     "publisher/web/bootstrap_routes.py::add_routes": _UNIFICATION,
 }
 

@@ -20,7 +20,9 @@ from aiohttp import web
 from changefeed import sse
 from changefeed.errors import CursorError, RegistrationError
 from changefeed.protocol import CloseCode, Registration, parse_registration, registration_reply
+from publisher.bucket import Vector
 from publisher.delivery.hub import Subscriber
+from publisher.security.auth import Identity
 from publisher.security.clientaddr import client_address
 from publisher.web.access import CORS, LISTEN, identity_of, requires
 from publisher.web.app_keys import ACCESS, CONFIG, HUB, LIVE, TAIL
@@ -61,11 +63,44 @@ _REFUSED_STATUS = {
 
 @requires(LISTEN)
 async def handle_sse(request: web.Request) -> web.StreamResponse:
+    """GET /changefeeds/sse: check the registration (`_registration`), find where its stream
+    starts, open the stream (`_open`), add the subscriber to the hub after its first event
+    (`_start`), then keep it alive until it ends (`_keep_alive`)."""
     app = request.app
-    limits = app[LIVE].config.limits
+    send_buffer = app[LIVE].config.limits.send_buffer
     hub = app[HUB]
     remote = client_address(request, app[CONFIG].server.trusted_proxies)
     identity = identity_of(request)
+    registration = _registration(request, remote, identity)
+    if isinstance(registration, web.Response):
+        return registration
+    try:
+        start, resumed = await hub.start_of(registration.since)
+    except CursorError as exc:
+        return json_error(400, "InvalidCursor", f"since: {exc}")
+    response = await _open(request)
+    transport = request.transport
+    if transport is None or transport.is_closing():
+        return response
+    conn = _start(request, registration, start, resumed, identity, remote, send_buffer)
+    bound = _bound(registration, remote)
+    bound.info("sse listener registered", resumed=resumed, listeners=len(hub.connections))
+    try:
+        await _keep_alive(app, conn, send_buffer)
+    finally:
+        hub.remove(conn)
+        hub.sse_ended["publisher" if conn.closing else "listener"] += 1
+        bound.info("sse listener disconnected", listeners=len(hub.connections),
+                   reason="closed by publisher" if conn.closing else "closed by listener")
+    return response
+
+
+def _registration(
+    request: web.Request, remote: str, identity: Identity
+) -> Registration | web.Response:
+    """The query's registration, checked (parameters, HTTP version, the registration itself,
+    scopes and client limits, the tail's health); else the error response refusing it."""
+    app = request.app
     unknown = set(request.query) - _PARAMS
     if unknown:
         names = ", ".join(sorted(unknown))
@@ -83,57 +118,64 @@ async def handle_sse(request: web.Request) -> web.StreamResponse:
     except RegistrationError as exc:
         return json_error(400, "InvalidRegistration", exc.reason)
     refusal = app[ACCESS].registration_refusal(identity, registration, remote,
-                                               len(hub.connections))
+                                               len(app[HUB].connections))
     if refusal is not None:
         status, code = _REFUSED_STATUS.get(CloseCode(refusal[0]), (403, "Forbidden"))
         headers = {"Retry-After": "1"} if status == 503 else None
         return json_error(status, code, refusal[1], headers)
     if not app[TAIL].healthy:
         return json_error(503, "BucketUnavailable", UNAVAILABLE, {"Retry-After": "5"})
-    try:
-        start, resumed = await hub.start_of(registration.since)
-    except CursorError as exc:
-        return json_error(400, "InvalidCursor", f"since: {exc}")
+    return registration
 
+
+async def _open(request: web.Request) -> web.StreamResponse:
+    """The event stream's response, its headers sent."""
     response = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                  "X-Accel-Buffering": "no", **request.get(CORS, {})}
     )
     response.enable_chunked_encoding()
     await response.prepare(request)
+    return response
+
+
+def _start(
+    request: web.Request, registration: Registration, start: Vector, resumed: bool,
+    identity: Identity, remote: str, send_buffer: int,
+) -> Subscriber:
+    """Write the `registered` event (and `resync` when `since` is not resumed) and add the
+    subscriber to the hub, from `start` (the caller checked the transport is open)."""
     transport = request.transport
-    if transport is None or transport.is_closing():
-        return response
+    assert transport is not None
     start_cursor = start.encode()
-    reply = registration_reply(registration, app[CONFIG].resource_map, start_cursor, resumed)
+    reply = registration_reply(registration, request.app[CONFIG].resource_map, start_cursor,
+                               resumed)
     # From here to hub.add nothing awaits: the registered event's id is where the stream starts.
     first = sse.event(sse.REGISTERED, orjson.dumps(reply), start_cursor)
     if registration.since is not None and not resumed:
         reason = f"cannot resume from {registration.since}: bootstrap again"
         first += sse.event(sse.RESYNC, orjson.dumps({"reason": reason}))
     transport.write(sse.chunk(first))
-    transport.set_write_buffer_limits(high=limits.send_buffer)
+    transport.set_write_buffer_limits(high=send_buffer)
     conn = Subscriber(registration, transport, request.protocol, remote, sse=True,
                       identity=identity)
-    hub.add(conn, start)
-    bound = _bound(registration, remote)
-    bound.info("sse listener registered", resumed=resumed, listeners=len(hub.connections))
-    try:
-        while not (conn.closing or transport.is_closing()):
-            await asyncio.sleep(app[LIVE].config.limits.ping_interval)
-            if conn.closing or transport.is_closing():
-                break
-            if transport.get_write_buffer_size() <= limits.send_buffer:
-                transport.write(sse.chunk(sse.PING))
-        # The hub ended the stream (its close event and last chunk are written): aiohttp must
-        # not write another end; the transport closes under the handler, which it cancels.
-        await asyncio.Event().wait()
-    finally:
-        hub.remove(conn)
-        hub.sse_ended["publisher" if conn.closing else "listener"] += 1
-        bound.info("sse listener disconnected", listeners=len(hub.connections),
-                   reason="closed by publisher" if conn.closing else "closed by listener")
-    return response
+    request.app[HUB].add(conn, start)
+    return conn
+
+
+async def _keep_alive(app: web.Application, conn: Subscriber, send_buffer: int) -> None:
+    """Ping the stream every `limits.pingInterval` (when its buffer has room) until it ends;
+    once the hub has ended it, wait to be cancelled."""
+    transport = conn.transport
+    while not (conn.closing or transport.is_closing()):
+        await asyncio.sleep(app[LIVE].config.limits.ping_interval)
+        if conn.closing or transport.is_closing():
+            break
+        if transport.get_write_buffer_size() <= send_buffer:
+            transport.write(sse.chunk(sse.PING))
+    # The hub ended the stream (its close event and last chunk are written): aiohttp must
+    # not write another end; the transport closes under the handler, which it cancels.
+    await asyncio.Event().wait()
 
 
 def _bound(registration: Registration, remote: str) -> structlog.stdlib.BoundLogger:

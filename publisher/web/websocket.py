@@ -59,81 +59,26 @@ def describe(config: Config, accept_version: str | None = None) -> web.Response:
 async def handle_changefeeds(request: web.Request) -> web.StreamResponse:
     """GET /changefeeds: a websocket upgrade registers a listener and serves it until it goes
     away; without one, `describe`. One handler for both, with no dispatcher's coroutine in
-    front of the listener's for the life of its connection."""
+    front of the listener's for the life of its connection: the steps before its read loop
+    (`_version_of`, `_upgrade`, `_registered`, `_start`) return before it begins."""
     app = request.app
     if request.headers.get("Upgrade", "").lower() != "websocket":
         return describe(app[CONFIG], request.headers.get("Accept-Version"))
     limits = app[LIVE].config.limits
     lifecycle = app[LIFECYCLE]
-    try:
-        # A browser cannot set headers on an upgrade: ?accept_version=~2 stands for the header.
-        version = accept_version(
-            request.headers.get("Accept-Version") or request.query.get("accept_version")
-        )
-    except RegistrationError as exc:
-        raise bad_request("BadAcceptVersion", exc.reason) from None
-    # No heartbeat of aiohttp's (a timer per connection): publisher.delivery.pings sweeps every
-    # listener from one task, and the read loop below answers pings and sees pongs (autoping off).
-    ws = web.WebSocketResponse(
-        protocols=selected_protocols(request),
-        autoping=False,
-        max_msg_size=limits.registration_bytes,
-        compress=False,
-        timeout=5.0,
-    )
-    guard = _guard_of(request)
-    if guard is not None:
-        guard.expect_frames()  # from the upgrade on, what the client sends are frames
-    try:
-        await ws.prepare(request)
-    except BaseException:
-        if guard is not None:
-            guard.expect_requests()
-        raise
+    version = _version_of(request)
+    ws, guard = await _upgrade(request, limits.registration_bytes)
     remote = client_address(request, app[CONFIG].server.trusted_proxies)
-    lifecycle.unregistered.add(ws)
-    try:
-        identity = identity_of(request)
-        registered = await _register(ws, version, app, remote, identity)
-    except asyncio.CancelledError:
-        if guard is not None and guard.violation is not None:
-            lifecycle.refused[PROTOCOL_ERROR] += 1
-            log.info("registration refused", code=PROTOCOL_ERROR, reason=guard.violation,
-                     remote=remote)
-        raise
-    finally:
-        lifecycle.unregistered.discard(ws)
+    registered = await _registered(request, ws, version, remote, guard)
     if registered is None:
-        if ws.close_code not in NOT_REFUSED:
-            lifecycle.refused[ws.close_code] += 1  # for metrics, by code
         return ws
-    registration, start, resumed = registered
-    transport = request.transport
-    if transport is None or transport.is_closing():
-        return ws
-
-    hub = app[HUB]
-    resources = app[CONFIG].resource_map
-    # From here to hub.add nothing awaits: the reply's cursor is exactly where the stream starts.
-    cursor = start.encode()
-    # (Not kept in a local: this frame lives as long as the connection.)
-    transport.write(text_frame(orjson.dumps(registration_reply(
-        registration, resources, cursor, resumed
-    ))))
-    # The protocol pauses (and drains) above the send buffer: what the hub counts as slow.
-    transport.set_write_buffer_limits(high=limits.send_buffer)
-    conn = Subscriber(registration, transport, request.protocol, remote, identity=identity)
-    hub.add(conn, start)
-    log.info(
-        "listener registered",
-        **_context(conn),
-        version=registration.version,
-        resumed=resumed,
-        listeners=len(hub.connections),
-    )
+    conn = _start(request, *registered, remote, limits.send_buffer)
     # Nothing of the registration's is needed again that the connection does not hold itself,
     # and this frame lives as long as the connection.
-    del registered, start, cursor
+    del registered
+    if conn is None:
+        return ws
+    hub = app[HUB]
     shed_request(request)
     reason = "closed by publisher"
     try:
@@ -149,6 +94,100 @@ async def handle_changefeeds(request: web.Request) -> web.StreamResponse:
         log.info("listener disconnected", **_context(conn), reason=reason,
                  listeners=len(hub.connections))
     return ws
+
+
+def _version_of(request: web.Request) -> int:
+    """The protocol version the upgrade accepts (400 BadAcceptVersion for one it cannot)."""
+    try:
+        # A browser cannot set headers on an upgrade: ?accept_version=~2 stands for the header.
+        return accept_version(
+            request.headers.get("Accept-Version") or request.query.get("accept_version")
+        )
+    except RegistrationError as exc:
+        raise bad_request("BadAcceptVersion", exc.reason) from None
+
+
+async def _upgrade(
+    request: web.Request, registration_bytes: int
+) -> tuple[web.WebSocketResponse, Guard | None]:
+    """The websocket, prepared (the upgrade answered), and the admission guard of its
+    connection, told to expect frames from now on."""
+    # No heartbeat of aiohttp's (a timer per connection): publisher.delivery.pings sweeps every
+    # listener from one task, and the read loop answers pings and sees pongs (autoping off).
+    ws = web.WebSocketResponse(
+        protocols=selected_protocols(request),
+        autoping=False,
+        max_msg_size=registration_bytes,
+        compress=False,
+        timeout=5.0,
+    )
+    guard = _guard_of(request)
+    if guard is not None:
+        guard.expect_frames()  # from the upgrade on, what the client sends are frames
+    try:
+        await ws.prepare(request)
+    except BaseException:
+        if guard is not None:
+            guard.expect_requests()
+        raise
+    return ws, guard
+
+
+async def _registered(
+    request: web.Request, ws: web.WebSocketResponse, version: int, remote: str,
+    guard: Guard | None,
+) -> tuple[Registration, Vector, bool, Identity] | None:
+    """`_register` while the socket counts as unregistered (for the shutdown), with the
+    identity it registers as; None when it was refused (counted by close code for metrics) or
+    ended before registering."""
+    lifecycle = request.app[LIFECYCLE]
+    lifecycle.unregistered.add(ws)
+    try:
+        identity = identity_of(request)
+        registered = await _register(ws, version, request.app, remote, identity)
+    except asyncio.CancelledError:
+        if guard is not None and guard.violation is not None:
+            lifecycle.refused[PROTOCOL_ERROR] += 1
+            log.info("registration refused", code=PROTOCOL_ERROR, reason=guard.violation,
+                     remote=remote)
+        raise
+    finally:
+        lifecycle.unregistered.discard(ws)
+    if registered is None:
+        if ws.close_code not in NOT_REFUSED:
+            lifecycle.refused[ws.close_code] += 1  # for metrics, by code
+        return None
+    return (*registered, identity)
+
+
+def _start(
+    request: web.Request, registration: Registration, start: Vector, resumed: bool,
+    identity: Identity, remote: str, send_buffer: int,
+) -> Subscriber | None:
+    """Write the registration's reply and add the listener to the hub, from `start`; None when
+    the connection is gone already."""
+    transport = request.transport
+    if transport is None or transport.is_closing():
+        return None
+    app = request.app
+    hub = app[HUB]
+    # From here to hub.add nothing awaits: the reply's cursor is exactly where the stream starts.
+    # (The frame is not kept in a local: the handler's lives as long as the connection.)
+    transport.write(text_frame(orjson.dumps(registration_reply(
+        registration, app[CONFIG].resource_map, start.encode(), resumed
+    ))))
+    # The protocol pauses (and drains) above the send buffer: what the hub counts as slow.
+    transport.set_write_buffer_limits(high=send_buffer)
+    conn = Subscriber(registration, transport, request.protocol, remote, identity=identity)
+    hub.add(conn, start)
+    log.info(
+        "listener registered",
+        **_context(conn),
+        version=registration.version,
+        resumed=resumed,
+        listeners=len(hub.connections),
+    )
+    return conn
 
 
 def _context(conn: Subscriber) -> dict[str, object]:
