@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
+from changefeed.protocol import Resource
 from publisher.bucket import ChangeBucket
 from publisher.config.settings import Config
 from publisher.delivery.hub import Hub
@@ -53,7 +54,11 @@ ACCESS = web.AppKey("access", Access)
 LIVE = web.AppKey("live", Live)
 OUTBOX = web.AppKey("outbox", Relay)
 """The outbox relay, when config.js has `outbox` (absent otherwise)."""
+BOOTSTRAPS = web.AppKey("bootstraps", dict[web.AbstractResource, Resource])
+"""The config resource of each bootstrap route (its page's and its objects'), by the aiohttp
+resource of the route: how the module-level handlers of `bootstrap_routes.py` know theirs."""
 
 __all__ = [
-    "ACCESS", "BUCKET", "CONFIG", "HUB", "LIFECYCLE", "LIVE", "OUTBOX", "TAIL", "Lifecycle", "Live",
+    "ACCESS", "BOOTSTRAPS", "BUCKET", "CONFIG", "HUB", "LIFECYCLE", "LIVE", "OUTBOX", "TAIL",
+    "Lifecycle", "Live",
 ]

@@ -6,14 +6,14 @@ thing.
 
 Every error is a JSON body `{"code", "message"}` with a 4xx status (503 when Redis is down,
 through `publisher.web.http.error_as_json`); bad input never produces a 500. docs/http.md documents
-the formats. Handlers find the config, bucket and hub under the application's keys
-(`publisher.web.app_keys`).
+the formats. The handlers are module-level: they find the config, bucket and hub under the
+application's keys (`publisher.web.app_keys`), and a bootstrap route's resource under `BOOTSTRAPS`,
+by the aiohttp resource the request matched.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 from urllib.parse import quote, urlencode
 
 import orjson
@@ -23,7 +23,7 @@ from changefeed.errors import CursorError
 from changefeed.protocol import CHANGEFEEDS, Resource
 from changefeed.watch import Watch, parse_watch
 from publisher.bucket import decode_marker, encode_marker
-from publisher.web.app_keys import BUCKET, CONFIG, HUB, LIVE
+from publisher.web.app_keys import BOOTSTRAPS, BUCKET, CONFIG, HUB, LIVE
 from publisher.web.fleet import stats_of_scope
 from publisher.web.http import bad_request, json_error
 from publisher.web.sse import add_sse_routes
@@ -107,70 +107,83 @@ def next_page(route: str, limit: int, watch: Watch, last_id: str) -> str:
     return f"{route}?{urlencode(params, safe='/', quote_via=quote)}"
 
 
+async def handle_stats(request: web.Request) -> web.Response:
+    """GET /changefeeds/stats: this process, or ?scope=fleet (publisher.web.fleet)."""
+    return await stats_of_scope(request)
+
+
+def _resource_of(request: web.Request) -> Resource:
+    """The resource whose bootstrap route `request` matched (kept by `add_routes` under
+    `BOOTSTRAPS`, by aiohttp resource: a route's GET and HEAD share it)."""
+    matched = request.match_info.route.resource
+    assert matched is not None  # a route of add_routes, not one of aiohttp's own (404, 405)
+    return request.app[BOOTSTRAPS][matched]
+
+
+async def handle_page(request: web.Request) -> web.Response:
+    """GET <bootstrapRoute>: a page of the resource's objects (`?limit`, `?marker`, a watch's
+    `?id`/`?prefix`, `?min_cursor`/`?wait`), with the next page's URL and the cursor."""
+    resource = _resource_of(request)
+    limits = request.app[LIVE].config.limits
+    limit = _limit(request, limits.page_size, limits.max_page_size)
+    marker = request.query.get("marker")
+    try:
+        after = None if marker is None else decode_marker(marker)
+    except ValueError as exc:
+        return json_error(400, "InvalidMarker", f"marker: {exc}")
+    unknown = set(request.query) - {"limit", "marker", "id", "prefix", "min_cursor", "wait"}
+    if unknown:
+        return json_error(
+            400, "InvalidQuery", f"unknown parameter(s): {', '.join(sorted(unknown))}"
+        )
+    watch = _watch(request)
+    refused = await at_least(request)
+    if refused is not None:
+        return refused
+    bucket = request.app[BUCKET]
+    if watch.everything:
+        result = await bucket.page(resource.resource, after, limit)
+    else:
+        result = await page_watched(bucket, resource.resource, watch, after, limit)
+    next_url = None
+    if len(result.ids) == limit:
+        next_url = next_page(resource.bootstrap_route, limit, watch, result.ids[-1])
+    cursor = result.cursor.encode() if result.cursor else None
+    body = (
+        b'{"items":['
+        + b",".join(s for s in result.states if s is not None)
+        + b'],"next":'
+        + orjson.dumps(next_url)
+        + b',"cursor":'
+        + orjson.dumps(cursor)
+        + b"}"
+    )
+    return web.Response(body=body, content_type="application/json")
+
+
+async def handle_one(request: web.Request) -> web.Response:
+    """GET <bootstrapRoute>/<id>: one object of the resource (`?min_cursor`/`?wait` too)."""
+    resource = _resource_of(request)
+    id = request.match_info["id"]
+    refused = await at_least(request)
+    if refused is not None:
+        return refused
+    state = await request.app[BUCKET].get(resource.resource, id)
+    if state is None:
+        return json_error(404, "ResourceNotFound", f"no {resource.resource} {id!r}")
+    return web.Response(body=state, content_type="application/json")
+
+
 def add_routes(app: web.Application) -> None:
     """Add the routes of `app[CONFIG]` (its resources decide the bootstrap routes)."""
-    config = app[CONFIG]
-
-    async def stats(request: web.Request) -> web.Response:
-        return await stats_of_scope(request)  # this process, or ?scope=fleet: publisher.web.fleet
-
-    def bootstrap(resource: Resource) -> Any:
-        async def page(request: web.Request) -> web.Response:
-            limits = request.app[LIVE].config.limits
-            limit = _limit(request, limits.page_size, limits.max_page_size)
-            marker = request.query.get("marker")
-            try:
-                after = None if marker is None else decode_marker(marker)
-            except ValueError as exc:
-                return json_error(400, "InvalidMarker", f"marker: {exc}")
-            unknown = set(request.query) - {"limit", "marker", "id", "prefix", "min_cursor",
-                                            "wait"}
-            if unknown:
-                return json_error(
-                    400, "InvalidQuery", f"unknown parameter(s): {', '.join(sorted(unknown))}"
-                )
-            watch = _watch(request)
-            refused = await at_least(request)
-            if refused is not None:
-                return refused
-            bucket = request.app[BUCKET]
-            if watch.everything:
-                result = await bucket.page(resource.resource, after, limit)
-            else:
-                result = await page_watched(bucket, resource.resource, watch, after, limit)
-            next_url = None
-            if len(result.ids) == limit:
-                next_url = next_page(resource.bootstrap_route, limit, watch, result.ids[-1])
-            cursor = result.cursor.encode() if result.cursor else None
-            body = (
-                b'{"items":['
-                + b",".join(s for s in result.states if s is not None)
-                + b'],"next":'
-                + orjson.dumps(next_url)
-                + b',"cursor":'
-                + orjson.dumps(cursor)
-                + b"}"
-            )
-            return web.Response(body=body, content_type="application/json")
-
-        async def one(request: web.Request) -> web.Response:
-            id = request.match_info["id"]
-            refused = await at_least(request)
-            if refused is not None:
-                return refused
-            state = await request.app[BUCKET].get(resource.resource, id)
-            if state is None:
-                return json_error(404, "ResourceNotFound", f"no {resource.resource} {id!r}")
-            return web.Response(body=state, content_type="application/json")
-
-        return page, one
-
     # GET /changefeeds, plain (the resources) or an upgrade (a listener): one handler, so that
     # a listener's connection holds no coroutine frame of a dispatcher in front of it.
     app.router.add_get(CHANGEFEEDS, handle_changefeeds)
-    app.router.add_get("/changefeeds/stats", stats)
+    app.router.add_get("/changefeeds/stats", handle_stats)
     add_sse_routes(app)
-    for resource in config.resources:
-        page, one = bootstrap(resource)
-        app.router.add_get(resource.bootstrap_route, page)
-        app.router.add_get(resource.bootstrap_route + "/{id:.+}", one)
+    bootstraps = app[BOOTSTRAPS] = {}
+    for resource in app[CONFIG].resources:
+        page = app.router.add_get(resource.bootstrap_route, handle_page)
+        one = app.router.add_get(resource.bootstrap_route + "/{id:.+}", handle_one)
+        assert page.resource is not None and one.resource is not None
+        bootstraps[page.resource] = bootstraps[one.resource] = resource
