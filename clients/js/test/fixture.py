@@ -29,8 +29,7 @@ from typing import Any
 import orjson
 
 from changefeed_testing.servers import PublisherProcess, RedisServer, free_port, write_config
-from publisher.bucket import Change
-from publisher.bucket.cluster import open_bucket
+from publisher.bucket import Change, open_bucket
 from publisher.config.settings import load_config
 
 
