@@ -9,6 +9,8 @@
  *     ├── RegistrationRejected  the publisher refused the registration (closeCode, reason): fatal
  *     ├── RetriesExhausted      the backoff's retries are used up (lastError): fatal
  *     ├── CursorGone            waitFor() on a cursor of another bucket epoch
+ *     ├── CursorError           waitFor() on a string that is not a cursor, or a cursor of the other
+ *     │                         kind (single/composite) or partition count than the listener's
  *     └── ListenerClosed        close() was called while waiting
  *
  * Retried errors are reported with the `error` event; fatal ones end the listener (`fatal`
@@ -77,6 +79,17 @@ export class RetriesExhausted extends ChangefeedError {
 
 export class CursorGone extends ChangefeedError {
     override name = "CursorGone";
+}
+
+/** A cursor string that could not be decoded (Python's `changefeed.errors.CursorError`). */
+export class CursorError extends ChangefeedError {
+    override name = "CursorError";
+    constructor(
+        readonly cursor: string,
+        readonly why: string,
+    ) {
+        super(`invalid cursor ${JSON.stringify(cursor)}: ${why}`);
+    }
 }
 
 export class ListenerClosed extends ChangefeedError {

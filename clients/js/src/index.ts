@@ -30,7 +30,7 @@ export class Listener extends BaseListener {
 
 export { Backoff, type BackoffOptions } from "./backoff.js";
 export {
-    ChangefeedError, ConnectionLost, CursorGone, HttpError, ListenerClosed, ProtocolError,
+    ChangefeedError, ConnectionLost, CursorError, CursorGone, HttpError, ListenerClosed, ProtocolError,
     RegistrationRejected, RetriesExhausted, Unauthorized, isRetryable,
 } from "./errors.js";
 export type {

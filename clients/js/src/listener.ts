@@ -6,9 +6,10 @@ import { type BackoffOptions } from "./backoff.js";
 import { type Plan, ListenerCore } from "./core.js";
 import { Emitter } from "./emitter.js";
 import {
-    ChangefeedError, ConnectionLost, CursorGone, HttpError, ListenerClosed, ProtocolError, Unauthorized,
+    ChangefeedError, ConnectionLost, HttpError, ListenerClosed, ProtocolError, Unauthorized,
 } from "./errors.js";
-import { type ChangeItem, type Resource, type Watch, splitCursor } from "./protocol.js";
+import { type ChangeItem, type Resource, type Watch } from "./protocol.js";
+import { type ParsedCursor, parseCursor, reached } from "./cursor.js";
 import { type Socket, type Transport } from "./transport.js";
 
 /** A bunyan/pino-style logger; nothing is logged without one. */
@@ -107,8 +108,7 @@ function deferred<T>(): Deferred<T> {
 }
 
 interface Waiter {
-    epoch: string;
-    position: string;
+    wanted: ParsedCursor;
     done: Deferred<void>;
 }
 
@@ -177,12 +177,14 @@ export class BaseListener extends Emitter<ListenerEvents> implements AsyncIterab
     /**
      * Resolves once this listener has handed over the change at `cursor` (what a commit
      * returned), a later change, or a bootstrap that began after it: read-your-writes.
-     * Rejects with CursorGone for a cursor of another bucket epoch, with a TimeoutError-named
-     * error after `timeout` seconds, with ListenerClosed on close().
+     * Single-position cursors and the composite ones of a bucket in a Redis Cluster (reached when
+     * each partition's position is). Throws CursorError at once when `cursor` is not a cursor;
+     * rejects with CursorGone for a cursor of another bucket epoch than the listener's last
+     * delivery, with CursorError for one of the other kind or partition count, with a
+     * TimeoutError-named error after `timeout` seconds, with ListenerClosed on close().
      */
     async waitFor(cursor: string, options: { timeout?: number } = {}): Promise<void> {
-        const [epoch, position] = splitCursor(cursor);
-        const waiter: Waiter = { epoch, position, done: deferred<void>() };
+        const waiter: Waiter = { wanted: parseCursor(cursor), done: deferred<void>() };
         if (this.check(waiter)) return;
         if (this.closed) throw new ListenerClosed();
         this.waiters.add(waiter);
@@ -278,13 +280,7 @@ export class BaseListener extends Emitter<ListenerEvents> implements AsyncIterab
     }
 
     private check(waiter: Waiter): boolean {
-        if (this.delivered === null) return false;
-        const [epoch, position] = splitCursor(this.delivered);
-        if (epoch !== waiter.epoch) {
-            throw new CursorGone(`cursor ${waiter.epoch}.${waiter.position} is of bucket epoch ${waiter.epoch}, `
-                + `the listener's is ${epoch}: the bucket was recreated; its bootstrap is the state to trust`);
-        }
-        return position >= waiter.position;
+        return reached(this.delivered, waiter.wanted);
     }
 
     private log(level: keyof Logger, fields: object, message: string): void {

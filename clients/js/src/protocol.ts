@@ -147,12 +147,3 @@ export function publisherUrls(url: string): [string, string] {
     const ws = `${scheme === "https" ? "wss" : "ws"}://${parsed.host}${path}${CHANGEFEEDS}`;
     return [base, ws];
 }
-
-/** Cursors: `<epoch>.<position>`; one epoch's positions sort as strings (docs/protocol.md). */
-export function splitCursor(cursor: string): [string, string] {
-    const dot = cursor.indexOf(".");
-    if (dot <= 0 || dot === cursor.length - 1 || cursor.includes(",")) {
-        throw new TypeError(`not a single-position cursor: ${JSON.stringify(cursor)}`);
-    }
-    return [cursor.slice(0, dot), cursor.slice(dot + 1)];
-}

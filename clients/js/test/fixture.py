@@ -9,7 +9,11 @@ one JSON object on a line, and gets one JSON line back: {"ok": ...} or {"error":
     {"op": "publisher", "config": {...}, "fixedPort": true}  -> {"id", "url"}
     {"op": "kill" | "stop" | "start", "id"}                  -> {"url"}
     {"op": "output", "id"}                                    -> the publisher's output
-    {"op": "commit", "changes": [[resource, id, subs, state or null, delete?], ...]} -> cursors
+    {"op": "commit", "changes": [[resource, id, subs, state or null, delete?], ...],
+     "bucket": "cluster"?}                                    -> cursors (composite on "cluster")
+    {"op": "cluster", "partitions": n}  -> {"id", "url"}: a publisher on a bucket of n partitions
+                                           in a 3-master Redis Cluster (started on first use), by
+                                           a redis+cluster:// URL
     {"op": "trim", "maxAge": seconds}                         -> items removed
     {"op": "flush"}                                           -> the bucket is gone (new epoch)
     {"op": "pki"}                                             -> {"ca", "cert", "key"}: PEM files
@@ -28,8 +32,14 @@ from typing import Any
 
 import orjson
 
-from changefeed_testing.servers import PublisherProcess, RedisServer, free_port, write_config
-from publisher.bucket import Change, open_bucket
+from changefeed_testing.servers import (
+    PublisherProcess,
+    RedisCluster,
+    RedisServer,
+    free_port,
+    write_config,
+)
+from publisher.bucket import Change, ChangeBucket, open_bucket
 from publisher.config.settings import load_config
 
 
@@ -41,6 +51,23 @@ class Fixture:
         self.config_path = write_config(directory / "base.js", self.redis.url)
         config = load_config(self.config_path)
         self.bucket = open_bucket(self.redis.url, config.bucket.name, config.resources)
+        self.cluster: RedisCluster | None = None
+        self.cluster_bucket: ChangeBucket | None = None
+
+    async def start_cluster(self, partitions: int) -> dict[str, str]:
+        """A publisher on a bucket of `partitions` partitions in a Redis Cluster (one cluster,
+        one bucket: a second call gives another publisher on the same bucket)."""
+        if self.cluster is None:
+            self.cluster = await asyncio.to_thread(RedisCluster(self.directory / "cluster").start)
+        bucket = {"redisUrl": self.cluster.url, "name": "cluster", "partitions": partitions}
+        name = f"p{len(self.publishers) + 1}"
+        path = write_config(self.directory / f"{name}.js", self.cluster.url, bucket=bucket)
+        if self.cluster_bucket is None:
+            self.cluster_bucket = open_bucket(load_config(path))
+        process = PublisherProcess(path)
+        await asyncio.to_thread(process.start)
+        self.publishers[name] = process
+        return {"id": name, "url": process.url}
 
     async def handle(self, command: dict[str, Any]) -> Any:
         op = command["op"]
@@ -63,7 +90,14 @@ class Fixture:
             return {"url": process.url}
         if op == "output":
             return self.publishers[command["id"]].output()
+        if op == "cluster":
+            return await self.start_cluster(int(command["partitions"]))
         if op == "commit":
+            bucket = self.bucket
+            if command.get("bucket") == "cluster":
+                if self.cluster_bucket is None:
+                    raise ValueError("no cluster bucket: start one with the cluster op first")
+                bucket = self.cluster_bucket
             changes = []
             for resource, id, subs, state, *rest in command["changes"]:
                 if rest and rest[0]:
@@ -72,7 +106,7 @@ class Fixture:
                     changes.append(Change.publish(resource, id, subs))
                 else:
                     changes.append(Change.put(resource, id, subs, state))
-            return await self.bucket.commit_many(changes)
+            return await bucket.commit_many(changes)
         if op == "trim":
             return await self.bucket.trim(float(command["maxAge"]))
         if op == "pki":
@@ -87,10 +121,15 @@ class Fixture:
             return True
         raise ValueError(f"unknown op {op!r}")
 
-    def close(self) -> None:
+    async def aclose(self) -> None:
+        await self.bucket.aclose()
+        if self.cluster_bucket is not None:
+            await self.cluster_bucket.aclose()
         for process in self.publishers.values():
             process.stop()
         self.redis.stop()
+        if self.cluster is not None:
+            self.cluster.stop()
 
 
 async def main() -> None:
@@ -109,8 +148,7 @@ async def main() -> None:
                     answer = {"error": f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"}
                 print(orjson.dumps(answer).decode(), flush=True)
         finally:
-            await fixture.bucket.aclose()
-            fixture.close()
+            await fixture.aclose()
 
 
 if __name__ == "__main__":

@@ -73,7 +73,17 @@ export class Fixture {
 
     /** Commit changes: [resource, id, subs, state?] each; their cursors. */
     commit(...changes) {
-        return this.call({ op: "commit", changes: changes.map(([r, id, subs, state, del]) => [r, id, subs, state ?? { id }, del ?? false]) });
+        return this.commitTo("default", ...changes);
+    }
+
+    /** A publisher on a bucket of `partitions` partitions in a 3-master Redis Cluster: {id, url}. */
+    cluster(partitions) {
+        return this.call({ op: "cluster", partitions });
+    }
+
+    /** Commit to "default" (the redis-server's bucket) or "cluster": the cursors. */
+    commitTo(bucket, ...changes) {
+        return this.call({ op: "commit", bucket, changes: changes.map(([r, id, subs, state, del]) => [r, id, subs, state ?? { id }, del ?? false]) });
     }
 
     async close() {

@@ -197,9 +197,10 @@ test("waitFor(cursor): read-your-writes, and a timeout", async () => {
         const [cursor] = await fixture.commit(vm(1, "w"));
         await feed.waitFor(cursor, { timeout: 20 });
         assert.ok(feed.cursor >= cursor);
-        const [epoch, position] = cursor.split(".");
-        const future = `${epoch}.${"f".repeat(position.length)}`;
+        const [epoch] = cursor.split(".");
+        const future = `${epoch}.ffffffffffffa0`; // the last millisecond a 12-digit ms can say
         await assert.rejects(feed.waitFor(future, { timeout: 0.2 }), { name: "TimeoutError" });
+        await assert.rejects(feed.waitFor("nope"), { name: "CursorError" });
     } finally {
         await feed.close();
     }

@@ -26,7 +26,7 @@ export class Listener extends BaseListener {
 export { SseListener, type SseOptions } from "./sse.js";
 export { Backoff, type BackoffOptions } from "../backoff.js";
 export {
-    ChangefeedError, ConnectionLost, CursorGone, HttpError, ListenerClosed, ProtocolError,
+    ChangefeedError, ConnectionLost, CursorError, CursorGone, HttpError, ListenerClosed, ProtocolError,
     RegistrationRejected, RetriesExhausted, Unauthorized,
 } from "../errors.js";
 export type { ChangeEvent, ListenerEvent, ListenerEvents, ListenerOptions, Registered } from "../listener.js";
