@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -19,6 +19,7 @@ from publisher import ChangeBucket, connect, load_config
 from tests.faults.harness import FAST, RESOURCE, Recorder
 from tests.faults.nemesis.readers import DurableReader, FeedReader, PullReader, SseReader
 from tests.faults.nemesis.schedule import Fault, make_schedule, render
+from tests.faults.nemesis.soak import Samples, Slope, churn, refusals, sample, slopes
 from tests.faults.nemesis.system import Injected, System
 from tests.faults.nemesis.verdict import READY_WITHIN, Judgement, judge, recoveries
 from tests.faults.nemesis.writers import ApiWriter, BatchWriter, CliWriter, Writer
@@ -50,7 +51,8 @@ class Result:
     recover: list[float]
     seconds: float
     switches: int = 0
-    notes: list[str] = field(default_factory=list)
+    slopes: list[Slope] = field(default_factory=list)
+    samples: Samples | None = None
 
     def summary(self) -> str:
         j = self.judgement
@@ -98,15 +100,22 @@ async def _started(follower: Follower) -> None:
 
 async def run_schedule(system: System, faults: Sequence[Fault], start: float,
                        done: list[Injected]) -> None:
-    """Inject and heal every fault at its time (faults on other targets overlap)."""
+    """Inject and heal every fault at its time (faults on other targets overlap). A fault
+    whose target is still being healed (a publisher starting again takes a moment, longer on a
+    busy machine) waits for that heal: faults on one target never overlap."""
+    healing: dict[str, asyncio.Lock] = {f.target: asyncio.Lock() for f in faults}
 
     async def one(fault: Fault) -> None:
         await asyncio.sleep(max(0.0, start + fault.at - time.monotonic()))
-        print(f"  {time.monotonic() - start:7.2f}s inject {fault.describe()}", flush=True)
-        injected = await system.inject(fault)
-        done.append(injected)
-        await asyncio.sleep(max(0.0, injected.started + fault.hold - time.monotonic()))
-        await system.heal(injected)
+        async with healing[fault.target]:
+            late = time.monotonic() - start - fault.at
+            print(f"  {time.monotonic() - start:7.2f}s inject {fault.describe()}"
+                  f"{f' ({late:.2f}s late: its target was healing)' if late > 0.1 else ''}",
+                  flush=True)
+            injected = await system.inject(fault)
+            done.append(injected)
+            await asyncio.sleep(max(0.0, injected.started + fault.hold - time.monotonic()))
+            await system.heal(injected)
         print(f"  {time.monotonic() - start:7.2f}s healed #{fault.number}"
               f"{' ' + '; '.join(injected.notes) if injected.notes else ''}", flush=True)
 
@@ -114,74 +123,116 @@ async def run_schedule(system: System, faults: Sequence[Fault], start: float,
 
 
 @contextlib.asynccontextmanager
-async def writing(writers: Sequence[Writer], stop: Callable[[], bool]) -> AsyncIterator[None]:
-    tasks = [asyncio.create_task(w.run(stop)) for w in writers]
+async def writing(writers: Sequence[Writer]) -> AsyncIterator[asyncio.Event]:
+    """Run `writers` until the event this yields is set, or the block ends (then waits for
+    them: each finishes the commit it is at, retries included)."""
+    stop = asyncio.Event()
+    tasks = [asyncio.create_task(w.run(stop.is_set)) for w in writers]
     try:
-        yield
+        yield stop
     finally:
+        stop.set()
         async with asyncio.timeout(scaled(90)):
             await asyncio.gather(*tasks)
 
 
+@dataclass
+class Run:
+    """What a run holds while it goes: the system, the history, the listeners, the writers."""
+
+    seed: int
+    system: System
+    history: History = field(default_factory=History)
+    followers: dict[str, Follower] = field(default_factory=dict)
+    writers: list[Writer] = field(default_factory=list)
+    done: list[Injected] = field(default_factory=list)
+    bucket: ChangeBucket | None = None
+
+    async def start(self) -> None:
+        await self.system.start()
+        self.followers = listeners(self.system, self.history)
+        for follower in self.followers.values():
+            follower.start()  # type: ignore[attr-defined]
+        await asyncio.gather(*(_started(f) for f in self.followers.values()))
+        config = load_config(self.system.publishers[0].config)
+        self.bucket = ChangeBucket(connect(self.system.sentinel_url), config.bucket.name,
+                                   config.resources)
+        self.writers = [
+            ApiWriter(self.bucket, "api", self.history, pace=0.1, seed=self.seed),
+            BatchWriter(self.bucket, "batch", self.history, pace=0.5, seed=self.seed),
+            CliWriter(self.system.publishers[0].config, "cli", self.history, pace=3.0,
+                      seed=self.seed),
+        ]
+
+    async def settle(self) -> list[str]:
+        """The last commits: the first may find a loss (the writer's witness) and start a new
+        epoch; every listener must deliver the second. The names of those that did not."""
+        await self.writers[0].once()
+        await asyncio.sleep(1.0)
+        await self.writers[0].once()
+        last = self.history.acked[-1] if self.history.acked else None
+        results = await asyncio.gather(*(f.caught_up(last, SETTLE)
+                                         for f in self.followers.values()))
+        return [n for n, ok in zip(self.followers, results, strict=True) if not ok]
+
+    async def aclose(self) -> None:
+        if self.bucket is not None:
+            await self.bucket.aclose()
+        for follower in self.followers.values():
+            await follower.aclose()
+        await self.system.aclose()
+
+
 async def nemesis(seed: int, duration: float, directory: Path, *,
-                  faults: Sequence[Fault] | None = None,
-                  during: Callable[[System, History], Awaitable[None]] | None = None) -> Result:
-    """Run the schedule of `seed` (or `faults`) for `duration` seconds; `during` runs beside it
-    (the soak's churn and sampling)."""
+                  faults: Sequence[Fault] | None = None, soak: bool = False) -> Result:
+    """Run the schedule of `seed` (or `faults`) for `duration` seconds, then judge the history.
+    `soak`: with churn and resource sampling beside it (tests/faults/nemesis/soak.py)."""
     schedule = list(faults) if faults is not None else make_schedule(seed, duration)
     print(render(seed, duration, schedule), flush=True)
     began = time.monotonic()
-    system = System(directory, soak=during is not None)
-    history = History()
-    followers: dict[str, Follower] = {}
+    run = Run(seed, System(directory, soak=soak))
+    samples = Samples()
     try:
-        await system.start()
-        followers = listeners(system, history)
-        for follower in followers.values():
-            follower.start()  # type: ignore[attr-defined]
-        await asyncio.gather(*(_started(f) for f in followers.values()))
-        config = load_config(system.publishers[0].config)
-        bucket = ChangeBucket(connect(system.sentinel_url), config.bucket.name, config.resources)
-        writers: list[Writer] = [
-            ApiWriter(bucket, "api", history, pace=0.1, seed=seed),
-            BatchWriter(bucket, "batch", history, pace=0.5, seed=seed),
-            CliWriter(system.publishers[0].config, "cli", history, pace=3.0, seed=seed),
-        ]
-        done: list[Injected] = []
+        await run.start()
         start = time.monotonic()
-        stop = False
-        try:
-            async with writing(writers, lambda: stop):
-                tasks = [run_schedule(system, schedule, start, done)]
-                if during is not None:
-                    tasks.append(during(system, history))
-                await asyncio.gather(*tasks)
-                ready = await system.ready(READY_WITHIN)
-                await asyncio.sleep(max(0.0, start + duration - time.monotonic()))
-                stop = True
-            # The last commits: the first may find a loss (the writer's witness) and start a
-            # new epoch; every listener must deliver the second.
-            await writers[0].once()
-            await asyncio.sleep(1.0)
-            await writers[0].once()
-            last = history.acked[-1] if history.acked else None
-            results = await asyncio.gather(*(f.caught_up(last, SETTLE)
-                                             for f in followers.values()))
-            behind = [n for n, ok in zip(followers, results, strict=True) if not ok]
-            await system.evidence()
-        finally:
-            await bucket.aclose()
-        failures = [f"{n}: listener raised {f.failure!r}" for n, f in followers.items()
-                    if isinstance(f, Recorder) and f.failure is not None]
+        async with writing(run.writers) as stop:
+            beside = [asyncio.create_task(churn(run.system, samples, start + duration, seed)),
+                      asyncio.create_task(sample(run.system, samples, start + duration)),
+                      ] if soak else []
+            await run_schedule(run.system, schedule, start, run.done)
+            ready = await run.system.ready(READY_WITHIN)
+            await asyncio.gather(*beside)
+            await asyncio.sleep(max(0.0, start + duration - time.monotonic()))
+            stop.set()
         end = time.monotonic()
-        judgement = judge(seed, history, done, end, ready=ready, behind=behind,
-                          failures=failures)
-        return Result(seed, duration, schedule, done, writers, judgement,
-                      recoveries(history, done), end - began, system.switches)
+        if soak:
+            samples.refused = await refusals(run.system)
+        behind = await run.settle()
+        await run.system.evidence()
+        failures = [f"{n}: listener raised {f.failure!r}" for n, f in run.followers.items()
+                    if isinstance(f, Recorder) and f.failure is not None]
+        measured = phases(samples, start, end, schedule) if soak else []
+        failures += [f"leak: {s.describe()}" for s in measured if s.leak]
+        judgement = judge(seed, run.history, run.done, time.monotonic(), ready=ready,
+                          behind=behind, failures=failures)
+        return Result(seed, duration, schedule, run.done, run.writers, judgement,
+                      recoveries(run.history, run.done), time.monotonic() - began,
+                      run.system.switches, slopes=measured, samples=samples)
     finally:
-        for follower in followers.values():
-            await follower.aclose()
-        await system.aclose()
+        await run.aclose()
 
 
-__all__ = ["Result", "listeners", "nemesis", "run_schedule"]
+def phases(samples: Samples, start: float, end: float, schedule: Sequence[Fault]) -> list[Slope]:
+    """The slopes of the soak: over the second half of the part without faults, and over the
+    second half of the part with faults (when both are long enough)."""
+    first = min((f.at for f in schedule), default=end - start)
+    found = []
+    if first >= 30:
+        found += slopes(samples, start, start + first)
+    if end - start - first >= 30:
+        found += [replace(s, component=f"{s.component} (faults)")
+                  for s in slopes(samples, start + first, end)]
+    return found
+
+
+__all__ = ["Result", "Run", "listeners", "nemesis", "phases", "run_schedule"]

@@ -23,6 +23,9 @@ from dataclasses import dataclass
 
 SENTINEL_DOWN_AFTER = 1.0
 """Seconds without an answer before the sentinels call the master down (and fail over)."""
+REST = 2.0
+"""Seconds a target rests between the heal of one fault and the next fault on it (a publisher
+or Redis starting again takes about that long on a busy machine)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +111,7 @@ def make_schedule(seed: int, duration: float, *, warmup: float = 3.0, quiet: flo
         if busy.get(target, 0.0) > t:
             continue  # that target is still under a fault: draw again later
         faults.append(Fault(len(faults) + 1, kind.name, target, round(t, 2), hold))
-        busy[target] = t + hold + 0.5
+        busy[target] = t + hold + REST
     return faults
 
 

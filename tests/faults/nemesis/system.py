@@ -119,6 +119,8 @@ class System:
         if n == 0:
             limits |= {"window": 200, "sendBuffer": 16384}  # slow listeners coalesce or 4008
         extra: dict[str, Any] = {"limits": limits, "durable": {"consumers": ["billing"]}}
+        if self.soak:
+            extra["maxAge"] = 30  # the log is trimmed: Redis's memory levels off
         if self.soak and n == 1:
             extra["clientLimits"] = {"maxListeners": 12}  # the churn meets refusals here
         return write_config(self.directory / f"publisher{n}.js", url,

@@ -4,8 +4,11 @@ failover), and records every outcome in the `History`.
 
 - `ApiWriter`: one change per commit, `ChangeBucket.commit(..., key=...)`;
 - `BatchWriter`: 1 to 5 changes per commit, `ChangeBucket.commit_many(..., key=...)`;
-- `CliWriter`: `changefeed publish --key ...` in a subprocess, now and then (a process start
-  costs a core for a moment).
+- `CliWriter`: `changefeed publish --key ... --replicas 1` in a subprocess, now and then (a
+  process start costs a core for a moment). A one-shot process has no witness (it cannot tell a
+  later commit that Redis lost this one), so it asks the replica to confirm each commit
+  (docs/reliability.md): acknowledged then means on both nodes, and a commit the replica did not
+  confirm is recorded as of unknown outcome and retried under its key.
 
 A state is `{"uuid": id, "seq": n}`, `n` growing per writer, so a bootstrap that shows an id at
 `seq >= n` reflects commit `n` (tests/faults/oracle.py, *covered*).
@@ -132,7 +135,7 @@ class CliWriter(Writer):
         state = orjson.dumps({"uuid": id, "seq": seq}).decode()
         command = [sys.executable, "-m", "changefeed_cli", "publish", "--config",
                    str(self.config), RESOURCE, id, "--sub", ",".join(SUBS), "--data", state,
-                   "--key", key]
+                   "--key", key, "--replicas", "1", "--replicas-timeout", "2"]
         deadline = time.monotonic() + scaled(RETRY_FOR)
         while True:
             self.tries += 1
@@ -141,8 +144,10 @@ class CliWriter(Writer):
                 self._acked(id, seq, out.strip().splitlines()[-1])
                 return
             self.failures += 1
-            # "outcome unknown" (a sent commit unanswered), a timeout, or a signal: may be in.
-            if code is None or "unknown" in err.lower():
+            # CommitOutcomeUnknown (a sent commit unanswered: "... may have been written"),
+            # written on the master only (the replica did not confirm it: a failover may lose
+            # it), or a publish that had to be killed: it may be in.
+            if code is None or "may have been written" in err or "written on the master" in err:
                 self.history.unknown(id, seq, time.monotonic())
             if time.monotonic() > deadline:
                 self.history.failed(id, seq, time.monotonic())
