@@ -53,7 +53,7 @@ def test_faults_overlap_but_never_on_one_target() -> None:
 
 def test_faults_stay_inside_the_run_and_the_test_seed_draws_every_kind() -> None:
     faults = make_schedule(SEED, 60)
-    assert all(3.0 <= f.at and f.end <= 60 - 4.0 for f in faults)
+    assert all(f.at >= 3.0 and f.end <= 60 - 4.0 for f in faults)
     assert {f.kind for f in faults} == {k.name for k in KINDS}
 
 
