@@ -203,9 +203,9 @@ class ListenerLog:
     def redelivered_after_ack(self) -> list[tuple[Acked, Delivered]]:
         """Deliveries of an item (by position and id) after an ack of it was applied."""
         acked: dict[tuple[str, str], Acked] = {}
-        found = []
-        events = sorted([*self.acks, *self.changes], key=lambda e: e.stamp)
-        for event in events:
+        found: list[tuple[Acked, Delivered]] = []
+        events: list[Acked | Delivered] = [*self.acks, *self.changes]
+        for event in sorted(events, key=lambda e: e.stamp):
             key = (position_of(event.cursor), event.id)
             if isinstance(event, Acked):
                 acked.setdefault(key, event)

@@ -171,6 +171,7 @@ async def test_a_60_second_nemesis_loses_nothing_unannounced(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     result = await nemesis(SEED, 60, Path(tmp_path_factory.mktemp("nemesis")))
+    print(result.summary())  # with -s: the run's figures
     verdict = result.judgement.verdict
     assert verdict.committed > 200, result.summary()
     assert verdict.total.received > 1000, result.summary()
@@ -185,6 +186,7 @@ async def test_a_2_minute_soak_under_churn_does_not_leak(
 ) -> None:
     result = await nemesis(SEED, 120, Path(tmp_path_factory.mktemp("soak")), faults=[],
                            soak=True)
+    print(result.summary(), *(s.describe() for s in result.slopes), sep="\n")
     assert result.samples is not None and result.samples.churned > 150
     assert result.samples.refused > 0, "the churn met publisher 1's maxListeners"
     measured = {(s.component, s.metric) for s in result.slopes}

@@ -38,6 +38,25 @@ past 12 listeners) and samples publisher RSS, open fds, asyncio tasks and the Re
 memory every 3 s; a least-squares slope over the second half of a phase above its limit
 (tests/faults/nemesis/soak.py `LIMITS`) is a leak.
 
+The faults (tests/faults/nemesis/schedule.py `KINDS`): SIGKILL and SIGSTOP of a publisher
+(killed ones start again on their port), SIGKILL and SIGSTOP of the Redis master (whichever node
+the sentinels name then; a killed node comes back with its append-only file), `SENTINEL
+FAILOVER`, the master restarted empty or from an RDB snapshot taken when the fault began, the
+listeners' link to publisher 0 blackholed, dripping 2000 B/s or cut (a TCP proxy), and a
+partition between publisher 2 and Redis. The partition is a blackholing proxy that always leads
+to the current master, not a network namespace: `ip netns` with a veth pair works here (as
+root), but the sentinels hand out the master's loopback address, which inside a namespace is the
+namespace's own; every node and sentinel would have to announce veth addresses and every
+listener route into the namespace. No fault touches a clock. The PostgreSQL outbox relay
+(issue 23) is not merged yet: it joins as more kinds (relay SIGKILL/SIGSTOP, PostgreSQL paused,
+relay partitioned) on targets of its own, and as one more writer; the oracle needs no change.
+
+The writers: one commit at a time (`ChangeBucket.commit`, 10 a second), batches of 1 to 5
+(`commit_many`, 2 a second), and `changefeed publish --replicas 1` every 3 s, each under an
+idempotency key and retried with it until acknowledged. The command-line writer asks for its
+replica's confirmation because a one-shot process has no witness: without it, a commit it was
+acknowledged just before a failover could be lost unannounced (the case "Not seen" above).
+
 Bugs the nemesis found, each fixed at its cause with a regression test of its own:
 
 - **A split brain's acknowledged commits were lost silently** (seed 1, 30 s: a forced failover,

@@ -33,6 +33,8 @@ SETTLE = 30.0
 class Follower(Protocol):
     """What the run asks of every listener: `harness.Recorder` and `readers.Reader`."""
 
+    def start(self) -> None: ...
+
     async def caught_up(self, attempt: Attempt | None, within: float) -> bool: ...
 
     async def aclose(self) -> None: ...
@@ -152,7 +154,7 @@ class Run:
         await self.system.start()
         self.followers = listeners(self.system, self.history)
         for follower in self.followers.values():
-            follower.start()  # type: ignore[attr-defined]
+            follower.start()
         await asyncio.gather(*(_started(f) for f in self.followers.values()))
         config = load_config(self.system.publishers[0].config)
         self.bucket = ChangeBucket(connect(self.system.sentinel_url), config.bucket.name,

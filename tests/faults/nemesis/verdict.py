@@ -32,7 +32,7 @@ from tests.faults.oracle import (
     Outcome,
     Verdict,
     classify,
-    duplicated,
+    epoch_of,
     strangers,
 )
 
@@ -94,9 +94,13 @@ def first_offence(judgement: Judgement, history: History, done: Sequence[Injecte
     """The seed, the first offending change (lost, duplicated, reordered or never written) of
     the first listener that has one, the faults in progress then, and its trace."""
     acked = history.acked
+    maybe = {a.id for a in history.attempts if a.outcome is Outcome.UNKNOWN}
     start = min((i.started - i.fault.at for i in done), default=0.0)
     for name, log in history.listeners.items():
-        offence = _offence(log, acked)
+        tally = judgement.verdict.listeners[name]
+        if not (tally.lost or tally.duplicated or tally.reordered or tally.unacknowledged):
+            continue
+        offence = _offence(log, acked, maybe)
         if offence is None:
             continue
         what, id, when = offence
@@ -113,18 +117,30 @@ def first_offence(judgement: Judgement, history: History, done: Sequence[Injecte
     return ""
 
 
-def _offence(log: ListenerLog, acked: Sequence[Attempt]) -> tuple[str, str, float] | None:
+def _offence(log: ListenerLog, acked: Sequence[Attempt],
+             maybe: set[str]) -> tuple[str, str, float] | None:
+    """The first lost, duplicated, reordered or never acknowledged change of `log` (ids in
+    `maybe` had a commit of unknown outcome: theirs may have been written)."""
     owed = [a for a in acked if a.stamp > log.after]
     lost = next((a for a in owed if classify(log, a) == "lost"), None)
     if lost is not None:
         return f"lost {lost.id} seq {lost.seq} cursor {lost.cursor}", lost.id, lost.time
-    if duplicated(log):
-        seen: set[tuple[str, str]] = set()
-        for n, change in enumerate(log.changes):
-            if (change.cursor, change.id) in seen and not log.excused(change, log.changes[:n]):
-                return f"duplicated {change.id} {change.cursor}", change.id, change.time
-            seen.add((change.cursor, change.id))
-    stranger = next(iter(strangers(log, acked)), None)
+    seen: set[tuple[str, str]] = set()
+    newest: dict[str, str] = {}
+    resyncs = [r.stamp for r in log.resyncs]
+    for n, change in enumerate(log.changes):
+        if resyncs and resyncs[0] < change.stamp:  # a Resync starts the order over
+            resyncs = [r for r in resyncs if r > change.stamp]
+            newest = {}
+        epoch = epoch_of(change.cursor)
+        again = (change.cursor, change.id) in seen
+        back = change.cursor < newest.get(epoch, "")
+        if (again or back) and not log.excused(change, log.changes[:n]):
+            what = "duplicated" if again else f"reordered (after {newest[epoch]})"
+            return f"{what} {change.id} {change.cursor}", change.id, change.time
+        seen.add((change.cursor, change.id))
+        newest[epoch] = max(change.cursor, newest.get(epoch, change.cursor))
+    stranger = next((c for c in strangers(log, acked) if c.id not in maybe), None)
     if stranger is not None:
         return (f"received, never acknowledged: {stranger.id} {stranger.cursor}", stranger.id,
                 stranger.time)

@@ -70,8 +70,9 @@ class Writer:
 
 
 class ApiWriter(Writer):
-    def __init__(self, bucket: ChangeBucket, name: str, history: History, **kw: float) -> None:
-        super().__init__(name, history, **kw)  # type: ignore[arg-type]
+    def __init__(self, bucket: ChangeBucket, name: str, history: History, *,
+                 pace: float = 0.1, seed: int = 0) -> None:
+        super().__init__(name, history, pace=pace, seed=seed)
         self.bucket = bucket
 
     async def once(self) -> None:
@@ -125,8 +126,9 @@ class BatchWriter(ApiWriter):
 class CliWriter(Writer):
     """`changefeed publish --config <config> vm <id> --sub nic --data <state> --key <key>`."""
 
-    def __init__(self, config: Path, name: str, history: History, **kw: float) -> None:
-        super().__init__(name, history, **kw)  # type: ignore[arg-type]
+    def __init__(self, config: Path, name: str, history: History, *,
+                 pace: float = 3.0, seed: int = 0) -> None:
+        super().__init__(name, history, pace=pace, seed=seed)
         self.config = config
 
     async def once(self) -> None:
