@@ -360,7 +360,7 @@ def tally(log: ListenerLog, acked: Sequence[Attempt], unknown: Sequence[Attempt]
     strangers: dict[str, set[str]] = defaultdict(set)
     for cursor, id in delivered:
         if (cursor, id) not in known and (position_of(cursor), id) not in known:
-            strangers[id].add(cursor)
+            strangers[id].add(position_of(cursor))  # one item, whatever epoch it came under
     maybes = Counter(a.id for a in unknown)
     maybe_received = sum(min(len(cursors), maybes[id]) for id, cursors in strangers.items())
     unacknowledged = sum(len(cursors) for cursors in strangers.values()) - maybe_received

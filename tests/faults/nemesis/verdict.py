@@ -19,6 +19,7 @@ every commit of its id, what that listener delivered of it, its Resyncs and boot
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -33,6 +34,7 @@ from tests.faults.oracle import (
     Verdict,
     classify,
     epoch_of,
+    position_of,
     strangers,
 )
 
@@ -94,7 +96,7 @@ def first_offence(judgement: Judgement, history: History, done: Sequence[Injecte
     """The seed, the first offending change (lost, duplicated, reordered or never written) of
     the first listener that has one, the faults in progress then, and its trace."""
     acked = history.acked
-    maybe = {a.id for a in history.attempts if a.outcome is Outcome.UNKNOWN}
+    maybe = Counter(a.id for a in history.attempts if a.outcome is Outcome.UNKNOWN)
     start = min((i.started - i.fault.at for i in done), default=0.0)
     for name, log in history.listeners.items():
         tally = judgement.verdict.listeners[name]
@@ -118,9 +120,10 @@ def first_offence(judgement: Judgement, history: History, done: Sequence[Injecte
 
 
 def _offence(log: ListenerLog, acked: Sequence[Attempt],
-             maybe: set[str]) -> tuple[str, str, float] | None:
-    """The first lost, duplicated, reordered or never acknowledged change of `log` (ids in
-    `maybe` had a commit of unknown outcome: theirs may have been written)."""
+             maybe: Counter[str]) -> tuple[str, str, float] | None:
+    """The first lost, duplicated, reordered or never acknowledged change of `log` (`maybe`:
+    commits of unknown outcome by id, each of which may explain one never acknowledged
+    cursor of its id)."""
     owed = [a for a in acked if a.stamp > log.after]
     lost = next((a for a in owed if classify(log, a) == "lost"), None)
     if lost is not None:
@@ -140,7 +143,11 @@ def _offence(log: ListenerLog, acked: Sequence[Attempt],
             return f"{what} {change.id} {change.cursor}", change.id, change.time
         seen.add((change.cursor, change.id))
         newest[epoch] = max(change.cursor, newest.get(epoch, change.cursor))
-    stranger = next((c for c in strangers(log, acked) if c.id not in maybe), None)
+    by_id: dict[str, set[str]] = {}
+    for change in strangers(log, acked):
+        by_id.setdefault(change.id, set()).add(position_of(change.cursor))
+    stranger = next((c for c in strangers(log, acked)
+                     if len(by_id[c.id]) > maybe[c.id]), None)
     if stranger is not None:
         return (f"received, never acknowledged: {stranger.id} {stranger.cursor}", stranger.id,
                 stranger.time)
