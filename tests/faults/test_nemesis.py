@@ -135,10 +135,12 @@ def test_slope_is_least_squares_per_second() -> None:
 def test_slopes_take_the_second_half_of_one_process_and_flag_a_leak() -> None:
     samples = Samples()
     for t in range(0, 120, 3):
-        samples.add("publisher-0", "fds", float(t), 1 if t < 90 else 2, 50 + t)  # 1 fd/s
+        samples.add("publisher-0", "fds", float(t), 1 if t < 105 else 2, 50 + t)  # 1 fd/s
         samples.add("publisher-0", "tasks", float(t), 1, 40 + (t % 6 == 0))  # flat, noisy
+        samples.add("publisher-0", "rss", float(t), 1 if t < 90 else 2, 2**26 + t)
     found = {s.metric: s for s in slopes(samples, 0.0, 120.0)}
-    assert found["fds"].points == 10, "the longest run of one process in the second half"
+    assert found["fds"].points == 15, "the longest run of one process in the second half"
+    assert "rss" not in found, "restarted mid-way: no process lived through the half"
     assert found["fds"].per_minute == pytest.approx(60.0)
     assert found["fds"].leak
     assert not found["tasks"].leak

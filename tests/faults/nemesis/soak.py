@@ -113,17 +113,20 @@ class Slope:
 
 def slopes(samples: Samples, start: float, end: float) -> list[Slope]:
     """Each series' slope over the second half of [start, end], on its longest run of one
-    process there."""
+    process there; a series none of whose processes lived through most of that half (a
+    publisher or Redis restarted by a fault: its start is warm-up, not a leak) is left out."""
     half = start + (end - start) / 2
     found = []
     for (component, metric), series in sorted(samples.series.items()):
         by_pid: dict[int, list[tuple[float, float]]] = defaultdict(list)
         for t, pid, value in series:
-            if t >= half:
+            if half <= t <= end:
                 by_pid[pid].append((t, value))
         if not by_pid:
             continue
         points = max(by_pid.values(), key=len)
+        if points[-1][0] - points[0][0] < 0.7 * (end - half):
+            continue
         mean = sum(v for _, v in points) / len(points)
         found.append(Slope(component, metric, slope(points) * 60, mean, len(points)))
     return found
