@@ -123,9 +123,13 @@ def render(results: Sequence[Result], *, command: str, machine: str, date: str,
     for result in results:
         if result.slopes:
             lines.append(f"Soak slopes of seed {result.seed} (per minute, second half of each "
-                         "phase):")
+                         "phase; the first half of the run without faults, the second with):")
             lines.append("")
             lines += [f"- {s.describe()}" for s in result.slopes]
+            if result.faults and not any("(faults)" in s.component for s in result.slopes):
+                lines.append("- with faults: no series is judged, as no process lived through "
+                             "most of the second half of that phase (each was restarted by a "
+                             "fault: its start is warm-up)")
             if result.samples is not None:
                 lines.append(f"- churn: {result.samples.churned} listeners, "
                              f"{result.samples.resumed} resuming, {result.samples.slow} slow, "
