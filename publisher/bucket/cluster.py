@@ -231,6 +231,10 @@ class ClusterBucket(ChangeBucket):
         found, _ = await part._ensure(keys=part.keys.common, args=[epoch, 1])
         if found.decode() != epoch:
             await part.redis.set(part.keys.epoch, epoch)
+            # The partition's history goes on under the bucket's epoch: a writer's witness of
+            # the one it replaces is of an ancestor, not of a history it never held (commit.lua).
+            await part.redis.lpush(part.keys.epochs, found)
+            await part.redis.ltrim(part.keys.epochs, 0, 99)
 
     async def current_epoch(self) -> str | None:
         async with translate_redis_errors("epoch"):

@@ -43,6 +43,9 @@ class Keys:
         self.log = f"{tag}:log"
         """The log (one partition), or the prefix of the partition streams `log:<p>`."""
         self.epoch = f"{tag}:epoch"
+        self.epochs = f"{tag}:epochs"
+        """The epochs the history descends from (commit.lua and renew_epoch.lua name it
+        `KEYS[2] .. 's'`: the epoch's key and an s)."""
         self.partitions = f"{tag}:partitions"
         self.last = f"{tag}:last"
         self.trimmed = f"{tag}:trimmed"
