@@ -3,6 +3,7 @@
     python -m tests.faults.nemesis --seed 7 --duration 60          # one run, its verdict
     python -m tests.faults.nemesis --seed 7 --duration 1800 --soak # churn + leak slopes; faults
                                                                    # in the second half only
+    python -m tests.faults.nemesis --seed 7 --duration 1800 --soak --no-faults  # churn only
     python -m tests.faults.nemesis --seed 1 --seed 2 --duration 300 --soak --docs
                                                  # the runs docs/reliability.md shows
 
@@ -30,11 +31,14 @@ from tests.faults.nemesis.run import Result, nemesis
 from tests.faults.nemesis.schedule import make_schedule
 
 
-async def runs(seeds: list[int], duration: float, soak: bool, directory: Path) -> list[Result]:
+async def runs(seeds: list[int], duration: float, soak: bool, directory: Path, *,
+               calm: bool = False) -> list[Result]:
     results = []
     for seed in seeds:
         # A soak runs without faults for its first half, then with the seed's faults.
         faults = make_schedule(seed, duration, warmup=duration / 2) if soak else None
+        if calm:
+            faults = []
         result = await nemesis(seed, duration, directory / f"seed{seed}", faults=faults,
                                soak=soak)
         print(result.summary(), flush=True)
@@ -52,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, action="append", help="repeatable; default 1")
     parser.add_argument("--duration", type=float, default=60.0, help="seconds of each run")
     parser.add_argument("--soak", action="store_true", help="churn and resource slopes")
+    parser.add_argument("--no-faults", dest="calm", action="store_true",
+                        help="no faults at all (a soak of churn only)")
     parser.add_argument("--docs", action="store_true",
                         help="rewrite the nemesis section of docs/reliability.md")
     parser.add_argument("--keep", type=Path, default=None,
@@ -61,10 +67,12 @@ def main(argv: list[str] | None = None) -> int:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL))
     if args.keep is not None:
         args.keep.mkdir(parents=True, exist_ok=True)
-        results = asyncio.run(runs(seeds, args.duration, args.soak, args.keep))
+        results = asyncio.run(runs(seeds, args.duration, args.soak, args.keep,
+                                   calm=args.calm))
     else:
         with tempfile.TemporaryDirectory(prefix="nemesis-") as directory:
-            results = asyncio.run(runs(seeds, args.duration, args.soak, Path(directory)))
+            results = asyncio.run(runs(seeds, args.duration, args.soak, Path(directory),
+                                       calm=args.calm))
     if args.docs:
         path = ROOT / "docs" / "reliability.md"
         command = "python -m tests.faults.nemesis " + " ".join(sys.argv[1:])
