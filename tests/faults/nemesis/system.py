@@ -122,8 +122,10 @@ class System:
         if self.soak:
             # What is bounded by design fills in the first half of a soak, so that a slope in
             # the second half is a leak, not a window or a log still filling: Redis's log is
-            # trimmed after 30 s, a publisher's window holds 500 items (30 s of commits).
+            # trimmed after 30 s, a publisher's window and its delivery trace hold 500 items
+            # (30 s of commits; the trace's default, 10,000, takes 10 minutes to fill here).
             extra["maxAge"] = 30
+            extra["trace"] = {"items": 500}
             limits["window"] = min(limits.get("window", 500), 500)
         if self.soak and n == 1:
             extra["clientLimits"] = {"maxListeners": 12}  # the churn meets refusals here
