@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from enum import Enum
+from typing import Any
 
 CHUNK = 65536
 DRIP_TICK = 0.05
@@ -59,6 +60,9 @@ class Proxy:
         self._server: asyncio.Server | None = None
         self._links: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._handlers: set[asyncio.Task[Any]] = set()
+        """The connections' own tasks (asyncio's, one per accepted connection): aclose waits
+        for them, so none is left for the event loop to cancel at its end."""
 
     @property
     def port(self) -> int:
@@ -114,6 +118,15 @@ class Proxy:
             upstream.transport.abort()
         self._links.clear()
 
+    def retarget(self, host: str, port: int) -> None:
+        """Forward new connections to `host:port` from now on, and abort the open ones (they
+        lead to the old target); the mode (a blackhole, a drip) stays as it is."""
+        self.target = (host, port)
+        for client, upstream in list(self._links):
+            client.transport.abort()
+            upstream.transport.abort()
+        self._links.clear()
+
     @property
     def connections(self) -> int:
         return len(self._links)
@@ -128,6 +141,10 @@ class Proxy:
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.accepted += 1
+        handler = asyncio.current_task()
+        if handler is not None:
+            self._handlers.add(handler)
+            handler.add_done_callback(self._handlers.discard)
         if self.mode is Mode.CUT:
             writer.transport.abort()
             return
@@ -182,6 +199,7 @@ class Proxy:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*self._handlers, return_exceptions=True)
         if self._server is not None:
             await self._server.wait_closed()
 

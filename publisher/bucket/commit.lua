@@ -10,8 +10,10 @@
 -- ms-(first seq + 1), ... in order. With a key already remembered it writes nothing and returns
 -- the first call's '<epoch> <ms> <first seq> <count> 0 0'; an error KEYREUSED when that call had
 -- other changes. `renewed` is 1 when the head was behind the witness: Redis lost commits it had
--- acknowledged (restored from an older snapshot, a lagging replica promoted), so the bucket gets
--- a new epoch before this commit, and every publisher tells its listeners to bootstrap again.
+-- acknowledged (restored from an older snapshot, a lagging replica promoted), or when the witness
+-- is of an epoch the bucket's history does not descend from (a split brain's other master
+-- acknowledged it); the bucket then gets a new epoch before this commit, and every publisher
+-- tells its listeners to bootstrap again.
 -- Ids come from one sequence for every partition (`last`), so they order every change of the
 -- bucket, whatever its partition.
 --
@@ -37,10 +39,23 @@ local n, epoch, last = ensure(ARGV[1], ARGV[2])
 if not n then return redis.error_reply(epoch) end
 local renewed = 0
 local witness_epoch, witness_id = string.match(ARGV[6], '^(%S+) (%S+)$')
-if witness_epoch and witness_epoch == epoch and less(last, witness_id) then
-  epoch = ARGV[1]
-  call('SET', KEYS[2], epoch)
-  renewed = 1
+if witness_epoch then
+  -- `{name}:epochs` lists the epochs this bucket's history descends from (renewals record
+  -- them). A witness of any other epoch is of a history this Redis never held (the master of a
+  -- split brain, demoted since): the commits acknowledged there are lost, as in a rollback.
+  local past = KEYS[2] .. 's'
+  local lost = witness_epoch == epoch and less(last, witness_id)
+  local foreign = witness_epoch ~= epoch and not call('LPOS', past, witness_epoch)
+  if lost or foreign then
+    if epoch ~= ARGV[1] then  -- else ensure() created the bucket just now: a new history
+      call('LPUSH', past, epoch)
+      epoch = ARGV[1]
+      call('SET', KEYS[2], epoch)
+      renewed = 1
+    end
+    if foreign then call('LPUSH', past, witness_epoch) end
+    call('LTRIM', past, 0, 99)
+  end
 end
 local lms, lseq = parse(last)
 local ms, seq = now_ms(), -1

@@ -138,8 +138,9 @@ class Committer:
             self._draw()
         if committed.renewed:
             log.error(
-                "bucket rolled back: its head was behind a commit this client had been "
-                "acknowledged; started a new epoch so that every listener bootstraps again",
+                "bucket rolled back: it lacks a commit this client had been acknowledged (its "
+                "head was behind it, or it never held that commit's epoch); started a new epoch "
+                "so that every listener bootstraps again",
                 bucket=self.name, witness=None if self._witness is None else str(self._witness[1]),
                 epoch=committed.epoch,
             )

@@ -6,6 +6,9 @@ in one slot and the scripts may touch any of them::
     {name}:log              stream: one entry per change item (fields r, s, i); with several
                             partitions one stream per partition, {name}:log:<p>, and no :log
     {name}:epoch            string: the bucket's epoch, created with the bucket
+    {name}:epochs           list: the epochs this history descends from (each renewal pushes the
+                            old one; commit.lua reads it, by name, to tell a writer's witness of
+                            an ancestor from one of a history this Redis never held)
     {name}:partitions       string: the partition count, created with the bucket
     {name}:last             string: the newest entry id given out (the head)
     {name}:trimmed          string: the newest stream id ever trimmed (resume horizon)
@@ -40,6 +43,9 @@ class Keys:
         self.log = f"{tag}:log"
         """The log (one partition), or the prefix of the partition streams `log:<p>`."""
         self.epoch = f"{tag}:epoch"
+        self.epochs = f"{tag}:epochs"
+        """The epochs the history descends from (commit.lua and renew_epoch.lua name it
+        `KEYS[2] .. 's'`: the epoch's key and an s)."""
         self.partitions = f"{tag}:partitions"
         self.last = f"{tag}:last"
         self.trimmed = f"{tag}:trimmed"

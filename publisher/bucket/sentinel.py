@@ -10,23 +10,33 @@ names the sentinels to ask, the master's name as the sentinels know it (`sentine
 `BlockingConnectionPool`: at most `max_connections`, a caller waits `timeout` seconds for a free
 one (then `BucketBusy`, as with a plain Redis). Every new connection asks the sentinels where the
 master is; when the master changed, the idle connections to the old one are closed, and a
-connection that hears READONLY (the old master came back as a replica) is dropped.
+connection that hears READONLY (the old master came back as a replica) is dropped. The pool
+also asks every second while in use, and closes every connection, in use or not, once the
+sentinels name another master (`SentinelPool`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
+import structlog
 from redis.asyncio.connection import BlockingConnectionPool
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
+from redis.exceptions import RedisError
 
 from changefeed import configjs as cj
 from changefeed.errors import ConfigError
 from publisher.bucket.cluster_url import is_cluster_url, parse_cluster_url
 
+log = structlog.get_logger(__name__)
+
 SCHEME = "redis+sentinel"
+FOLLOW_EVERY = 1.0
+"""Seconds between a pool's looks at the master the sentinels name."""
 EXPECTED = (
     "a redis+sentinel://[:password@]host:port[,host:port...]/master[/db][?sentinelPassword=...] "
     "URL"
@@ -142,12 +152,50 @@ def sentinel_section(key: str, value: Any) -> str:
 
 class SentinelPool(SentinelConnectionPool, BlockingConnectionPool):
     """A sentinel-managed pool that blocks (BlockingConnectionPool's get_connection/release)
-    while asking the sentinels for the master (SentinelConnectionPool's connections)."""
+    while asking the sentinels for the master (SentinelConnectionPool's connections), and that
+    follows the master: once it has given out a connection it asks the sentinels every
+    `FOLLOW_EVERY` seconds, and when they name another master it closes every connection, those
+    in use too (a tail's kept read, a writer's kept channel).
+
+    redis-py asks only when it opens a connection, and closes only idle ones. A kept connection
+    then stays on the old master as long as that answers: a master paused past the sentinels'
+    patience, or killed and started again before the failover ended, is a master of its own
+    until a sentinel demotes it (8 s or more later), and takes writes that its resync will throw
+    away while the other publishers read the new master (found by the nemesis,
+    tests/faults/nemesis). Asking costs one SENTINEL MASTERS a second per pool; the sentinels'
+    `+switch-master` messages would come from one sentinel at a time, lost with it."""
 
     sentinel_manager: Sentinel
+    _follower: asyncio.Task[None] | None = None
+
+    async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        if self._follower is None or self._follower.done():
+            self._follower = asyncio.get_running_loop().create_task(self._follow())
+        return await super().get_connection(*args, **kwargs)  # type: ignore[no-untyped-call]
+
+    async def _follow(self) -> None:
+        """Every FOLLOW_EVERY seconds: the master the sentinels name; when it is not the one
+        the connections lead to, close them all (each user reconnects, to the new master)."""
+        while True:
+            await asyncio.sleep(FOLLOW_EVERY)
+            try:
+                address = await self.sentinel_manager.discover_master(self.service_name)
+            except (RedisError, OSError):
+                continue  # no sentinel answers, or none names a master: the next look will
+            known = self.master_address
+            if known is not None and tuple(address) != tuple(known):
+                log.warning("the sentinels name another master: closing every connection to "
+                            "the old one", master=self.service_name,
+                            old=f"{known[0]}:{known[1]}", new=f"{address[0]}:{address[1]}")
+                self.master_address = address
+                await self.disconnect(inuse_connections=True)
 
     async def aclose(self) -> None:
-        """Close the connections to the master, then those to the sentinels."""
+        """Stop following, close the connections to the master, then those to the sentinels."""
+        if self._follower is not None:
+            self._follower.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._follower
         await super().aclose()
         await self.sentinel_manager.aclose()
 
@@ -174,6 +222,7 @@ def sentinel_pool(url: str, **connection_kwargs: object) -> SentinelPool:
 
 
 __all__ = [
+    "FOLLOW_EVERY",
     "SCHEME",
     "SentinelPool",
     "SentinelUrl",

@@ -10,6 +10,7 @@ happen. docs/operations.md#metrics lists them.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -245,6 +246,11 @@ class _Collector(Collector):
         yield GaugeMetricFamily(
             "changefeed_draining", "1 after SIGTERM, while listeners are closed.",
             value=int(self.app[LIFECYCLE].draining),
+        )
+        yield GaugeMetricFamily(
+            "changefeed_asyncio_tasks", "asyncio tasks of this process now (connections, long "
+            "polls, background work): steady under a steady load, so a slope is a leak.",
+            value=len(asyncio.all_tasks()),
         )
 
     def _outbox(self) -> Iterator[_Family]:

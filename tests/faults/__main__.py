@@ -63,11 +63,14 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="faults-") as directory:
         rows = asyncio.run(run(names, size, Path(directory)))
     command = "python -m tests.faults" + (" " + " ".join(sys.argv[1:]) if sys.argv[1:] else "")
+    from tests.faults.nemesis.report import kept  # the nemesis section stays as it was
+
+    nemesis = kept(args.out.read_text()) if args.out.exists() else ""
     args.out.write_text(render(
         rows, command=command, machine=machine(), commit=commit(),
         date=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         seconds=time.monotonic() - started,
-    ))
+    ) + ("\n" + nemesis if nemesis else ""))
     print(f"wrote {args.out}")
     return 1 if any(row.verdict.problems() for row in rows) else 0
 

@@ -200,7 +200,8 @@ class Recorder:
             case BootstrapDone():
                 self.log.bootstrap_done(now)
             case Change(item):
-                self.log.change(item.cursor, item.changed_resource_id, now)
+                self.log.change(item.cursor, item.changed_resource_id, now,
+                                coalesced=item.coalesced)
         async with self._updated:
             self._updated.notify_all()
 

@@ -33,6 +33,20 @@ delivered after a change of a later cursor of the same epoch since the last ``Re
 (*reordered*; cursors of one epoch sort in publish order as strings, docs/protocol.md), and
 changes whose cursor the writer was never told about (*unacknowledged*) — unless a commit of
 that id had an unknown outcome, which may have been written (*maybe*, not an error).
+
+Three kinds of listener bend these rules as their contracts say (the nemesis has all three):
+
+- a *coalescing* listener (``Listener(coalesce=True)``) may get one coalesced item per id for
+  several changes: an acknowledged change is *received* when a coalesced item of its id, at its
+  cursor or a later one of the same epoch, was delivered; and an id already received coalesced
+  may come again (docs/protocol.md, coalesced catch-up), which is neither a duplicate nor a
+  reordering;
+- an *at-least-once* log (a durable consumer) may be handed an item again until its ack takes
+  effect: repeats and out-of-order redeliveries are not counted; what is counted instead is a
+  delivery of an item after an ack of it was *applied* (`ListenerLog.redelivered_after_ack`);
+- after a rollback the bucket gets a new epoch and keeps its log, so a reader that starts over
+  sees surviving items under new-epoch cursors: a delivery is matched to a commit by its
+  cursor, or by its position (the part after the epoch) and id.
 """
 
 from __future__ import annotations
@@ -71,6 +85,17 @@ class Delivered:
     id: str
     stamp: int
     time: float
+    coalesced: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Acked:
+    """An acknowledgement of a durable consumer's delivery that took effect (`applied`)."""
+
+    cursor: str
+    id: str
+    stamp: int
+    time: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +121,12 @@ def epoch_of(cursor: str) -> str:
     return cursor.partition(".")[0]
 
 
+def position_of(cursor: str) -> str:
+    """The position part of a cursor (`<epoch>.<position>`): the same log item keeps it when a
+    rollback gives the bucket a new epoch."""
+    return cursor.partition(".")[2]
+
+
 @dataclass
 class ListenerLog:
     """What one listener delivered, in order. `after`: the stamp of the last commit it is *not*
@@ -104,16 +135,29 @@ class ListenerLog:
     name: str
     history: History
     after: int = -1
+    at_least_once: bool = False
+    """A durable consumer's log: redeliveries before an applied ack are allowed."""
     changes: list[Delivered] = field(default_factory=list)
+    acks: list[Acked] = field(default_factory=list)
     resyncs: list[Resynced] = field(default_factory=list)
     bootstraps: list[Bootstrap] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     _pending: dict[str, int] | None = None
     _delivered: set[tuple[str, str]] = field(default_factory=set)
+    _coalesced: dict[tuple[str, str], str] = field(default_factory=dict)
+    """(epoch, id) -> the newest cursor of a coalesced item of that id."""
 
-    def change(self, cursor: str, id: str, time: float) -> None:
-        self.changes.append(Delivered(cursor, id, self.history.tick(), time))
+    def change(self, cursor: str, id: str, time: float, *, coalesced: bool = False) -> None:
+        self.changes.append(Delivered(cursor, id, self.history.tick(), time, coalesced))
         self._delivered.add((cursor, id))
+        self._delivered.add((position_of(cursor), id))
+        if coalesced:
+            key = (epoch_of(cursor), id)
+            self._coalesced[key] = max(cursor, self._coalesced.get(key, cursor))
+
+    def acked(self, cursor: str, id: str, time: float) -> None:
+        """A durable consumer's ack of `cursor` took effect."""
+        self.acks.append(Acked(cursor, id, self.history.tick(), time))
 
     def resync(self, reason: str, time: float) -> None:
         self.resyncs.append(Resynced(reason, self.history.tick(), time))
@@ -137,8 +181,37 @@ class ListenerLog:
         self.errors.append(what)
 
     def received(self, attempt: Attempt) -> bool:
-        """Whether this listener delivered `attempt` as a Change."""
-        return (attempt.cursor or "", attempt.id) in self._delivered
+        """Whether this listener delivered `attempt` as a Change (by cursor, or by position
+        after a new epoch), or a coalesced item of its id at its cursor or a later one."""
+        cursor = attempt.cursor or ""
+        if (cursor, attempt.id) in self._delivered:
+            return True
+        if (position_of(cursor), attempt.id) in self._delivered:
+            return True
+        newest = self._coalesced.get((epoch_of(cursor), attempt.id))
+        return newest is not None and newest >= cursor
+
+    def excused(self, change: Delivered, earlier: Sequence[Delivered]) -> bool:
+        """Whether delivering `change` again, or after a later cursor, is allowed: on an
+        at-least-once log, or for an id already received coalesced at that cursor or later
+        (an interrupted catch-up resumes from before it)."""
+        if self.at_least_once:
+            return True
+        return any(e.coalesced and e.id == change.id and e.cursor >= change.cursor
+                   for e in earlier)
+
+    def redelivered_after_ack(self) -> list[tuple[Acked, Delivered]]:
+        """Deliveries of an item (by position and id) after an ack of it was applied."""
+        acked: dict[tuple[str, str], Acked] = {}
+        found: list[tuple[Acked, Delivered]] = []
+        events: list[Acked | Delivered] = [*self.acks, *self.changes]
+        for event in sorted(events, key=lambda e: e.stamp):
+            key = (position_of(event.cursor), event.id)
+            if isinstance(event, Acked):
+                acked.setdefault(key, event)
+            elif key in acked:
+                found.append((acked[key], event))
+        return found
 
     def covered(self, attempt: Attempt) -> bool:
         """Whether a completed bootstrap delivered `attempt`'s id at its seq or a later one."""
@@ -232,10 +305,11 @@ class History:
         self.attempts.append(attempt)
         return attempt
 
-    def listener(self, name: str, after: Attempt | None = None) -> ListenerLog:
+    def listener(self, name: str, after: Attempt | None = None, *,
+                 at_least_once: bool = False) -> ListenerLog:
         """A new listener's log; it is owed every acknowledged commit after `after`."""
         assert name not in self.listeners, name
-        log = ListenerLog(name, self, after.stamp if after else -1)
+        log = ListenerLog(name, self, after.stamp if after else -1, at_least_once)
         self.listeners[name] = log
         return log
 
@@ -254,25 +328,39 @@ class History:
         )
 
 
+def classify(log: ListenerLog, attempt: Attempt) -> str:
+    """What became of an acknowledged commit `log` is owed: `received`, `covered`,
+    `announced` (lost, with a Resync after it) or `lost`."""
+    if log.received(attempt):
+        return "received"
+    if log.covered(attempt):
+        return "covered"
+    if any(r.stamp > attempt.stamp for r in log.resyncs):
+        return "announced"
+    return "lost"
+
+
+def strangers(log: ListenerLog, acked: Sequence[Attempt]) -> list[Delivered]:
+    """Deliveries of `log` whose (cursor or position, id) no acknowledged commit had."""
+    known = {(a.cursor, a.id) for a in acked}
+    known |= {(position_of(a.cursor or ""), a.id) for a in acked}
+    return [c for c in log.changes
+            if (c.cursor, c.id) not in known and (position_of(c.cursor), c.id) not in known]
+
+
 def tally(log: ListenerLog, acked: Sequence[Attempt], unknown: Sequence[Attempt]) -> Tally:
     """Classify every commit `log` was owed, and count what it delivered wrongly."""
     delivered = Counter((c.cursor, c.id) for c in log.changes)
     owed = [a for a in acked if a.stamp > log.after]
-    received = covered = lost = announced = 0
-    for attempt in owed:
-        if log.received(attempt):
-            received += 1
-        elif log.covered(attempt):
-            covered += 1
-        elif any(r.stamp > attempt.stamp for r in log.resyncs):
-            announced += 1
-        else:
-            lost += 1
+    classes = Counter(classify(log, attempt) for attempt in owed)
+    received, covered = classes["received"], classes["covered"]
+    lost, announced = classes["lost"], classes["announced"]
     known = {(a.cursor, a.id) for a in acked}
+    known |= {(position_of(a.cursor or ""), a.id) for a in acked}
     strangers: dict[str, set[str]] = defaultdict(set)
     for cursor, id in delivered:
-        if (cursor, id) not in known:
-            strangers[id].add(cursor)
+        if (cursor, id) not in known and (position_of(cursor), id) not in known:
+            strangers[id].add(position_of(cursor))  # one item, whatever epoch it came under
     maybes = Counter(a.id for a in unknown)
     maybe_received = sum(min(len(cursors), maybes[id]) for id, cursors in strangers.items())
     unacknowledged = sum(len(cursors) for cursors in strangers.values()) - maybe_received
@@ -282,13 +370,25 @@ def tally(log: ListenerLog, acked: Sequence[Attempt], unknown: Sequence[Attempt]
         covered=covered,
         lost=lost,
         lost_announced=announced,
-        duplicated=sum(n - 1 for n in delivered.values()),
+        duplicated=duplicated(log),
         reordered=reordered(log),
         unacknowledged=unacknowledged,
         maybe_received=maybe_received,
         resyncs=len(log.resyncs),
         errors=len(log.errors),
     )
+
+
+def duplicated(log: ListenerLog) -> int:
+    """Changes delivered again (same cursor and id), unless `log.excused` them."""
+    seen: set[tuple[str, str]] = set()
+    count = 0
+    for n, change in enumerate(log.changes):
+        key = (change.cursor, change.id)
+        if key in seen and not log.excused(change, log.changes[:n]):
+            count += 1
+        seen.add(key)
+    return count
 
 
 def reordered(log: ListenerLog) -> int:
@@ -298,19 +398,21 @@ def reordered(log: ListenerLog) -> int:
     count = 0
     newest: dict[str, str] = {}
     era = 0
-    for change in log.changes:
+    for n, change in enumerate(log.changes):
         current = sum(1 for s in resync_stamps if s < change.stamp)
         if current != era:
             era, newest = current, {}
         epoch = epoch_of(change.cursor)
         if epoch in newest and change.cursor < newest[epoch]:
-            count += 1
+            if not log.excused(change, log.changes[:n]):
+                count += 1
         else:
             newest[epoch] = change.cursor
     return count
 
 
 __all__ = [
+    "Acked",
     "Attempt",
     "Bootstrap",
     "Delivered",
@@ -320,7 +422,11 @@ __all__ = [
     "Resynced",
     "Tally",
     "Verdict",
+    "classify",
+    "duplicated",
     "epoch_of",
+    "position_of",
     "reordered",
+    "strangers",
     "tally",
 ]

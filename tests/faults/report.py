@@ -71,10 +71,19 @@ can still disappear, or never reach a listener, when:
    the `Listener` yields **`Resync`**. The changes the rollback removed are gone from the store
    too, so the bootstrap hands the listener the store as it now is ("lost, announced").
    Measured: "redis restored from an older RDB" (the publisher is paused across the rollback,
-   so only the writer's witness can see it). Not seen: a rollback of commits that no running
-   publisher read and whose writer has gone (a new client has no witness). A failover to a
-   replica that lagged is the same case: measured in "redis sentinel failover, replica
-   lagging" (a master, a replica whose link is blackholed, three sentinels).
+   so only the writer's witness can see it). A failover to a replica that lagged is the same
+   case: measured in "redis sentinel failover, replica lagging" (a master, a replica whose link
+   is blackholed, three sentinels). So is a **split brain**: a master killed and restarted
+   after the sentinels promoted its replica is a master of its own for about 8 s, until a
+   sentinel demotes it and its resync throws away what it acknowledged meanwhile. Its writers'
+   witnesses are then of an epoch the surviving master never held: the bucket keeps the epochs
+   its history descends from (`{name}:epochs`, pushed by every renewal), and a witness of any
+   other starts a new epoch too (found by the nemesis, below). Not seen: a rollback of commits
+   that no running publisher read and whose writer has gone (a new client, a `changefeed
+   publish` process, has no witness). Such a writer should ask for the replicas' confirmation
+   (`commit(..., replicas=1)`, `changefeed publish --replicas 1`): acknowledged then means on
+   the replica too, and a commit it did not confirm fails with `ReplicationTimeout` (written on
+   the master only; commit again under the same key).
 3. **The log is trimmed past a position that is still needed**: a listener that was away longer
    than `maxAge` (or past `maxItems`) resumes with a cursor older than the trimmed horizon and
    gets **`resumed: false`** → **`Resync`**; a pull consumer gets **`missed: true`**

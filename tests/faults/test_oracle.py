@@ -155,3 +155,44 @@ def test_first_delivery_after_counts_changes_and_completed_bootstraps() -> None:
     assert log.first_delivery_after(0.5) == 1.0
     assert log.first_delivery_after(2.0) == 3.0
     assert log.first_delivery_after(5.0) is None
+
+
+def test_a_coalesced_item_receives_the_changes_of_its_id_up_to_its_cursor() -> None:
+    history = History()
+    history.acknowledged("a", 1, "e.01", 0.0)
+    history.acknowledged("a", 2, "e.02", 0.0)
+    history.acknowledged("a", 3, "e.03", 0.0)
+    log = history.listener("l")
+    log.change("e.02", "a", 0.0, coalesced=True)  # stands for e.01 and e.02
+    log.change("e.01", "a", 0.0)  # an interrupted catch-up resumed before it: allowed again
+    log.change("e.02", "a", 0.0)
+    log.change("e.03", "a", 0.0)
+    tally = history.verdict().listeners["l"]
+    assert (tally.received, tally.lost, tally.duplicated, tally.reordered) == (3, 0, 0, 0)
+
+
+def test_an_at_least_once_log_may_repeat_until_the_ack() -> None:
+    history = History()
+    history.acknowledged("a", 1, "e.01", 0.0)
+    history.acknowledged("b", 1, "e.02", 0.0)
+    log = history.listener("d", at_least_once=True)
+    log.change("e.02", "b", 0.0)
+    log.change("e.01", "a", 0.0)
+    log.change("e.01", "a", 0.0)  # redelivered before its ack
+    log.acked("e.01", "a", 0.0)
+    log.change("f.01", "a", 0.0)  # the same item under a new epoch, after the ack
+    tally = history.verdict().listeners["d"]
+    assert (tally.received, tally.duplicated, tally.reordered, tally.unacknowledged) == (2, 0, 0, 0)
+    assert [(ack.cursor, again.cursor) for ack, again in log.redelivered_after_ack()] == [
+        ("e.01", "f.01")]
+
+
+def test_an_item_of_unknown_outcome_under_two_epochs_is_one_maybe() -> None:
+    history = History()
+    history.unknown("a", 1, 0.0)
+    log = history.listener("l")
+    log.change("e.01", "a", 0.0)
+    log.resync("rolled back", 0.0)
+    log.change("f.01", "a", 0.0)  # the same log item after the epoch was renewed
+    tally = history.verdict().listeners["l"]
+    assert (tally.maybe_received, tally.unacknowledged) == (1, 0)

@@ -12,6 +12,8 @@ import redis
 from structlog.testing import capture_logs
 
 from changefeed.cursor import Cursor
+from changefeed.errors import CommitOutcomeUnknown
+from changefeed_testing.proxy import Proxy
 from publisher.bucket import Change, ChangeBucket, connect
 from tests.servers import RedisServer
 
@@ -63,3 +65,55 @@ async def test_a_commit_after_a_rollback_starts_a_new_epoch(tmp_path: Path) -> N
         await bucket.aclose()
     finally:
         server.stop()
+
+
+
+async def _retried(bucket: ChangeBucket, id: str) -> str:
+    """Commit under a key, again once when the first try's connection was reset (the proxy
+    aborted it when it switched servers)."""
+    try:
+        return await bucket.commit("vm", id, ["nic"], {"n": 2}, key=f"{id}-2")
+    except CommitOutcomeUnknown:
+        return await bucket.commit("vm", id, ["nic"], {"n": 2}, key=f"{id}-2")
+
+
+async def test_a_commit_with_a_witness_of_a_history_this_bucket_never_held_starts_a_new_epoch(
+    tmp_path: Path,
+) -> None:
+    """A split brain, found by the nemesis (tests/faults/nemesis, seed 1): writers were
+    acknowledged commits by a master that has since been demoted (its history, under an epoch of
+    its own, thrown away by its resync), and their address now leads to the master that won.
+    The witness is of an epoch the winner never held, so comparing heads cannot see the loss:
+    those commits are gone and no listener was told. The bucket must get a new epoch (once,
+    whichever writer comes first), so that every publisher closes its listeners with 4009."""
+    lost_side = RedisServer(tmp_path / "lost", tcp=True, persist=False).start()
+    winner = RedisServer(tmp_path / "winner", tcp=True, persist=False).start()
+    try:
+        async with Proxy("127.0.0.1", lost_side.port) as proxy:
+            url = f"redis://127.0.0.1:{proxy.port}/0"
+            writer, other = ChangeBucket(connect(url), "test"), ChangeBucket(connect(url), "test")
+            lost = await writer.commit("vm", "a", ["nic"], {"n": 1})
+            await other.commit("vm", "b", ["nic"], {"n": 1})
+            survivor = ChangeBucket(connect(winner.url), "test")
+            kept = await survivor.commit("vm", "c", ["nic"], {"n": 1})
+            assert Cursor.decode(kept).epoch != Cursor.decode(lost).epoch
+
+            proxy.retarget("127.0.0.1", winner.port)  # the writers' address: the winner now
+            lost_side.kill()
+            with capture_logs() as logs:
+                after = await _retried(writer, "a")
+            renewed = Cursor.decode(after).epoch
+            assert renewed not in (Cursor.decode(kept).epoch, Cursor.decode(lost).epoch)
+            assert (await survivor.retention()).epoch == renewed
+            assert [e["log_level"] for e in logs if "rolled back" in e["event"]] == ["error"]
+
+            # Another writer of the lost history: the loss is announced already, not again.
+            assert Cursor.decode(await _retried(other, "b")).epoch == renewed
+            # The survivor's witness is of the epoch the bucket renewed from: its own history.
+            again = await survivor.commit("vm", "c", ["nic"], {"n": 2})
+            assert Cursor.decode(again).epoch == renewed
+            for bucket in (writer, other, survivor):
+                await bucket.aclose()
+    finally:
+        lost_side.stop()
+        winner.stop()

@@ -69,9 +69,12 @@ async def test_metrics_count_listeners_deliveries_refusals_and_requests(publishe
     upgrades = (requests, (("method", "GET"), ("route", "/changefeeds"), ("status", "101")))
     assert samples[upgrades] == 1
     for name in ("changefeed_tail_lag_items", "changefeed_tail_lag_seconds",
-                 "changefeed_long_polls_waiting", "changefeed_ready", "changefeed_draining"):
+                 "changefeed_long_polls_waiting", "changefeed_ready", "changefeed_draining",
+                 "changefeed_asyncio_tasks"):
         assert types[name] == "gauge", name
     assert samples["changefeed_ready", ()] == 1
+    # The tail, the websockets open, background work: some tasks, never none.
+    assert samples["changefeed_asyncio_tasks", ()] >= 3
     assert samples["changefeed_tail_lag_items", ()] == 0
     assert samples["changefeed_slow_consumer_closes_total", ()] == 0
     assert samples["changefeed_resyncs_total", (("cause", "epoch_change"),)] == 0

@@ -1,0 +1,355 @@
+"""The nemesis' real system, and the faults it injects into it.
+
+- Redis: nodes `a` (master at first) and `b` (its replica), both with an append-only file fsynced
+  at every write, and three sentinels (quorum 2). Roles change as faults fail the master over,
+  so a Redis fault always asks the sentinels which node is the master *now*.
+- Three `changefeed serve` processes on fixed ports (a killed one comes back on its URL):
+  publishers 0 and 1 reach Redis through the sentinels (`redis+sentinel://`); publisher 2
+  through a TCP proxy that always leads to the current master (the `partition` fault
+  blackholes it).
+- A TCP proxy in front of publisher 0 (the `link_*` faults) that some listeners go through.
+
+Why a proxy, not a network namespace, for the partition: `ip netns` with a veth pair works on
+this machine (as root), but Sentinel hands out the master's loopback address, which inside a
+namespace is the namespace's own loopback; every Redis node and sentinel would have to listen
+and announce on the veth addresses, and every listener route into the namespace. The proxy
+needs none of that, keeps the run unprivileged and in one process, and its blackhole is the
+partition a TCP peer sees (bytes neither delivered nor refused; connections stall, time out
+and are opened again, into the same hole).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import signal
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import redis
+import redis.asyncio as aioredis
+
+from changefeed_testing.proxy import Proxy
+from tests.faults.nemesis.schedule import SENTINEL_DOWN_AFTER, Fault
+from tests.faults.sentinel_faults import MASTER, sentinel_ready
+from tests.servers import (
+    PublisherProcess,
+    RedisServer,
+    SentinelServer,
+    free_port,
+    scaled,
+    write_config,
+)
+
+DRIP_BYTES_PER_SECOND = 2000
+
+
+@dataclass
+class Injected:
+    """A fault as it happened: when it began and was healed (time.monotonic()), and what its
+    heal needs (the node it killed, the snapshot it saved)."""
+
+    fault: Fault
+    started: float
+    ended: float | None = None
+    node: RedisServer | None = None
+    snapshot: Path | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+class System:
+    """The servers of one nemesis run, started by `start()` and stopped by `aclose()`."""
+
+    def __init__(self, directory: Path, *, soak: bool = False) -> None:
+        self.directory = directory
+        self.soak = soak
+        self.stack = contextlib.AsyncExitStack()
+        self.nodes: list[RedisServer] = []
+        self.sentinels: list[SentinelServer] = []
+        self.publishers: list[PublisherProcess] = []
+        self.link: Proxy | None = None
+        self.redis_link: Proxy | None = None
+        self.switches = 0
+        self._watcher: asyncio.Task[None] | None = None
+
+    # --- start and stop ---------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self.stack.__aenter__()
+        a = RedisServer(self.directory / "redis-a", tcp=True, persist=True)
+        await self._start_node(a)
+        b = RedisServer(self.directory / "redis-b", tcp=True, persist=True, replica_of=a)
+        await self._start_node(b)
+        b.replica_of = None  # from now on every node restarts as a master; sentinels demote it
+        self.nodes = [a, b]
+        for n in range(3):
+            sentinel = SentinelServer(self.directory / f"sentinel{n}", a, MASTER,
+                                      down_after_ms=int(SENTINEL_DOWN_AFTER * 1000))
+            await asyncio.to_thread(sentinel.start)
+            self.stack.callback(sentinel.stop)
+            self.sentinels.append(sentinel)
+        await sentinel_ready(self.sentinels)
+        self.redis_link = await self.stack.enter_async_context(Proxy("127.0.0.1", a.port))
+        self._watcher = asyncio.create_task(self._follow_master())
+        for n in range(3):
+            process = PublisherProcess(self._config(n))
+            await asyncio.to_thread(process.start)
+            self.stack.callback(process.stop)
+            self.publishers.append(process)
+        self.link = await self.stack.enter_async_context(
+            Proxy("127.0.0.1", self.port_of(self.publishers[0])))
+
+    async def _start_node(self, node: RedisServer) -> None:
+        await asyncio.to_thread(node.start)
+        self.stack.callback(node.stop)
+
+    @property
+    def sentinel_url(self) -> str:
+        return f"redis+sentinel://{','.join(s.address for s in self.sentinels)}/{MASTER}/0"
+
+    def _config(self, n: int) -> Path:
+        assert self.redis_link is not None
+        url = self.sentinel_url if n < 2 else f"redis://127.0.0.1:{self.redis_link.port}/0"
+        limits: dict[str, Any] = {"pingInterval": 2}
+        if n == 0:
+            limits |= {"window": 200, "sendBuffer": 16384}  # slow listeners coalesce or 4008
+        extra: dict[str, Any] = {"limits": limits, "durable": {"consumers": ["billing"]}}
+        if self.soak:
+            # What is bounded by design fills in the first half of a soak, so that a slope in
+            # the second half is a leak, not a window or a log still filling: Redis's log is
+            # trimmed after 30 s, a publisher's window and its delivery trace hold 500 items
+            # (30 s of commits; the trace's default, 10,000, takes 10 minutes to fill here).
+            extra["maxAge"] = 30
+            extra["trace"] = {"items": 500}
+            limits["window"] = min(limits.get("window", 500), 500)
+        if self.soak and n == 1:
+            extra["clientLimits"] = {"maxListeners": 12}  # the churn meets refusals here
+        return write_config(self.directory / f"publisher{n}.js", url,
+                            server={"host": "127.0.0.1", "port": free_port()}, **extra)
+
+    @staticmethod
+    def port_of(publisher: PublisherProcess) -> int:
+        return int(publisher.url.rpartition(":")[2])
+
+    @property
+    def urls(self) -> list[str]:
+        return [p.url for p in self.publishers]
+
+    async def aclose(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
+        for publisher in self.publishers:  # SIGCONT any paused one, so it can stop
+            if publisher.process is not None and publisher.process.poll() is None:
+                publisher.process.send_signal(signal.SIGCONT)
+        await self.stack.aclose()
+        for n, publisher in enumerate(self.publishers):  # the evidence, beside the AOFs
+            (self.directory / f"publisher{n}.log").write_text(publisher.output())
+        for n, sentinel in enumerate(self.sentinels):
+            (self.directory / f"sentinel{n}.log").write_text(sentinel.output())
+
+    # --- the master, as the sentinels see it --------------------------------------------------
+
+    def master(self) -> RedisServer:
+        """The node the sentinels call master now (the first that answers)."""
+        for sentinel in self.sentinels:
+            with contextlib.suppress(redis.RedisError), redis.Redis(
+                    host="127.0.0.1", port=sentinel.port, socket_timeout=2) as client:
+                address = client.sentinel_get_master_addr_by_name(MASTER)
+                if address:
+                    return next(n for n in self.nodes if n.port == int(address[1]))
+        raise RuntimeError("no sentinel names a master")
+
+    async def _follow_master(self) -> None:
+        """Keep the partition proxy leading to the master: on every `+switch-master` a sentinel
+        publishes, retarget it (open connections to the old master are reset)."""
+        client = aioredis.Redis(host="127.0.0.1", port=self.sentinels[0].port)
+        pubsub = client.pubsub()
+        try:
+            await pubsub.subscribe("+switch-master")
+            async for message in pubsub.listen():
+                if message["type"] != "message":
+                    continue
+                port = int(message["data"].split()[-1])
+                assert self.redis_link is not None
+                self.redis_link.retarget("127.0.0.1", port)
+                self.switches += 1
+        finally:
+            await pubsub.aclose()  # type: ignore[no-untyped-call]
+            await client.aclose()
+
+    # --- faults -----------------------------------------------------------------------------
+
+    async def inject(self, fault: Fault) -> Injected:
+        done = Injected(fault, time.monotonic())
+        kind = fault.kind
+        if kind.startswith("publisher_"):
+            publisher = self.publishers[int(fault.target.rpartition("-")[2])]
+            assert publisher.process is not None
+            if kind == "publisher_kill":
+                publisher.kill()
+            else:
+                publisher.process.send_signal(signal.SIGSTOP)
+        elif kind.startswith("link_"):
+            assert self.link is not None
+            if kind == "link_blackhole":
+                self.link.blackhole()
+            elif kind == "link_drip":
+                self.link.drip(DRIP_BYTES_PER_SECOND)
+            else:
+                self.link.cut(refuse_new=True)
+        elif kind == "partition":
+            assert self.redis_link is not None
+            self.redis_link.blackhole()
+        else:
+            await self._inject_redis(done)
+        return done
+
+    async def _inject_redis(self, done: Injected) -> None:
+        kind = done.fault.kind
+        node = done.node = await asyncio.to_thread(self.master)
+        if kind == "redis_stop":
+            node.pause()
+        elif kind in ("redis_kill", "redis_restart_empty"):
+            node.kill()
+        elif kind == "redis_restart_snapshot":
+            done.snapshot = await asyncio.to_thread(_snapshot, node)
+        elif kind == "sentinel_failover":
+            try:
+                with redis.Redis(host="127.0.0.1", port=self.sentinels[0].port) as client:
+                    await asyncio.to_thread(client.execute_command, "SENTINEL", "FAILOVER",
+                                            MASTER)
+            except redis.ResponseError as error:  # NOGOODSLAVE, INPROG: noted, not a failure
+                done.notes.append(f"SENTINEL FAILOVER refused: {error}")
+
+    async def heal(self, done: Injected) -> None:
+        kind = done.fault.kind
+        if kind.startswith("publisher_"):
+            publisher = self.publishers[int(done.fault.target.rpartition("-")[2])]
+            assert publisher.process is not None
+            if kind == "publisher_kill":
+                await asyncio.to_thread(publisher.start)
+            else:
+                publisher.process.send_signal(signal.SIGCONT)
+        elif kind.startswith("link_"):
+            assert self.link is not None
+            self.link.pass_through()
+        elif kind == "partition":
+            assert self.redis_link is not None
+            self.redis_link.pass_through()
+        elif done.node is not None:
+            await self._heal_redis(done, done.node)
+        done.ended = time.monotonic()
+
+    async def _heal_redis(self, done: Injected, node: RedisServer) -> None:
+        kind = done.fault.kind
+        if kind == "redis_stop":
+            node.resume()
+        elif kind == "redis_kill":
+            await asyncio.to_thread(node.start)
+        elif kind == "redis_restart_empty":
+            _wipe(node)
+            await asyncio.to_thread(node.start)
+        elif kind == "redis_restart_snapshot":
+            assert done.snapshot is not None
+            node.kill()
+            _wipe(node)
+            shutil.copy(done.snapshot, node.directory / "dump.rdb")
+            await asyncio.to_thread(node.start)
+
+    async def evidence(self) -> None:
+        """Write each publisher's `/changefeeds/stats` and each node's INFO and CLIENT LIST
+        into the run's directory (what the logs do not say about the end state)."""
+        async with aiohttp.ClientSession() as session:
+            for n, url in enumerate(self.urls):
+                with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                    async with session.get(url + "/changefeeds/stats",
+                                           timeout=aiohttp.ClientTimeout(total=3)) as reply:
+                        (self.directory / f"publisher{n}-stats.json").write_bytes(
+                            await reply.read())
+        for node in self.nodes:
+            with contextlib.suppress(redis.RedisError), redis.Redis(
+                    host="127.0.0.1", port=node.port, socket_timeout=2) as client:
+                info = client.execute_command("INFO", "replication")
+                clients = client.execute_command("CLIENT", "LIST")
+                epoch = client.get("{test}:epoch")
+                newest = client.execute_command("XREVRANGE", "{test}:log", "+", "-", "COUNT", 3)
+                (node.directory.parent / f"{node.directory.name}-end.txt").write_text(
+                    f"{info!r}\n{clients!r}\nepoch {epoch!r}\nnewest {newest!r}\n")
+
+    # --- health -----------------------------------------------------------------------------
+
+    async def ready(self, within: float) -> dict[str, float | None]:
+        """Seconds until each publisher's `/readyz` answered 200, and until Redis had one master
+        again (None: not within `within`)."""
+        started = time.monotonic()
+        async with aiohttp.ClientSession() as session:
+            results = await asyncio.gather(
+                *(_ready(session, url, started, scaled(within)) for url in self.urls),
+                self._one_master(started, scaled(within)))
+        names = [f"publisher-{n}" for n in range(len(self.urls))] + ["redis"]
+        return dict(zip(names, results, strict=True))
+
+    async def _one_master(self, started: float, within: float) -> float | None:
+        """Seconds until exactly one node says it is a master, the one the sentinels name (a
+        killed master restarted after a failover is a master of its own, a split brain, until a
+        sentinel demotes it: about 8 s)."""
+        while time.monotonic() - started < within:
+            with contextlib.suppress(RuntimeError, StopIteration):
+                master = await asyncio.to_thread(self.master)
+                roles = await asyncio.gather(*(asyncio.to_thread(_role, n) for n in self.nodes))
+                masters = [n for n, role in zip(self.nodes, roles, strict=True)
+                           if role == "master"]
+                if masters == [master]:
+                    return time.monotonic() - started
+            await asyncio.sleep(0.2)  # roles change by the sentinels' own timers: no event
+        return None
+
+
+async def _ready(session: aiohttp.ClientSession, url: str, started: float,
+                 within: float) -> float | None:
+    while time.monotonic() - started < within:
+        with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+            async with session.get(url + "/readyz",
+                                   timeout=aiohttp.ClientTimeout(total=2)) as reply:
+                if reply.status == 200:
+                    return time.monotonic() - started
+        await asyncio.sleep(0.1)  # /readyz is polled: it has no event to wait on
+    return None
+
+
+def _role(node: RedisServer) -> str | None:
+    """What `node` says it is (`master`, `slave`), None when it does not answer."""
+    try:
+        with redis.Redis(host="127.0.0.1", port=node.port, socket_timeout=2) as client:
+            return str(client.info("replication")["role"])
+    except redis.RedisError:
+        return None
+
+
+def _snapshot(node: RedisServer) -> Path:
+    """SAVE an RDB snapshot of `node` now and keep a copy of it."""
+    with redis.Redis(host="127.0.0.1", port=node.port, socket_timeout=10) as client:
+        client.save()
+    kept = node.directory.parent / f"{node.directory.name}-older.rdb"
+    shutil.copy(node.directory / "dump.rdb", kept)
+    return kept
+
+
+def _wipe(node: RedisServer) -> None:
+    """Remove everything `node` would load at start (its AOF and RDB)."""
+    shutil.rmtree(node.directory / "appendonlydir", ignore_errors=True)
+    (node.directory / "dump.rdb").unlink(missing_ok=True)
+
+
+def names(faults: Sequence[Injected]) -> list[str]:
+    return [i.fault.describe() for i in faults]
+
+
+__all__ = ["DRIP_BYTES_PER_SECOND", "Injected", "System", "names"]
