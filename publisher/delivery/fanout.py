@@ -1,4 +1,4 @@
-"""The fan-out of a batch: `Hub.publish` of several new entries at once (the tail fell behind).
+"""The fan-out of a batch: `Hub.fan_out` of several new entries at once (the tail fell behind).
 
 Each connection gets one write per batch: the frames of every entry it matches, joined, so a
 connection costs one system call for all of them instead of one per entry. A connection takes

@@ -188,7 +188,7 @@ class Hub:
             chunk = entry.sse = change_chunk(self.cursor_of(entry), entry.payload)
         return chunk
 
-    def publish(self, entries: Sequence[LogEntry], shard: int = 0) -> None:
+    def fan_out(self, entries: Sequence[LogEntry], shard: int = 0) -> None:
         """Append new log entries to the window and write them to live matching connections:
         one entry by `_publish_one`, several by publisher.delivery.fanout (one write per
         connection for all of them). `entries` are of shard `shard`: stamped first when the
@@ -204,7 +204,7 @@ class Hub:
         fanout.publish_batch(self, entries)
 
     def _publish_one(self, raw: LogEntry) -> None:
-        """`publish` of one entry (a tail read of one commit, the common case): each matching
+        """`fan_out` of one entry (a tail read of one commit, the common case): each matching
         connection is written its frame at once, with no per-connection bookkeeping beyond a
         list of whom it was written to when the delivery trace is on."""
         window = self.window

@@ -281,7 +281,7 @@ class Tail:
             f.unread for f in self._follow
         )
         if read.entries:
-            hub.publish(read.entries, s)
+            hub.fan_out(read.entries, s)
         if not self.healthy:
             # Healthy only now: a registration must not be answered from a log the tail has
             # not checked since Redis came back (it may have rolled back).
