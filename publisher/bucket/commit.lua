@@ -11,8 +11,8 @@
 -- the first call's '<epoch> <ms> <first seq> <count> 0 0'; an error KEYREUSED when that call had
 -- other changes. `renewed` is 1 when the head was behind the witness: Redis lost commits it had
 -- acknowledged (restored from an older snapshot, a lagging replica promoted), or when the witness
--- is of an epoch the bucket's history does not descend from (a split brain's other master
--- acknowledged it); the bucket then gets a new epoch before this commit, and every publisher
+-- is of an epoch the bucket's history does not descend from and that did not end before this
+-- history began (a split brain's other master acknowledged it); the bucket then gets a new epoch before this commit, and every publisher
 -- tells its listeners to bootstrap again.
 -- Ids come from one sequence for every partition (`last`), so they order every change of the
 -- bucket, whatever its partition.
@@ -46,6 +46,13 @@ if witness_epoch then
   local past = KEYS[2] .. 's'
   local lost = witness_epoch == epoch and less(last, witness_id)
   local foreign = witness_epoch ~= epoch and not call('LPOS', past, witness_epoch)
+  if foreign then
+    -- A history that began after the witness's commit (Redis came back empty and the bucket was
+    -- created again) needs no new epoch: every publisher closed the old epoch's listeners when
+    -- it saw that epoch gone, and every listener of this one started after the loss.
+    local began = call('GET', KEYS[2] .. ':at')
+    if began and tonumber(began) > (parse(witness_id)) then foreign = false end
+  end
   if lost or foreign then
     if epoch ~= ARGV[1] then  -- else ensure() created the bucket just now: a new history
       call('LPUSH', past, epoch)

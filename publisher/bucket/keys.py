@@ -6,6 +6,7 @@ in one slot and the scripts may touch any of them::
     {name}:log              stream: one entry per change item (fields r, s, i); with several
                             partitions one stream per partition, {name}:log:<p>, and no :log
     {name}:epoch            string: the bucket's epoch, created with the bucket
+    {name}:epoch:at         string: when the epoch was created (Redis's ms; commit.lua)
     {name}:epochs           list: the epochs this history descends from (each renewal pushes the
                             old one; commit.lua reads it, by name, to tell a writer's witness of
                             an ancestor from one of a history this Redis never held)

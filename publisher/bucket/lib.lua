@@ -51,6 +51,9 @@ local function ensure(candidate_epoch, wanted)
   if not epoch then
     epoch = candidate_epoch
     redis.call('SET', KEYS[2], epoch)
+    -- When this history began (Redis's ms): commit.lua tells by it a writer's witness of a
+    -- history lost before this one began (announced already) from one of a split brain.
+    redis.call('SET', KEYS[2] .. ':at', now_ms())
   end
   if not last then
     last = head(n)

@@ -92,10 +92,12 @@ async def test_a_commit_with_a_witness_of_a_history_this_bucket_never_held_start
         async with Proxy("127.0.0.1", lost_side.port) as proxy:
             url = f"redis://127.0.0.1:{proxy.port}/0"
             writer, other = ChangeBucket(connect(url), "test"), ChangeBucket(connect(url), "test")
-            lost = await writer.commit("vm", "a", ["nic"], {"n": 1})
-            await other.commit("vm", "b", ["nic"], {"n": 1})
+            # The winner's history is the older one: it went on while the lost side took writes.
             survivor = ChangeBucket(connect(winner.url), "test")
             kept = await survivor.commit("vm", "c", ["nic"], {"n": 1})
+            await asyncio.sleep(0.01)  # the lost side's commits come after, by Redis's ms
+            lost = await writer.commit("vm", "a", ["nic"], {"n": 1})
+            await other.commit("vm", "b", ["nic"], {"n": 1})
             assert Cursor.decode(kept).epoch != Cursor.decode(lost).epoch
 
             proxy.retarget("127.0.0.1", winner.port)  # the writers' address: the winner now
@@ -117,3 +119,27 @@ async def test_a_commit_with_a_witness_of_a_history_this_bucket_never_held_start
     finally:
         lost_side.stop()
         winner.stop()
+
+
+async def test_a_witness_of_a_history_lost_before_this_one_began_starts_no_new_epoch(
+    redis_server: RedisServer,
+) -> None:
+    """Redis came back empty and the bucket was created again (a tail's ensure, or another
+    writer's commit): every publisher closed the old epoch's listeners when it saw it gone, and
+    every listener of the new one started after the loss. A writer's witness of the old epoch is
+    no split brain: its next commit goes into the new history, not a third one."""
+    writer = ChangeBucket(connect(redis_server.url), "test")
+    other = ChangeBucket(connect(redis_server.url), "test")
+    try:
+        before = Cursor.decode(await writer.commit("vm", "a", ["nic"], {"n": 1})).epoch
+        await writer.redis.flushall()
+        await asyncio.sleep(0.01)
+        recreated = Cursor.decode(await other.commit("vm", "b", ["nic"], {"n": 1})).epoch
+        assert recreated != before
+        with capture_logs() as logs:
+            after = Cursor.decode(await writer.commit("vm", "a", ["nic"], {"n": 2})).epoch
+        assert after == recreated
+        assert not [e for e in logs if "rolled back" in e["event"]]
+    finally:
+        await writer.aclose()
+        await other.aclose()
