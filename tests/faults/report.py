@@ -78,7 +78,8 @@ can still disappear, or never reach a listener, when:
    sentinel demotes it and its resync throws away what it acknowledged meanwhile. Its writers'
    witnesses are then of an epoch the surviving master never held: the bucket keeps the epochs
    its history descends from (`{name}:epochs`, pushed by every renewal), and a witness of any
-   other starts a new epoch too (found by the nemesis, below). Not seen: a rollback of commits
+   other that did not end before this history began starts a new epoch too (found by the
+   nemesis, below). Not seen: a rollback of commits
    that no running publisher read and whose writer has gone (a new client, a `changefeed
    publish` process, has no witness). Such a writer should ask for the replicas' confirmation
    (`commit(..., replicas=1)`, `changefeed publish --replicas 1`): acknowledged then means on

@@ -69,7 +69,9 @@ Bugs the nemesis found, each fixed at its cause with a regression test of its ow
   master never held, so comparing heads could not see the loss, and no publisher read those
   commits. commit.lua now keeps the epochs the bucket's history descends from
   (`{{name}}:epochs`, pushed by every renewal) and starts a new epoch when a witness is of any
-  other: every publisher closes its listeners with 4009, the loss is announced.
+  other that did not end before this history began (`{{name}}:epoch:at`: a bucket created again
+  after Redis came back empty announced its loss by the epoch change already): every publisher
+  closes its listeners with 4009, the loss is announced.
   tests/publisher/test_bucket_witness.py
   `test_a_commit_with_a_witness_of_a_history_this_bucket_never_held_starts_a_new_epoch`.
 - **Kept connections stayed on a master of a split brain** (seed 12, 60 s: the feed reader,
