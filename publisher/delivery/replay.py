@@ -124,14 +124,8 @@ async def resume(hub: Hub, conn: Subscriber, start: Vector) -> None:
             return
         conn.position = position
         await catch_up(hub, conn)  # checks the window before it first awaits
-    except (ConnectionError, RuntimeError) as exc:
-        log.info("resume ended: connection gone", remote=conn.remote, error=str(exc))
-    except BucketBusy as exc:
-        log.warning("resume failed: publisher overloaded", remote=conn.remote, error=str(exc))
-        hub.close_now(conn, CloseCode.OVERLOADED, "publisher overloaded during replay")
-    except BucketUnavailable as exc:
-        log.warning("resume failed: bucket unavailable", remote=conn.remote, error=str(exc))
-        hub.close_now(conn, CloseCode.TRY_AGAIN_LATER, "bucket unavailable during replay")
+    except _ENDINGS as exc:
+        _ended(hub, conn, "resume", exc)
 
 
 async def replay_to_window(hub: Hub, conn: Subscriber, start: Vector) -> StreamId | None:
@@ -230,14 +224,8 @@ async def catch_up(hub: Hub, conn: Subscriber) -> None:
                     conn.transport.write(frame)
                     hub._wrote_one(conn, entry.position, len(frame))
                 conn.position = entry.position
-    except (ConnectionError, RuntimeError) as exc:
-        log.info("catch-up ended: connection gone", remote=conn.remote, error=str(exc))
-    except BucketBusy as exc:
-        log.warning("catch-up failed: publisher overloaded", remote=conn.remote, error=str(exc))
-        hub.close_now(conn, CloseCode.OVERLOADED, "publisher overloaded during replay")
-    except BucketUnavailable as exc:
-        log.warning("catch-up failed: bucket unavailable", remote=conn.remote, error=str(exc))
-        hub.close_now(conn, CloseCode.TRY_AGAIN_LATER, "bucket unavailable during replay")
+    except _ENDINGS as exc:
+        _ended(hub, conn, "catch-up", exc)
 
 
 async def drain_coalesced(hub: Hub, conn: Subscriber, coalesced: Coalesced) -> None:
@@ -270,6 +258,25 @@ async def drain_coalesced(hub: Hub, conn: Subscriber, coalesced: Coalesced) -> N
             )
             hub._go_live(conn)
             return
+
+
+
+_ENDINGS = (ConnectionError, RuntimeError, BucketBusy, BucketUnavailable)
+"""What ends a resume or a catch-up before the connection is live: `_ended` says how."""
+
+
+def _ended(hub: Hub, conn: Subscriber, what: str, exc: Exception) -> None:
+    """A resume or catch-up (`what`) that `exc` ended: a connection gone is only logged; an
+    overloaded publisher closes it with OVERLOADED, an unavailable bucket with TRY_AGAIN_LATER,
+    so the listener comes back and resumes."""
+    if isinstance(exc, BucketBusy):
+        log.warning(f"{what} failed: publisher overloaded", remote=conn.remote, error=str(exc))
+        hub.close_now(conn, CloseCode.OVERLOADED, "publisher overloaded during replay")
+    elif isinstance(exc, BucketUnavailable):
+        log.warning(f"{what} failed: bucket unavailable", remote=conn.remote, error=str(exc))
+        hub.close_now(conn, CloseCode.TRY_AGAIN_LATER, "bucket unavailable during replay")
+    else:
+        log.info(f"{what} ended: connection gone", remote=conn.remote, error=str(exc))
 
 
 __all__ = [
