@@ -9,10 +9,10 @@ names the sentinels to ask, the master's name as the sentinels know it (`sentine
 `SentinelPool` is redis-py's `SentinelConnectionPool` with the blocking behaviour of
 `BlockingConnectionPool`: at most `max_connections`, a caller waits `timeout` seconds for a free
 one (then `BucketBusy`, as with a plain Redis). Every new connection asks the sentinels where the
-master is; when the master changed, the idle connections to the old one are closed, and a
-connection that hears READONLY (the old master came back as a replica) is dropped. The pool
-also asks every second while in use, and closes every connection, in use or not, once the
-sentinels name another master (`SentinelPool`).
+master is, and a connection that hears READONLY (the old master came back as a replica) is
+dropped. The pool also asks every second while in use; at every look, its own or a new
+connection's, it closes every connection, in use or not, that leads to another node than the
+master the sentinels name (`SentinelPool`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
 import structlog
-from redis.asyncio.connection import BlockingConnectionPool
+from redis.asyncio.connection import BlockingConnectionPool, Connection
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.exceptions import RedisError
 
@@ -154,8 +154,9 @@ class SentinelPool(SentinelConnectionPool, BlockingConnectionPool):
     """A sentinel-managed pool that blocks (BlockingConnectionPool's get_connection/release)
     while asking the sentinels for the master (SentinelConnectionPool's connections), and that
     follows the master: once it has given out a connection it asks the sentinels every
-    `FOLLOW_EVERY` seconds, and when they name another master it closes every connection, those
-    in use too (a tail's kept read, a writer's kept channel).
+    `FOLLOW_EVERY` seconds; at each look (and at each new connection's) it closes every
+    connection to another node than the master they name, those in use too (a tail's kept
+    read, a writer's kept channel).
 
     redis-py asks only when it opens a connection, and closes only idle ones. A kept connection
     then stays on the old master as long as that answers: a master paused past the sentinels'
@@ -173,22 +174,41 @@ class SentinelPool(SentinelConnectionPool, BlockingConnectionPool):
             self._follower = asyncio.get_running_loop().create_task(self._follow())
         return await super().get_connection(*args, **kwargs)  # type: ignore[no-untyped-call]
 
+    async def get_master_address(self) -> Any:
+        """The master the sentinels name now, as redis-py asks it for every new connection;
+        every connection that leads elsewhere is closed (`_settle`)."""
+        address = await self.sentinel_manager.discover_master(self.service_name)
+        await self._settle(address)
+        return address
+
     async def _follow(self) -> None:
-        """Every FOLLOW_EVERY seconds: the master the sentinels name; when it is not the one
-        the connections lead to, close them all (each user reconnects, to the new master)."""
+        """Every FOLLOW_EVERY seconds: the master the sentinels name, and `_settle`."""
         while True:
             await asyncio.sleep(FOLLOW_EVERY)
             try:
                 address = await self.sentinel_manager.discover_master(self.service_name)
             except (RedisError, OSError):
                 continue  # no sentinel answers, or none names a master: the next look will
-            known = self.master_address
-            if known is not None and tuple(address) != tuple(known):
-                log.warning("the sentinels name another master: closing every connection to "
-                            "the old one", master=self.service_name,
-                            old=f"{known[0]}:{known[1]}", new=f"{address[0]}:{address[1]}")
-                self.master_address = address
-                await self.disconnect(inuse_connections=True)
+            await self._settle(address)
+
+    async def _settle(self, address: Any) -> None:
+        """Make `address` the master: close every open connection to another node, those in
+        use too. redis-py's own look (a new connection's) closes only the idle ones, and
+        records the new address, so comparing addresses alone missed the connections in use
+        whenever a new connection looked first (the nemesis again, seed 12: a publisher read
+        the old master and the new one by turns for ten seconds and served two epochs)."""
+        master = tuple(address)
+        known = self.master_address
+        self.master_address = address
+        if known is not None and tuple(known) != master:
+            log.warning("the sentinels name another master: closing every connection to "
+                        "the old one", master=self.service_name,
+                        old=f"{known[0]}:{known[1]}", new=f"{master[0]}:{master[1]}")
+        stale = [
+            c for c in (*self._available_connections, *self._in_use_connections)
+            if isinstance(c, Connection) and c.is_connected and (c.host, c.port) != master
+        ]
+        await asyncio.gather(*(c.disconnect() for c in stale), return_exceptions=True)
 
     async def aclose(self) -> None:
         """Stop following, close the connections to the master, then those to the sentinels."""

@@ -14,10 +14,12 @@ import asyncio
 import time
 from pathlib import Path
 
+import pytest
 import redis
 
 from changefeed.cursor import Cursor
 from publisher.bucket import ChangeBucket, connect
+from publisher.bucket import sentinel as sentinel_module
 from publisher.bucket.sentinel import FOLLOW_EVERY
 from tests.faults.sentinel_faults import MASTER, sentinel_ready
 from tests.servers import RedisServer, SentinelServer, scaled
@@ -63,6 +65,61 @@ async def test_a_kept_connection_leaves_a_master_the_sentinels_replaced(tmp_path
         after = await bucket.commit("vm", "a", ["nic"], {"n": 2})
         assert _has(replica, after), "the commit went to the master the sentinels name"
         await bucket.aclose()
+    finally:
+        for sentinel in sentinels:
+            sentinel.stop()
+        replica.stop()
+        master.stop()
+
+
+async def test_a_new_connection_that_finds_a_new_master_closes_those_in_use(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """redis-py's look at the sentinels (a new connection's) records the new master and closes
+    only idle connections; one in use then stayed on the old master, and the pool's own look,
+    finding the address already recorded, saw no change (the nemesis, seed 12: a publisher
+    read two masters by turns and served two epochs). The pool's own look is kept away here:
+    the new connection's look alone must close it."""
+    monkeypatch.setattr(sentinel_module, "FOLLOW_EVERY", 3600.0)
+    master = RedisServer(tmp_path / "master", tcp=True, persist=False).start()
+    replica = RedisServer(tmp_path / "replica", tcp=True, persist=False, replica_of=master)
+    sentinels: list[SentinelServer] = []
+    try:
+        replica.start()
+        for n in range(3):
+            sentinels.append(SentinelServer(tmp_path / f"s{n}", master, MASTER).start())
+        await sentinel_ready(sentinels)
+        url = f"redis+sentinel://{','.join(s.address for s in sentinels)}/{MASTER}/0"
+        client = connect(url)
+        pool = client.connection_pool
+        # in use throughout, as a tail's read is
+        kept = await pool.get_connection()  # type: ignore[no-untyped-call]
+        await kept.send_command("PING")
+        assert await kept.read_response() in (b"PONG", "PONG")
+        assert kept.port == master.port
+
+        master.pause()
+        try:
+            deadline = time.monotonic() + scaled(20)
+            while any(_master_port(s) != replica.port for s in sentinels):  # all agree
+                assert time.monotonic() < deadline, "no failover"
+                await asyncio.sleep(0.1)  # the sentinels' own timers: nothing to wait on
+            # a new connection: redis-py's look
+            other = await pool.get_connection()  # type: ignore[no-untyped-call]
+            assert other.port == replica.port
+            await pool.release(other)
+        finally:
+            master.resume()  # a master of its own, until a sentinel demotes it
+
+        assert not kept.is_connected, "the connection in use to the old master was closed"
+        await pool.release(kept)
+        # connects again: asks the sentinels
+        again = await pool.get_connection()  # type: ignore[no-untyped-call]
+        await again.send_command("SET", "{test}:probe", "1")  # a write: refused by a replica
+        await again.read_response()
+        assert again.port == replica.port
+        await pool.release(again)
+        await client.aclose()
     finally:
         for sentinel in sentinels:
             sentinel.stop()
