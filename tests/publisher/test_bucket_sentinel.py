@@ -11,7 +11,10 @@ by its resync, while the other publishers read the new master.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -38,38 +41,62 @@ def _has(server: RedisServer, cursor: str) -> bool:
         return bool(client.xrange("{test}:log", position, position))
 
 
-async def test_a_kept_connection_leaves_a_master_the_sentinels_replaced(tmp_path: Path) -> None:
-    master = RedisServer(tmp_path / "master", tcp=True, persist=False).start()
-    replica = RedisServer(tmp_path / "replica", tcp=True, persist=False, replica_of=master)
+@dataclass
+class Trio:
+    """A master, its replica and three sentinels watching them, with the bucket's URL."""
+
+    master: RedisServer
+    replica: RedisServer
+    sentinels: list[SentinelServer]
+
+    @property
+    def url(self) -> str:
+        return f"redis+sentinel://{','.join(s.address for s in self.sentinels)}/{MASTER}/0"
+
+    async def fail_over(self, *, everywhere: bool) -> None:
+        """Wait until the sentinels name the replica (the master is paused): the first
+        sentinel, or every one of them when `everywhere`."""
+        deadline = time.monotonic() + scaled(20)
+        asked = self.sentinels if everywhere else self.sentinels[:1]
+        while any(_master_port(s) != self.replica.port for s in asked):
+            assert time.monotonic() < deadline, "no failover"
+            await asyncio.sleep(0.1)  # the sentinels' own timers: nothing to wait on
+
+
+@contextlib.asynccontextmanager
+async def trio(directory: Path) -> AsyncIterator[Trio]:
+    master = RedisServer(directory / "master", tcp=True, persist=False).start()
+    replica = RedisServer(directory / "replica", tcp=True, persist=False, replica_of=master)
     sentinels: list[SentinelServer] = []
     try:
         replica.start()
         for n in range(3):
-            sentinels.append(SentinelServer(tmp_path / f"s{n}", master, MASTER).start())
+            sentinels.append(SentinelServer(directory / f"s{n}", master, MASTER).start())
         await sentinel_ready(sentinels)
-        url = f"redis+sentinel://{','.join(s.address for s in sentinels)}/{MASTER}/0"
-        bucket = ChangeBucket(connect(url), "test")
-        first = await bucket.commit("vm", "a", ["nic"], {"n": 1})  # keeps a connection
-        assert _has(master, first)
-
-        master.pause()  # past the sentinels' down-after: they promote the replica
-        try:
-            deadline = time.monotonic() + scaled(20)
-            while _master_port(sentinels[0]) != replica.port:
-                assert time.monotonic() < deadline, "no failover"
-                await asyncio.sleep(0.1)  # the sentinels' own timers: nothing to wait on
-            await asyncio.sleep(FOLLOW_EVERY * 2.5)  # the pool's look at the sentinels
-        finally:
-            master.resume()  # a master of its own, until a sentinel demotes it
-
-        after = await bucket.commit("vm", "a", ["nic"], {"n": 2})
-        assert _has(replica, after), "the commit went to the master the sentinels name"
-        await bucket.aclose()
+        yield Trio(master, replica, sentinels)
     finally:
         for sentinel in sentinels:
             sentinel.stop()
         replica.stop()
         master.stop()
+
+
+async def test_a_kept_connection_leaves_a_master_the_sentinels_replaced(tmp_path: Path) -> None:
+    async with trio(tmp_path) as servers:
+        bucket = ChangeBucket(connect(servers.url), "test")
+        first = await bucket.commit("vm", "a", ["nic"], {"n": 1})  # keeps a connection
+        assert _has(servers.master, first)
+
+        servers.master.pause()  # past the sentinels' down-after: they promote the replica
+        try:
+            await servers.fail_over(everywhere=False)
+            await asyncio.sleep(FOLLOW_EVERY * 2.5)  # the pool's look at the sentinels
+        finally:
+            servers.master.resume()  # a master of its own, until a sentinel demotes it
+
+        after = await bucket.commit("vm", "a", ["nic"], {"n": 2})
+        assert _has(servers.replica, after), "the commit went to the master the sentinels name"
+        await bucket.aclose()
 
 
 async def test_a_new_connection_that_finds_a_new_master_closes_those_in_use(
@@ -81,47 +108,31 @@ async def test_a_new_connection_that_finds_a_new_master_closes_those_in_use(
     read two masters by turns and served two epochs). The pool's own look is kept away here:
     the new connection's look alone must close it."""
     monkeypatch.setattr(sentinel_module, "FOLLOW_EVERY", 3600.0)
-    master = RedisServer(tmp_path / "master", tcp=True, persist=False).start()
-    replica = RedisServer(tmp_path / "replica", tcp=True, persist=False, replica_of=master)
-    sentinels: list[SentinelServer] = []
-    try:
-        replica.start()
-        for n in range(3):
-            sentinels.append(SentinelServer(tmp_path / f"s{n}", master, MASTER).start())
-        await sentinel_ready(sentinels)
-        url = f"redis+sentinel://{','.join(s.address for s in sentinels)}/{MASTER}/0"
-        client = connect(url)
+    async with trio(tmp_path) as servers:
+        client = connect(servers.url)
         pool = client.connection_pool
-        # in use throughout, as a tail's read is
+        # In use throughout, as a tail's read is.
         kept = await pool.get_connection()  # type: ignore[no-untyped-call]
         await kept.send_command("PING")
         assert await kept.read_response() in (b"PONG", "PONG")
-        assert kept.port == master.port
+        assert kept.port == servers.master.port
 
-        master.pause()
+        servers.master.pause()
         try:
-            deadline = time.monotonic() + scaled(20)
-            while any(_master_port(s) != replica.port for s in sentinels):  # all agree
-                assert time.monotonic() < deadline, "no failover"
-                await asyncio.sleep(0.1)  # the sentinels' own timers: nothing to wait on
-            # a new connection: redis-py's look
+            await servers.fail_over(everywhere=True)
+            # A new connection: redis-py's look at the sentinels.
             other = await pool.get_connection()  # type: ignore[no-untyped-call]
-            assert other.port == replica.port
+            assert other.port == servers.replica.port
             await pool.release(other)
         finally:
-            master.resume()  # a master of its own, until a sentinel demotes it
+            servers.master.resume()  # a master of its own, until a sentinel demotes it
 
         assert not kept.is_connected, "the connection in use to the old master was closed"
         await pool.release(kept)
-        # connects again: asks the sentinels
+        # Taken again, it connects again: to the master the sentinels name.
         again = await pool.get_connection()  # type: ignore[no-untyped-call]
         await again.send_command("SET", "{test}:probe", "1")  # a write: refused by a replica
         await again.read_response()
-        assert again.port == replica.port
+        assert again.port == servers.replica.port
         await pool.release(again)
         await client.aclose()
-    finally:
-        for sentinel in sentinels:
-            sentinel.stop()
-        replica.stop()
-        master.stop()
