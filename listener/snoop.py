@@ -19,6 +19,7 @@ from typing import TextIO
 import click
 import orjson
 
+from changefeed.client_options import credential_options
 from changefeed.errors import (
     AccessDenied,
     ChangefeedError,
@@ -110,16 +111,7 @@ async def run_snoop(
     multiple=True,
     help="Only ids under this '/'-separated prefix, and the prefix itself (repeatable).",
 )
-@click.option(
-    "--token-file",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="A file holding the bearer token (default: the CHANGEFEED_TOKEN environment variable).",
-)
-@click.option(
-    "--cafile",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="PEM CA bundle that verifies an https:// publisher (default: the system's CAs).",
-)
+@credential_options
 def snoop(
     url: str,
     resource: str,

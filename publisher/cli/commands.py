@@ -20,6 +20,7 @@ import click
 import orjson
 import structlog
 
+from changefeed.client_options import credential_options
 from changefeed.credentials import Credentials, pick_token
 from changefeed.errors import ChangefeedError, ReplicationTimeout
 from publisher.bucket import REPLICAS_TIMEOUT, Change, open_bucket
@@ -368,16 +369,7 @@ async def _publish(
     help="Every live publisher of the fleet (?scope=fleet), not only the one at URL. "
     "--cluster (CHANGEFEED_STATS_CLUSTER) is an alias.",
 )
-@click.option(
-    "--token-file",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="A file holding the bearer token (default: the CHANGEFEED_TOKEN environment variable).",
-)
-@click.option(
-    "--cafile",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="PEM CA bundle that verifies an https:// publisher (default: the system's CAs).",
-)
+@credential_options
 def stats(
     url: str, as_json: bool, fleet: bool, token_file: Path | None, cafile: Path | None
 ) -> None:
