@@ -12,9 +12,10 @@ Pure code; the callers parse the literal (with json5) after `object_literal` has
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, TypeVar
-from urllib.parse import unquote, urlsplit
+from urllib.parse import SplitResult, quote, unquote, urlsplit
 
 from changefeed.errors import ConfigError
 
@@ -141,6 +142,46 @@ def userinfo(netloc: str) -> tuple[str, str | None, str | None]:
     return hosts, None, unquote(user)
 
 
+@dataclass(frozen=True, slots=True)
+class HostsUrl:
+    """A URL that names several hosts (`scheme://[[user]:password@]host:port[,host:port...]/...`,
+    as redis+sentinel:// and redis+cluster:// do), split: its parts, its hosts as pairs, and
+    the credentials of its user part, unquoted."""
+
+    parts: SplitResult
+    nodes: tuple[tuple[str, int], ...]
+    username: str | None
+    password: str | None
+
+
+def hosts_url(key: str, url: str, scheme: str, expected: str, *, host: str,
+              node: str) -> HostsUrl:
+    """`url` split as a `HostsUrl` of `scheme`; ConfigError naming `key` (the URL shown
+    without passwords) and saying `expected` when it is not one, or lacks a host (`host`
+    names one in the message: "sentinel"), or a host is not `node`'s address ("a sentinel")."""
+    shown = masked_url(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        raise ConfigError(key, shown, expected) from None
+    if parts.scheme != scheme:
+        raise ConfigError(key, shown, expected)
+    hosts, username, password = userinfo(parts.netloc)
+    if not hosts:
+        raise ConfigError(key, shown, f"{expected} with at least one {host} host:port")
+    nodes = tuple(address(key, piece, node) for piece in hosts.split(","))
+    return HostsUrl(parts, nodes, username, password)
+
+
+def hosts_netloc(nodes: Iterable[tuple[str, int]], username: str | None,
+                 password: str | None) -> str:
+    """The network location of a `HostsUrl` again: the user part (quoted) and the hosts."""
+    user = ""
+    if password is not None:
+        user = f"{quote(username or '', safe='')}:{quote(password, safe='')}@"
+    return user + ",".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in nodes)
+
+
 def masked_url(url: str) -> str:
     """`url` with its password masked as `***`, in the user part (`redis://u:pw@h`) and in a
     `password=` query parameter, for logs and error messages. A URL too malformed to tell where
@@ -189,6 +230,6 @@ def optional_positive(key: str, value: Any) -> float | None:
     return None if value is None else positive(key, value)
 
 
-__all__ = ["NAME", "address", "get", "host", "masked_url", "object_literal", "only",
-           "optional_positive", "port", "positive", "positive_int", "redis_url", "section",
-           "string", "syntax_error", "userinfo"]
+__all__ = ["NAME", "HostsUrl", "address", "get", "host", "hosts_netloc", "hosts_url",
+           "masked_url", "object_literal", "only", "optional_positive", "port", "positive",
+           "positive_int", "redis_url", "section", "string", "syntax_error", "userinfo"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote, unquote, urlsplit
+from urllib.parse import unquote, urlsplit
 
 from changefeed import configjs as cj
 from changefeed.errors import ConfigError
@@ -31,38 +31,22 @@ class ClusterUrl:
     password: str | None = None
 
     def to_url(self) -> str:
-        user = ""
-        if self.password is not None:
-            user = f"{quote(self.username or '', safe='')}:{quote(self.password, safe='')}@"
-        hosts = ",".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in self.nodes)
-        return f"{SCHEME}://{user}{hosts}/"
+        return f"{SCHEME}://{cj.hosts_netloc(self.nodes, self.username, self.password)}/"
 
 
 def is_cluster_url(url: str | None) -> bool:
     return isinstance(url, str) and url.startswith(SCHEME + "://")
 
 
-def _node(key: str, text: str) -> tuple[str, int]:
-    return cj.address(key, text, "a cluster node's")
-
-
 def parse_cluster_url(key: str, url: str) -> ClusterUrl:
     """The parts of `url`; ConfigError naming `key` (the URL shown without its password)."""
-    shown = cj.masked_url(url)
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        raise ConfigError(key, shown, EXPECTED) from None
-    if parts.scheme != SCHEME:
-        raise ConfigError(key, shown, EXPECTED)
-    hosts, username, password = cj.userinfo(parts.netloc)
-    if not hosts:
-        raise ConfigError(key, shown, EXPECTED + " with at least one node host:port")
-    if parts.path.strip("/") or parts.query:
+    found = cj.hosts_url(key, url, SCHEME, EXPECTED, host="node", node="a cluster node's")
+    if found.parts.path.strip("/") or found.parts.query:
         raise ConfigError(
-            key, shown, EXPECTED + " with no database (a cluster has only database 0) or query"
+            key, cj.masked_url(url),
+            EXPECTED + " with no database (a cluster has only database 0) or query",
         )
-    return ClusterUrl(tuple(_node(key, piece) for piece in hosts.split(",")), username, password)
+    return ClusterUrl(found.nodes, found.username, found.password)
 
 
 def cluster_section(key: str, value: Any) -> str:

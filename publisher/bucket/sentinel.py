@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
+from urllib.parse import parse_qsl, quote, unquote, urlencode
 
 import structlog
 from redis.asyncio.connection import BlockingConnectionPool, Connection
@@ -56,15 +56,12 @@ class SentinelUrl:
 
     def to_url(self) -> str:
         """The URL again (passwords quoted), for a config's `bucket.sentinel` object."""
-        user = ""
-        if self.password is not None:
-            user = f"{quote(self.username or '', safe='')}:{quote(self.password, safe='')}@"
-        hosts = ",".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in self.nodes)
+        netloc = cj.hosts_netloc(self.nodes, self.username, self.password)
         query = (
             "" if self.sentinel_password is None
             else "?" + urlencode({"sentinelPassword": self.sentinel_password})
         )
-        return f"{SCHEME}://{user}{hosts}/{quote(self.master, safe='')}/{self.db}{query}"
+        return f"{SCHEME}://{netloc}/{quote(self.master, safe='')}/{self.db}{query}"
 
 
 def is_sentinel_url(url: str) -> bool:
@@ -79,16 +76,8 @@ def node(key: str, text: str) -> tuple[str, int]:
 def parse_sentinel_url(key: str, url: str) -> SentinelUrl:
     """The parts of `url`; ConfigError naming `key` (the URL shown without passwords)."""
     shown = cj.masked_url(url)
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        raise ConfigError(key, shown, EXPECTED) from None
-    if parts.scheme != SCHEME:
-        raise ConfigError(key, shown, EXPECTED)
-    hosts, username, password = cj.userinfo(parts.netloc)
-    if not hosts:
-        raise ConfigError(key, shown, EXPECTED + " with at least one sentinel host:port")
-    nodes = tuple(node(key, piece) for piece in hosts.split(","))
+    found = cj.hosts_url(key, url, SCHEME, EXPECTED, host="sentinel", node="a sentinel")
+    parts = found.parts
     path = [unquote(p) for p in parts.path.split("/") if p]
     if not path or len(path) > 2:
         raise ConfigError(key, shown, EXPECTED + " naming the master (/mymaster or /mymaster/0)")
@@ -101,7 +90,8 @@ def parse_sentinel_url(key: str, url: str) -> SentinelUrl:
     unknown = set(query) - {"sentinelPassword"}
     if unknown:
         raise ConfigError(key, shown, "no query parameter but sentinelPassword")
-    return SentinelUrl(nodes, path[0], db, username, password, query.get("sentinelPassword"))
+    return SentinelUrl(found.nodes, path[0], db, found.username, found.password,
+                       query.get("sentinelPassword"))
 
 
 def redis_url(key: str, value: Any) -> str:
