@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from dataclasses import replace
 
 import aiohttp
 import asyncpg
@@ -15,7 +16,7 @@ import pytest
 from changefeed.errors import OutboxRowDead
 from listener import Listener
 from publisher import outbox
-from publisher.bucket import ChangeBucket, connect
+from publisher.bucket import open_bucket
 from publisher.config.settings import Config
 from publisher.outbox.relay import Relay
 from publisher.outbox.rows import CLAIM, batches, key_of, sort_rows
@@ -44,10 +45,11 @@ def check(history: History) -> None:
 
 
 async def test_each_row_reaches_each_listener_once_in_order(
-    database: str, redis_server: RedisServer, make_config: MakeConfig,
-    start_publisher: PublisherFactory,
+    database: str, layout_config: MakeConfig, start_publisher: PublisherFactory,
 ) -> None:
-    config = make_config(redis_server.url, outbox=outbox_section(database))
+    """On one Redis, and on a bucket of 4 partitions in a Redis Cluster (each shard remembers
+    the batch's idempotency key for the changes it holds)."""
+    config = layout_config(4, outbox=outbox_section(database))
     history = History()
     async with start_publisher(config) as service:
         listeners = [recorder(history, name, service.url) for name in ("a", "b")]
@@ -201,12 +203,13 @@ async def test_the_poll_relays_without_notifications(
 
 
 async def test_a_relay_killed_after_the_commit_is_deduplicated_by_the_key(
-    database: str, redis_server: RedisServer, make_config: MakeConfig,
-    start_publisher: PublisherFactory,
+    database: str, layout_config: MakeConfig, start_publisher: PublisherFactory,
 ) -> None:
-    plain = make_config(redis_server.url)
-    config = make_config(redis_server.url, outbox=outbox_section(database))
+    """On both layouts: on a Redis Cluster the batch is split by shard, and each shard must
+    ignore its part sent again."""
+    config = layout_config(4, outbox=outbox_section(database))
     assert config.outbox is not None
+    plain = replace(config, outbox=None)
     history = History()
     async with start_publisher(plain) as service:
         rec = recorder(history, "a", service.url)
@@ -217,7 +220,7 @@ async def test_a_relay_killed_after_the_commit_is_deduplicated_by_the_key(
             await writer.commit(count=4)
         # A relay that claimed the rows, committed them to the bucket and died before removing
         # any: what PostgreSQL and Redis hold then.
-        bucket = ChangeBucket(connect(redis_server.url), "test", config.resources)
+        bucket = open_bucket(config)
         dying = Relay(bucket, config.outbox, config.resource_map, database, "dying")
         install_id = await writer.conn.fetchval(
             "SELECT install_id::text FROM changefeed.outbox_schema")
@@ -247,10 +250,10 @@ async def test_a_relay_killed_after_the_commit_is_deduplicated_by_the_key(
 
 
 async def test_a_resync_by_hand_is_done_by_the_relaying_publisher(
-    database: str, redis_server: RedisServer, make_config: MakeConfig,
-    start_publisher: PublisherFactory,
+    database: str, layout_config: MakeConfig, start_publisher: PublisherFactory,
 ) -> None:
-    config = make_config(redis_server.url, outbox=outbox_section(database))
+    """On both layouts: on a Redis Cluster the new epoch reaches every shard."""
+    config = layout_config(4, outbox=outbox_section(database))
     assert config.outbox is not None
     conn = await asyncpg.connect(database)
     try:
