@@ -25,7 +25,9 @@ from urllib.parse import parse_qsl, quote, unquote, urlencode
 
 import structlog
 from redis.asyncio.connection import BlockingConnectionPool, Connection
+from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
+from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from changefeed import configjs as cj
@@ -217,9 +219,14 @@ def sentinel_pool(url: str, **connection_kwargs: object) -> SentinelPool:
     socket_kwargs = {
         k: v for k, v in connection_kwargs.items() if k.startswith("socket_")
     }
+    # A sentinel that does not answer is not asked again: the next one is (redis-py's default,
+    # three retries with a backoff of up to 10 s each, made a commit with every sentinel down
+    # wait 24 s to say it was not written).
     sentinel = Sentinel(  # type: ignore[no-untyped-call]
         list(parts.nodes),
-        sentinel_kwargs={**socket_kwargs, "password": parts.sentinel_password},
+        sentinel_kwargs={
+            **socket_kwargs, "password": parts.sentinel_password, "retry": Retry(NoBackoff(), 0),
+        },
     )
     return SentinelPool(  # type: ignore[no-untyped-call]
         parts.master,

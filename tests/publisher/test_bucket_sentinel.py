@@ -21,6 +21,7 @@ import pytest
 import redis
 
 from changefeed.cursor import Cursor
+from changefeed.errors import BucketUnavailable, CommitOutcomeUnknown
 from publisher.bucket import ChangeBucket, connect
 from publisher.bucket import sentinel as sentinel_module
 from publisher.bucket.sentinel import FOLLOW_EVERY
@@ -136,3 +137,35 @@ async def test_a_new_connection_that_finds_a_new_master_closes_those_in_use(
         assert again.port == servers.replica.port
         await pool.release(again)
         await client.aclose()
+
+
+async def test_with_every_sentinel_down_a_commit_says_it_was_not_written(tmp_path: Path) -> None:
+    """No sentinel answers: a connection kept to the master goes on (the pool's look fails and
+    changes nothing); one opened now cannot learn where the master is, so the commit fails at
+    once with BucketUnavailable (nothing written: not CommitOutcomeUnknown) naming the master
+    asked for; once a sentinel is back, commits go on."""
+    async with trio(tmp_path) as servers:
+        bucket = ChangeBucket(connect(servers.url), "test")
+        await bucket.commit("vm", "a", ["nic"], {"n": 1})  # keeps a connection
+        for sentinel in servers.sentinels:
+            sentinel.stop()
+        await asyncio.sleep(FOLLOW_EVERY * 1.5)  # the pool looks, and no sentinel answers
+        kept = await bucket.commit("vm", "a", ["nic"], {"n": 2})
+        assert _has(servers.master, kept), "the kept connection went on"
+
+        await bucket.redis.connection_pool.disconnect()  # the next commit must ask
+        asked = time.monotonic()
+        with pytest.raises(BucketUnavailable) as refused:
+            await bucket.commit("vm", "a", ["nic"], {"n": 3}, key="k3")
+        # Each sentinel refuses at once and is asked once (redis-py's default retries, with
+        # their backoff, took 24 s): a bound on the failure's wait, not a measure of speed.
+        assert time.monotonic() - asked < scaled(5)
+        assert not isinstance(refused.value, CommitOutcomeUnknown)
+        assert "mymaster" in str(refused.value), str(refused.value)
+
+        servers.sentinels[2].start()  # one is enough to name the master
+        third = await bucket.commit("vm", "a", ["nic"], {"n": 3}, key="k3")
+        assert _has(servers.master, third)
+        newer = await bucket.read(Cursor.decode(kept).position)
+        assert len(newer) == 1, "the refused commit was not written"
+        await bucket.aclose()
