@@ -8,6 +8,7 @@ loggers: the handshake's subprotocol warning and the access and server logs)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -23,6 +24,7 @@ import structlog
 from aiohttp import web
 from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
 from jwt.algorithms import OKPAlgorithm, RSAAlgorithm
+from structlog.testing import capture_logs
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
@@ -250,13 +252,10 @@ async def test_public_keys_from_a_jwks_file(
         assert await status_of(service, query=f"?access_token={hs}") == 401
 
 
-async def test_a_jwks_url_is_read_again_and_picks_up_a_new_key(
-    redis_server: RedisServer, make_config: Callable[..., Config],
-    start_publisher: PublisherFactory,
-) -> None:
-    one = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    two = ed25519.Ed25519PrivateKey.generate()
-    served = {"keys": [jwk(one, "one", "RS256")]}
+@contextlib.asynccontextmanager
+async def serving_jwks(served: dict[str, Any]) -> AsyncIterator[tuple[str, web.AppRunner]]:
+    """An HTTP server of `served` (read at each request) at the URL it yields, with its runner
+    (cleaned up at the end, or before by a test that takes the JWKS away)."""
 
     async def keys(request: web.Request) -> web.Response:
         return web.json_response(served)
@@ -269,8 +268,20 @@ async def test_a_jwks_url_is_read_again_and_picks_up_a_new_key(
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     try:
-        config = make_config(redis_server.url, **jwt_config(
-            jwksUrl=f"http://127.0.0.1:{port}/jwks.json", refresh=1))
+        yield f"http://127.0.0.1:{port}/jwks.json", runner
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_jwks_url_is_read_again_and_picks_up_a_new_key(
+    redis_server: RedisServer, make_config: Callable[..., Config],
+    start_publisher: PublisherFactory,
+) -> None:
+    one = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    two = ed25519.Ed25519PrivateKey.generate()
+    served = {"keys": [jwk(one, "one", "RS256")]}
+    async with serving_jwks(served) as (url, _):
+        config = make_config(redis_server.url, **jwt_config(jwksUrl=url, refresh=1))
         async with start_publisher(config) as service:
             first = mint(one, "RS256", kid="one")
             ws, reply = await upgrade(service, query=f"?access_token={first}")
@@ -289,8 +300,38 @@ async def test_a_jwks_url_is_read_again_and_picks_up_a_new_key(
                     assert time.monotonic() < deadline, "the new key was never picked up"
                     await asyncio.sleep(0.2)
             assert "cursor" in reply
-    finally:
-        await runner.cleanup()
+
+
+async def test_a_jwks_url_gone_after_start_keeps_the_keys_read_before(
+    redis_server: RedisServer, make_config: Callable[..., Config],
+    start_publisher: PublisherFactory,
+) -> None:
+    """The JWKS server goes away while the publisher runs: each refresh fails and says so (a
+    warning naming the URL's key, no key material), the keys read before still verify their
+    tokens, and a token naming a kid the publisher never read is refused (401), not let in."""
+    one = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    served = {"keys": [jwk(one, "one", "RS256")]}
+    async with serving_jwks(served) as (url, runner):
+        config = make_config(redis_server.url, **jwt_config(jwksUrl=url, refresh=1))
+        async with start_publisher(config) as service:
+            token = mint(one, "RS256", kid="one")
+            ws, reply = await upgrade(service, query=f"?access_token={token}")
+            await ws.close()
+            assert "cursor" in reply
+            with capture_logs() as logs:
+                await runner.cleanup()  # the JWKS URL refuses connections from now on
+                deadline = time.monotonic() + scaled(10)
+                while not any(e["event"].startswith("jwks not refreshed") for e in logs):
+                    assert time.monotonic() < deadline, "no refresh was tried"
+                    await asyncio.sleep(0.1)  # the refresher's thread: nothing to await
+            failed = next(e for e in logs if e["event"].startswith("jwks not refreshed"))
+            assert "auth.jwt.jwksUrl" in failed["error"], failed
+            ws, reply = await upgrade(service, query=f"?access_token={token}")
+            await ws.close()
+            assert "cursor" in reply, "the key read before still verifies"
+            other = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+            unknown = mint(other, "RS256", kid="three")
+            assert await status_of(service, query=f"?access_token={unknown}") == 401
 
 
 @pytest.mark.parametrize(("section", "key", "expected"), [
