@@ -36,7 +36,7 @@ from changefeed.cursor import Cursor
 from changefeed.deliveries import Action, DeadReason, DeliveryId, Outcome, valid_incarnation
 from changefeed.errors import CursorError, ParamError, ProtocolError
 from changefeed.longpoll import EventFilter
-from changefeed.protocol import ChangeItem, Resource, decode_item
+from changefeed.protocol import ChangeItem, Resource, decode_item, json_object
 
 DURABLE = "/changefeeds/durable"
 """The routes' common prefix: `DURABLE/<name>`, `DURABLE/<name>/fetch`, ..."""
@@ -279,7 +279,7 @@ class FetchReply:
     @classmethod
     def parse(cls, body: bytes | str) -> FetchReply:
         """Raises ProtocolError when `body` is not a fetch reply."""
-        reply = _object(body, "fetch reply")
+        reply = json_object(body, "fetch reply")
         messages = reply.get("messages")
         if not isinstance(messages, list):
             raise ProtocolError(f"fetch reply without messages: {body!r:.200}")
@@ -365,7 +365,7 @@ class SettleReply:
 
     @classmethod
     def parse(cls, body: bytes | str) -> SettleReply:
-        reply = _object(body, "settle reply")
+        reply = json_object(body, "settle reply")
         results = reply.get("results")
         if not isinstance(results, list):
             raise ProtocolError(f"settle reply without results: {body!r:.200}")
@@ -380,16 +380,6 @@ class SettleReply:
 
 
 # --- helpers ---------------------------------------------------------------------------------
-
-
-def _object(body: bytes | str, what: str) -> dict[str, Any]:
-    try:
-        reply = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        raise ProtocolError(f"{what} is not JSON: {body!r:.200}") from None
-    if not isinstance(reply, dict):
-        raise ProtocolError(f"{what} is not an object: {body!r:.200}")
-    return reply
 
 
 def _int(reply: Mapping[str, Any], key: str) -> int:

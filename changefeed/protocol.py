@@ -307,6 +307,18 @@ def reply_routes(frame: Mapping[str, Any]) -> list[Resource]:
     return routes
 
 
+def json_object(text: str | bytes, what: str) -> dict[str, Any]:
+    """`text` parsed as a JSON object; ProtocolError saying that `what` ("frame", "fetch
+    reply") is not JSON, or not an object, otherwise."""
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        raise ProtocolError(f"{what} is not JSON: {text!r:.200}") from None
+    if not isinstance(value, dict):
+        raise ProtocolError(f"{what} is not a JSON object: {text!r:.200}")
+    return value
+
+
 def decode_item(frame: Mapping[str, Any]) -> ChangeItem:
     """Validate a change item received by a listener. Raises ProtocolError."""
     try:

@@ -21,7 +21,6 @@ import enum
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 from urllib.parse import urlencode, urljoin, urlsplit, urlunsplit
 
 import orjson
@@ -44,6 +43,7 @@ from changefeed.protocol import (
     Resource,
     decode_item,
     is_registration_reply,
+    json_object,
     reply_routes,
 )
 from changefeed.retry import Retrier
@@ -202,7 +202,7 @@ class ListenerCore:
     def reply(self, text: str | bytes, now: float) -> Plan:
         """The registration reply arrived."""
         self._expect(Phase.REGISTERING)
-        frame = _json_object(text)
+        frame = json_object(text, "frame")
         if not is_registration_reply(frame):
             raise ProtocolError(f"expected a registration reply, got {text!r:.200}")
         routes = {resource.resource: resource for resource in reply_routes(frame)}
@@ -262,7 +262,7 @@ class ListenerCore:
         item outside the kind's watch (sent by a publisher that ignores watches)."""
         if text in (HEARTBEAT, HEARTBEAT.encode()):
             return None
-        frame = _json_object(text)
+        frame = json_object(text, "frame")
         if is_registration_reply(frame):
             raise ProtocolError("a second registration reply on one connection")
         item = decode_item(frame)
@@ -336,11 +336,3 @@ def _watch(resource: str, watches: Mapping[str, Watch]) -> Watch:
     return parse_watch(sorted(watch.ids), list(watch.prefixes), f"watches[{resource!r}].")
 
 
-def _json_object(text: str | bytes) -> dict[str, Any]:
-    try:
-        frame = orjson.loads(text)
-    except orjson.JSONDecodeError:
-        raise ProtocolError(f"frame is not JSON: {text!r:.200}") from None
-    if not isinstance(frame, dict):
-        raise ProtocolError(f"frame is not a JSON object: {text!r:.200}")
-    return frame
