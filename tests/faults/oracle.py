@@ -51,6 +51,7 @@ Three kinds of listener bend these rules as their contracts say (the nemesis has
 
 from __future__ import annotations
 
+import bisect
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -292,8 +293,14 @@ class History:
         self._clock += 1
         return self._clock
 
-    def acknowledged(self, id: str, seq: int, cursor: str, time: float) -> Attempt:
-        return self._attempt(Attempt(id, seq, Outcome.ACKNOWLEDGED, cursor, self.tick(), time))
+    def acknowledged(self, id: str, seq: int, cursor: str, time: float, *,
+                     stamp: int | None = None) -> Attempt:
+        """An acknowledged commit. `stamp`: one taken (`tick()`) when the writer was acknowledged,
+        if that was before it learnt the cursor (a PostgreSQL outbox commit: acknowledged at its
+        COMMIT, its cursor learnt from the relay's record later); the attempt takes its place
+        in stamp order."""
+        stamp = self.tick() if stamp is None else stamp
+        return self._attempt(Attempt(id, seq, Outcome.ACKNOWLEDGED, cursor, stamp, time))
 
     def unknown(self, id: str, seq: int, time: float) -> Attempt:
         return self._attempt(Attempt(id, seq, Outcome.UNKNOWN, None, self.tick(), time))
@@ -302,7 +309,7 @@ class History:
         return self._attempt(Attempt(id, seq, Outcome.FAILED, None, self.tick(), time))
 
     def _attempt(self, attempt: Attempt) -> Attempt:
-        self.attempts.append(attempt)
+        bisect.insort(self.attempts, attempt, key=lambda a: a.stamp)
         return attempt
 
     def listener(self, name: str, after: Attempt | None = None, *,
