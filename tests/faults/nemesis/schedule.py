@@ -72,6 +72,11 @@ each (5 of 27): Redis and publisher faults still dominate."""
 
 BY_NAME = {kind.name: kind for kind in KINDS}
 
+TEST_SEED = 5203
+"""The seed of the test suite's 60-second run (tests/faults/test_nemesis.py): its schedule draws
+every kind (a test checks it does). With the outbox's five kinds of weight 1, two seeds of the
+first 20,000 do: 5079 and 5203."""
+
 
 @dataclass(frozen=True, slots=True)
 class Fault:
@@ -142,5 +147,5 @@ def render(seed: int, duration: float, faults: list[Fault]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["BY_NAME", "KINDS", "Fault", "Kind", "active", "make_schedule", "overlapping",
-           "render"]
+__all__ = ["BY_NAME", "KINDS", "TEST_SEED", "Fault", "Kind", "active", "make_schedule",
+           "overlapping", "render"]
