@@ -22,6 +22,7 @@ import os
 import signal
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -136,7 +137,7 @@ class OutboxSystem:
     def inject(self, kind: str) -> None:
         assert self.server is not None and self.link is not None
         if kind == "postgres_kill":
-            self.server.kill()  # the postmaster and every backend, as a crash: no checkpoint
+            self.server.kill()  # the postmaster: its backends exit when they see it gone
         elif kind == "postgres_stop":
             self._signal(signal.SIGSTOP)
         elif kind == "relay_partition":
@@ -160,12 +161,28 @@ class OutboxSystem:
         self._signal(signal.SIGCONT)
 
     def _signal(self, number: signal.Signals) -> None:
-        """Send `number` to every process of the cluster (postmaster, backends, background
-        workers: one process group, PostgresServer starts it in a session of its own)."""
+        """Send `number` to every process of the cluster: the postmaster first (it forks no
+        backend once stopped), then its children (backends, background workers). Not to its
+        process group: every child of the postmaster makes itself a group leader (setsid)."""
         process = self.server.process if self.server is not None else None
-        if process is not None and process.poll() is None:
+        if process is None or process.poll() is not None:
+            return
+        for pid in [process.pid, *children(process.pid)]:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, number)
+                os.kill(pid, number)
 
 
-__all__ = ["DATABASE", "RELAYS", "OutboxSystem"]
+def children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (Linux's /proc: `pid (comm) state ppid ...`)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = (entry / "stat").read_text().rpartition(")")[2].split()
+            if int(fields[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+__all__ = ["DATABASE", "RELAYS", "OutboxSystem", "children"]
