@@ -59,8 +59,9 @@ five kinds of its own, none of which may destroy Redis history (so none justifie
 SIGKILL and SIGSTOP of whichever publisher holds the relay lock when the fault begins (read from
 the outbox's status, `pg_locks`; a killed one starts again), SIGKILL of PostgreSQL's
 postmaster (its backends exit when they see it gone; crash recovery at the restart), SIGSTOP of
-every process of its cluster, and a partition between the relays and PostgreSQL (a blackholing proxy both relaying
-publishers go through; the writer connects directly and commits on, its rows wait).
+every process of its cluster, and a partition between the relays and PostgreSQL (a blackholing
+proxy both relaying publishers go through; the writer connects directly and commits on, its rows
+wait).
 
 The writers: one commit at a time (`ChangeBucket.commit`, 10 a second), batches of 1 to 5
 (`commit_many`, 2 a second), and `changefeed publish --replicas 1` every 3 s, each under an

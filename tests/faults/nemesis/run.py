@@ -135,8 +135,9 @@ async def run_schedule(system: System, faults: Sequence[Fault], start: float,
         await asyncio.sleep(max(0.0, start + fault.at - time.monotonic()))
         while True:
             hit = await system.aim(fault)
+            waited = healing[hit].locked()
             async with healing[hit]:
-                if await system.aim(fault) != hit:
+                if waited and await system.aim(fault) != hit:
                     continue  # the relay moved while its publisher was healing: aim again
                 late = time.monotonic() - start - fault.at
                 print(f"  {time.monotonic() - start:7.2f}s inject {fault.describe()}"

@@ -305,8 +305,8 @@ class System:
             await asyncio.to_thread(node.start)
 
     async def evidence(self) -> None:
-        """Write each publisher's `/changefeeds/stats` and each node's INFO and CLIENT LIST
-        into the run's directory (what the logs do not say about the end state)."""
+        """Write each publisher's `/changefeeds/stats`, the outbox's status and each node's INFO
+        and CLIENT LIST into the run's directory (what the logs do not say about the end state)."""
         async with aiohttp.ClientSession() as session:
             for n, url in enumerate(self.urls):
                 with contextlib.suppress(aiohttp.ClientError, TimeoutError):
@@ -314,6 +314,8 @@ class System:
                                            timeout=aiohttp.ClientTimeout(total=3)) as reply:
                         (self.directory / f"publisher{n}-stats.json").write_bytes(
                             await reply.read())
+        status = await self.outbox.status()
+        (self.directory / "outbox-status.txt").write_text(f"{status!r}\n")
         for node in self.nodes:
             with contextlib.suppress(redis.RedisError), redis.Redis(
                     host="127.0.0.1", port=node.port, socket_timeout=2) as client:
