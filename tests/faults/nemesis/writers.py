@@ -78,8 +78,9 @@ class Writer:
             await self.once()
             await asyncio.sleep(self.pace)
 
-    def _acked(self, id: str, seq: int, cursor: str) -> None:
-        self.last = self.history.acknowledged(id, seq, cursor, time.monotonic())
+    def _acked(self, id: str, seq: int, cursor: str, since: int) -> None:
+        """`since`: the stamp taken before the commit's first try (History.acknowledged)."""
+        self.last = self.history.acknowledged(id, seq, cursor, time.monotonic(), since=since)
         self.acked += 1
 
 
@@ -93,6 +94,7 @@ class ApiWriter(Writer):
         id, seq = self.next()
         key = f"{self.name}-{seq}"
         deadline = time.monotonic() + scaled(RETRY_FOR)
+        since = self.history.tick()
         while True:
             self.tries += 1
             try:
@@ -107,7 +109,7 @@ class ApiWriter(Writer):
                     return
                 await asyncio.sleep(RETRY_PAUSE)
                 continue
-            self._acked(id, seq, cursor)
+            self._acked(id, seq, cursor, since)
             return
 
 
@@ -117,6 +119,7 @@ class BatchWriter(ApiWriter):
         key = f"{self.name}-{batch[0][1]}"
         changes = [Change.put(RESOURCE, id, SUBS, {"uuid": id, "seq": seq}) for id, seq in batch]
         deadline = time.monotonic() + scaled(RETRY_FOR)
+        since = self.history.tick()
         while True:
             self.tries += 1
             try:
@@ -133,7 +136,7 @@ class BatchWriter(ApiWriter):
                 await asyncio.sleep(RETRY_PAUSE)
                 continue
             for (id, seq), cursor in zip(batch, cursors, strict=True):
-                self._acked(id, seq, cursor)
+                self._acked(id, seq, cursor, since)
             return
 
 
@@ -153,11 +156,12 @@ class CliWriter(Writer):
                    str(self.config), RESOURCE, id, "--sub", ",".join(SUBS), "--data", state,
                    "--key", key, "--replicas", "1", "--replicas-timeout", "2"]
         deadline = time.monotonic() + scaled(RETRY_FOR)
+        since = self.history.tick()
         while True:
             self.tries += 1
             code, out, err = await _run(command, scaled(30))
             if code == 0:
-                self._acked(id, seq, out.strip().splitlines()[-1])
+                self._acked(id, seq, out.strip().splitlines()[-1], since)
                 return
             self.failures += 1
             # CommitOutcomeUnknown (a sent commit unanswered: "... may have been written"),
