@@ -26,7 +26,8 @@ relay, four writers, eight listeners of every kind: websocket
 durable consumer, the ZeroEventHub feed reader) and injects the schedule its seed draws, printed
 first so a seed replays it. The oracle (tests/faults/oracle.py, tests/faults/nemesis/verdict.py)
 then judges the whole history, per listener: every acknowledged change received, covered by a
-bootstrap, or lost *and announced* (a Resync after it; for readers without a bootstrap: `resync`,
+bootstrap, or lost *and announced* (a Resync after it was first sent: a commit retried under its
+key may have been written by its first try; for readers without a bootstrap: `resync`,
 `missed`, 410, a dead-letter record of reason `epoch`); nothing duplicated or reordered (a durable
 consumer may be handed an item again until its ack takes effect, never after; an id received
 coalesced may come again); nothing received that no writer was acknowledged, except after a
