@@ -108,6 +108,15 @@ Bugs the nemesis found, each fixed at its cause with a regression test of its ow
   seed's next three runs were clean.
   tests/publisher/test_bucket_sentinel.py
   `test_a_kept_connection_leaves_a_master_the_sentinels_replaced`.
+- **A split brain whose sides shared the epoch lost acknowledged commits silently** (seed 5079,
+  60 s, with the outbox: the relaying publisher saw a rollback and renewed the epoch on the master
+  that won, while the other, a master of its own until demoted, went on acknowledging the API
+  writer's commits in the old epoch; every listener lost one to three of them). The writer's
+  next witness was of an epoch the winner descends from, so it was taken for one of the winner's
+  own. Each renewal now records the epoch it left and when (`{{name}}:epoch:from`), and
+  commit.lua starts a new epoch for a witness of that epoch acknowledged later.
+  tests/publisher/test_bucket_witness.py
+  `test_a_witness_of_an_epoch_past_where_this_history_left_it_starts_a_new_epoch`.
 """
 
 
