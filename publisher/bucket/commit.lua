@@ -12,8 +12,10 @@
 -- other changes. `renewed` is 1 when the head was behind the witness: Redis lost commits it had
 -- acknowledged (restored from an older snapshot, a lagging replica promoted), or when the witness
 -- is of an epoch the bucket's history does not descend from and that did not end before this
--- history began (a split brain's other master acknowledged it); the bucket then gets a new epoch before this commit, and every publisher
--- tells its listeners to bootstrap again.
+-- history began (a split brain's other master acknowledged it), or of the epoch this history
+-- left last, acknowledged after it left it (`{name}:epoch:from`: the other side of a split brain
+-- went on in the epoch this side renewed); the bucket then gets a new epoch before this commit,
+-- and every publisher tells its listeners to bootstrap again.
 -- Ids come from one sequence for every partition (`last`), so they order every change of the
 -- bucket, whatever its partition.
 --
@@ -46,6 +48,15 @@ if witness_epoch then
   local past = KEYS[2] .. 's'
   local lost = witness_epoch == epoch and less(last, witness_id)
   local foreign = witness_epoch ~= epoch and not call('LPOS', past, witness_epoch)
+  local from = witness_epoch ~= epoch and call('GET', KEYS[2] .. ':from')
+  if from then
+    -- The epoch this history left last, at Redis's ms `left_ms` (lib.lua `left`): a commit of
+    -- it acknowledged later was acknowledged by another master that went on in it.
+    local left_epoch, left_ms = string.match(from, '^(%S+) (%d+)$')
+    if left_epoch == witness_epoch and tonumber(left_ms) < (parse(witness_id)) then
+      lost = true
+    end
+  end
   if foreign then
     -- A history that began after the witness's commit (Redis came back empty and the bucket was
     -- created again) needs no new epoch: every publisher closed the old epoch's listeners when
@@ -56,6 +67,7 @@ if witness_epoch then
   if lost or foreign then
     if epoch ~= ARGV[1] then  -- else ensure() created the bucket just now: a new history
       call('LPUSH', past, epoch)
+      left(epoch, last)
       epoch = ARGV[1]
       call('SET', KEYS[2], epoch)
       renewed = 1

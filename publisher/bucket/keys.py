@@ -7,6 +7,9 @@ in one slot and the scripts may touch any of them::
                             partitions one stream per partition, {name}:log:<p>, and no :log
     {name}:epoch            string: the bucket's epoch, created with the bucket
     {name}:epoch:at         string: when the epoch was created (Redis's ms; commit.lua)
+    {name}:epoch:from       string: "<epoch> <ms>", the epoch the current one replaced and when
+                            (each renewal sets it: commit.lua renews again for a witness of that
+                            epoch acknowledged later, by another master)
     {name}:epochs           list: the epochs this history descends from (each renewal pushes the
                             old one; commit.lua reads it, by name, to tell a writer's witness of
                             an ancestor from one of a history this Redis never held)

@@ -61,3 +61,12 @@ local function ensure(candidate_epoch, wanted)
   end
   return n, epoch, last
 end
+-- The current epoch replaces `old`, `last` the head: a commit of `old` acknowledged after this
+-- moment (Redis's ms, and never before the head's) was not in this history when the renewal
+-- announced its losses; commit.lua renews again for a witness of one.
+local function left(old, last)
+  local ms = now_ms()
+  local lm = last and parse(last) or 0
+  if lm > ms then ms = lm end
+  redis.call('SET', KEYS[2] .. ':from', old .. ' ' .. ms)
+end

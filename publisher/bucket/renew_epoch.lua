@@ -9,6 +9,7 @@ if current == ARGV[1] then
   -- (commit.lua).
   redis.call('LPUSH', KEYS[2] .. 's', current)
   redis.call('LTRIM', KEYS[2] .. 's', 0, 99)
+  left(current, redis.call('GET', KEYS[4]))
   return ARGV[2]
 end
 return current or ''

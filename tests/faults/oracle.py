@@ -22,8 +22,11 @@ covered
     change, so nothing is missing from it.
 lost, announced
     neither received nor covered, and the listener got a ``Resync`` after the commit was
-    acknowledged: the data is gone (for example Redis restarted without persistence), but the
-    listener was told to throw its view away and bootstrap again.
+    sent (`Attempt.since`: its effect lies anywhere between its first try and its
+    acknowledgement; a commit retried under its key after an unknown outcome may have been
+    written by the first try, before that Resync): the data is gone (for example Redis
+    restarted without persistence), but the listener was told to throw its view away and
+    bootstrap again.
 lost
     neither received nor covered nor announced: an acknowledged change the listener never
     heard of and was never told it missed. The suite fails on any of these.
@@ -51,6 +54,7 @@ Three kinds of listener bend these rules as their contracts say (the nemesis has
 
 from __future__ import annotations
 
+import bisect
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -75,6 +79,13 @@ class Attempt:
     cursor: str | None
     stamp: int
     time: float
+    since: int | None = None
+    """The stamp taken when the writer first sent this commit (None: `stamp`). Its effect lies
+    anywhere between the two: a Resync in between may have been sent after it was written."""
+
+    @property
+    def sent(self) -> int:
+        return self.stamp if self.since is None else self.since
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,8 +303,14 @@ class History:
         self._clock += 1
         return self._clock
 
-    def acknowledged(self, id: str, seq: int, cursor: str, time: float) -> Attempt:
-        return self._attempt(Attempt(id, seq, Outcome.ACKNOWLEDGED, cursor, self.tick(), time))
+    def acknowledged(self, id: str, seq: int, cursor: str, time: float, *,
+                     stamp: int | None = None, since: int | None = None) -> Attempt:
+        """An acknowledged commit. `stamp`: one taken (`tick()`) when the writer was acknowledged,
+        if that was before it learnt the cursor (a PostgreSQL outbox commit: acknowledged at its
+        COMMIT, its cursor learnt from the relay's record later); the attempt takes its place
+        in stamp order. `since`: the stamp taken when the writer first sent it (`tick()`)."""
+        stamp = self.tick() if stamp is None else stamp
+        return self._attempt(Attempt(id, seq, Outcome.ACKNOWLEDGED, cursor, stamp, time, since))
 
     def unknown(self, id: str, seq: int, time: float) -> Attempt:
         return self._attempt(Attempt(id, seq, Outcome.UNKNOWN, None, self.tick(), time))
@@ -302,7 +319,7 @@ class History:
         return self._attempt(Attempt(id, seq, Outcome.FAILED, None, self.tick(), time))
 
     def _attempt(self, attempt: Attempt) -> Attempt:
-        self.attempts.append(attempt)
+        bisect.insort(self.attempts, attempt, key=lambda a: a.stamp)
         return attempt
 
     def listener(self, name: str, after: Attempt | None = None, *,
@@ -335,7 +352,7 @@ def classify(log: ListenerLog, attempt: Attempt) -> str:
         return "received"
     if log.covered(attempt):
         return "covered"
-    if any(r.stamp > attempt.stamp for r in log.resyncs):
+    if any(r.stamp > attempt.sent for r in log.resyncs):
         return "announced"
     return "lost"
 

@@ -13,11 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from publisher.outbox.status import Status
 from tests.faults.nemesis.report import BEGIN, END, kept, splice
 from tests.faults.nemesis.run import nemesis
 from tests.faults.nemesis.schedule import (
     KINDS,
     REST,
+    TEST_SEED,
     Fault,
     active,
     make_schedule,
@@ -26,10 +28,16 @@ from tests.faults.nemesis.schedule import (
 )
 from tests.faults.nemesis.soak import LIMITS, Samples, Slope, parse_metrics, slope, slopes
 from tests.faults.nemesis.system import Injected
-from tests.faults.nemesis.verdict import GRACE, judge, justified
+from tests.faults.nemesis.verdict import (
+    GRACE,
+    judge,
+    justified,
+    outbox_problems,
+    relayed_in_doubt,
+)
 from tests.faults.oracle import History
 
-SEED = 12
+SEED = TEST_SEED
 """A seed whose 60-second schedule draws every kind of fault (tests below check it does)."""
 
 
@@ -67,6 +75,10 @@ def test_which_faults_may_destroy_history() -> None:
     assert fault("redis_stop", 2.0).destroys_history  # past the sentinels' down-after: failover
     assert not fault("redis_stop", 0.3).destroys_history
     assert not Fault(1, "publisher_kill", "publisher-0", 5.0, 2.0).destroys_history
+    for kind, target in (("relay_kill", "relay"), ("relay_stop", "relay"),
+                         ("postgres_kill", "postgres"), ("postgres_stop", "postgres"),
+                         ("relay_partition", "postgres-link")):
+        assert not Fault(1, kind, target, 5.0, 3.0).destroys_history, "the rows wait in PG"
     assert [f.number for f in active(make_schedule(SEED, 60), 0.0)] == []
 
 
@@ -121,6 +133,58 @@ def test_a_redelivery_after_an_ack_is_excused_by_a_history_destroying_fault() ->
     judgement = judge(1, history, [_injected("sentinel_failover", 5.0, 5.0)], 10.0, ready={})
     assert judgement.redelivered == {"d": 0}
     assert not judgement.problems()
+
+
+def test_deliveries_of_a_rolled_back_transaction_are_counted_per_listener() -> None:
+    history = History()
+    history.acknowledged("outbox-01", 1, "e.01", 1.0)
+    log = history.listener("l")
+    log.change("e.01", "outbox-01", 2.0)
+    log.change("e.02", "outbox-rolledback-03", 2.5)
+    quiet = history.listener("q")
+    quiet.bootstrap_start()
+    quiet.bootstrap_records([("outbox-01", 1), ("outbox-rolledback-03", 2)])
+    quiet.bootstrap_done(3.0)
+    judgement = judge(1, history, [], 10.0, ready={},
+                      rolled_back={"outbox-rolledback-03", "outbox-rolledback-04"})
+    assert judgement.rolled_back == {"l": 1, "q": 1}
+    assert "l: delivered rolled-back transactions=1" in judgement.problems()
+    assert "q: delivered rolled-back transactions=1" in judgement.problems()
+
+
+def test_an_outbox_commit_is_acknowledged_at_its_commit_and_takes_its_place() -> None:
+    history = History()
+    commit = history.tick()  # the COMMIT answered; the cursor is learnt later
+    history.acknowledged("api-01", 1, "e.01", 1.0)
+    log = history.listener("l")
+    log.resync("epoch", 2.0)  # after the COMMIT: it announces the outbox commit's loss
+    history.acknowledged("outbox-01", 1, "e.02", 0.5, stamp=commit)
+    assert [a.id for a in history.acked] == ["outbox-01", "api-01"]
+    assert history.verdict().listeners["l"].lost_announced == 2
+
+
+def test_an_outbox_commit_relayed_across_a_history_destroying_fault_is_in_doubt() -> None:
+    done = [_injected("redis_kill", 10.0, 12.0), _injected("publisher_kill", 20.0, 22.0)]
+    spans = [("a", 1, 9.0, 10.5),   # relayed while the master died: in doubt
+             ("b", 2, 9.0, 9.5),    # learnt before the fault began
+             ("c", 3, 12.5, 13.0),  # committed after it was healed
+             ("d", 4, 11.0, None),  # never learnt: the run's end bounds it
+             ("e", 5, 20.5, 21.0)]  # across a fault that destroys nothing
+    assert relayed_in_doubt(spans, done, 30.0) == [("a", 1), ("d", 4)]
+
+
+def test_the_outbox_after_the_run_must_be_empty_relayed_and_relaying() -> None:
+    healthy = Status(0, None, 0, "changefeed-relay vm-123-ab12", 1)
+    assert outbox_problems(healthy, 0, []) == []
+    assert outbox_problems(None, 0, []) == ["outbox: PostgreSQL did not answer after the run"]
+    sick = Status(3, 1.5, 2, None, 1)
+    assert outbox_problems(sick, 4, ["outbox-01 seq 9 (row 12): unknown resource"]) == [
+        "outbox: dead row outbox-01 seq 9 (row 12): unknown resource",
+        "outbox: 4 committed rows never relayed",
+        "outbox: backlog 3 after the run",
+        "outbox: no publisher holds the relay lock after the run",
+    ]
+    assert "outbox: 2 dead rows" in outbox_problems(sick, 0, [])
 
 
 # --- the soak's arithmetic ------------------------------------------------------------------

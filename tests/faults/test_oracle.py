@@ -196,3 +196,19 @@ def test_an_item_of_unknown_outcome_under_two_epochs_is_one_maybe() -> None:
     log.change("f.01", "a", 0.0)  # the same log item after the epoch was renewed
     tally = history.verdict().listeners["l"]
     assert (tally.maybe_received, tally.unacknowledged) == (1, 0)
+
+
+def test_a_resync_after_a_commit_was_sent_announces_its_loss_though_it_was_acked_later() -> None:
+    """A commit retried under its key after an unknown outcome: its first try wrote it, a
+    reader without a bootstrap was then told to start over (a Resync) from a head past it, and
+    the retry was acknowledged after that Resync, with the first try's cursor (nemesis seed
+    5203: `changefeed publish` waiting for its replica). Its effect lies between its first try
+    and its acknowledgement: the Resync announced it."""
+    history = History()
+    sent = history.tick()
+    log = history.listener("sse")
+    log.resync("cannot resume: bootstrap again", 2.0)
+    history.acknowledged("cli-13", 5, "e.05", 3.0, since=sent)
+    history.acknowledged("cli-14", 6, "e.06", 3.5)  # sent after the Resync: owed
+    tally = history.verdict().listeners["sse"]
+    assert (tally.lost_announced, tally.lost) == (1, 1)

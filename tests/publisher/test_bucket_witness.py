@@ -121,6 +121,52 @@ async def test_a_commit_with_a_witness_of_a_history_this_bucket_never_held_start
         winner.stop()
 
 
+async def test_a_witness_of_an_epoch_past_where_this_history_left_it_starts_a_new_epoch(
+    tmp_path: Path,
+) -> None:
+    """A split brain whose two sides shared the epoch, found by the nemesis (seed 5079): a
+    publisher on one side saw a rollback and renewed the epoch there, while the other side, a
+    master of its own until demoted, went on acknowledging commits in the old epoch. The
+    writer's witness is then of an epoch the winner descends from, so it was taken for one of
+    the winner's own: those commits were lost and no listener was told. Every commit of the old
+    epoch in the winner's history is at or before the head it had when it renewed; a witness past
+    that is of the other side's: the bucket must get a new epoch."""
+    winner = RedisServer(tmp_path / "winner", tcp=True, persist=False).start()
+    other_side = RedisServer(tmp_path / "other", tcp=True, persist=False)
+    try:
+        async with Proxy("127.0.0.1", winner.port) as proxy:
+            writer = ChangeBucket(connect(f"redis://127.0.0.1:{proxy.port}/0"), "test")
+            shared = Cursor.decode(await writer.commit("vm", "a", ["nic"], {"n": 1})).epoch
+            snapshot = await asyncio.to_thread(_snapshot, winner)
+            other_side.directory.mkdir(parents=True, exist_ok=True)
+            shutil.copy(snapshot, other_side.directory / "dump.rdb")
+            await asyncio.to_thread(other_side.start)  # the same history, a master of its own
+
+            survivor = ChangeBucket(connect(winner.url), "test")
+            renewed = await survivor.renew_epoch(shared)  # a publisher there saw a rollback
+            assert renewed != shared
+            await asyncio.sleep(0.01)  # the other side's commit comes after, by Redis's ms
+            proxy.retarget("127.0.0.1", other_side.port)
+            lost = await _retried(writer, "b")
+            assert Cursor.decode(lost).epoch == shared, "the other side went on in the old epoch"
+
+            proxy.retarget("127.0.0.1", winner.port)  # the writer's address: the winner now
+            other_side.kill()
+            with capture_logs() as logs:
+                after = await _retried(writer, "c")
+            assert Cursor.decode(after).epoch not in (shared, renewed), "the loss is announced"
+            assert (await survivor.retention()).epoch == Cursor.decode(after).epoch
+            assert [e["log_level"] for e in logs if "rolled back" in e["event"]] == ["error"]
+            # A witness of the old epoch at or before where the winner left it is its own.
+            assert Cursor.decode(await survivor.commit("vm", "d", ["nic"], {"n": 1})).epoch == (
+                Cursor.decode(after).epoch)
+            for bucket in (writer, survivor):
+                await bucket.aclose()
+    finally:
+        other_side.stop()
+        winner.stop()
+
+
 async def test_a_witness_of_a_history_lost_before_this_one_began_starts_no_new_epoch(
     redis_server: RedisServer,
 ) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import defaultdict
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -21,8 +22,22 @@ from tests.faults.nemesis.readers import DurableReader, FeedReader, PullReader, 
 from tests.faults.nemesis.schedule import Fault, make_schedule, render
 from tests.faults.nemesis.soak import Samples, Slope, churn, refusals, sample, slopes
 from tests.faults.nemesis.system import Injected, System
-from tests.faults.nemesis.verdict import READY_WITHIN, Judgement, judge, recoveries
-from tests.faults.nemesis.writers import ApiWriter, BatchWriter, CliWriter, Writer
+from tests.faults.nemesis.verdict import (
+    READY_WITHIN,
+    Judgement,
+    judge,
+    outbox_problems,
+    recoveries,
+    relayed_in_doubt,
+)
+from tests.faults.nemesis.writers import (
+    ApiWriter,
+    BatchWriter,
+    CliWriter,
+    Committed,
+    OutboxWriter,
+    Writer,
+)
 from tests.faults.oracle import Attempt, History
 from tests.servers import scaled
 
@@ -56,10 +71,17 @@ class Result:
     slopes: list[Slope] = field(default_factory=list)
     samples: Samples | None = None
 
+    @property
+    def outbox(self) -> OutboxWriter | None:
+        return next((w for w in self.writers if isinstance(w, OutboxWriter)), None)
+
     def summary(self) -> str:
         j = self.judgement
         t = j.verdict.total
+        outbox = self.outbox
         return (f"seed {self.seed}: {len(self.done)} faults, committed={j.verdict.committed} "
+                f"(outbox={len(outbox.commits) if outbox else 0} "
+                f"rolled back={len(outbox.rolled_back) if outbox else 0}) "
                 f"unknown={j.verdict.unknown} failed={j.verdict.failed} "
                 f"received={t.received} covered={t.covered} lost={t.lost} "
                 f"announced={t.lost_announced} duplicated={t.duplicated} "
@@ -104,20 +126,28 @@ async def run_schedule(system: System, faults: Sequence[Fault], start: float,
                        done: list[Injected]) -> None:
     """Inject and heal every fault at its time (faults on other targets overlap). A fault
     whose target is still being healed (a publisher starting again takes a moment, longer on a
-    busy machine) waits for that heal: faults on one target never overlap."""
-    healing: dict[str, asyncio.Lock] = {f.target: asyncio.Lock() for f in faults}
+    busy machine) waits for that heal: faults on one target never overlap. A relay fault's
+    target is the publisher holding the relay lock when it begins (`System.aim`), so it waits
+    for a publisher fault on that one too."""
+    healing: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
 
     async def one(fault: Fault) -> None:
         await asyncio.sleep(max(0.0, start + fault.at - time.monotonic()))
-        async with healing[fault.target]:
-            late = time.monotonic() - start - fault.at
-            print(f"  {time.monotonic() - start:7.2f}s inject {fault.describe()}"
-                  f"{f' ({late:.2f}s late: its target was healing)' if late > 0.1 else ''}",
-                  flush=True)
-            injected = await system.inject(fault)
-            done.append(injected)
-            await asyncio.sleep(max(0.0, injected.started + fault.hold - time.monotonic()))
-            await system.heal(injected)
+        while True:
+            hit = await system.aim(fault)
+            waited = healing[hit].locked()
+            async with healing[hit]:
+                if waited and await system.aim(fault) != hit:
+                    continue  # the relay moved while its publisher was healing: aim again
+                late = time.monotonic() - start - fault.at
+                print(f"  {time.monotonic() - start:7.2f}s inject {fault.describe()}"
+                      f"{f' ({late:.2f}s late: its target was healing)' if late > 0.1 else ''}",
+                      flush=True)
+                injected = await system.inject(fault, hit)
+                done.append(injected)
+                await asyncio.sleep(max(0.0, injected.started + fault.hold - time.monotonic()))
+                await system.heal(injected)
+            break
         print(f"  {time.monotonic() - start:7.2f}s healed #{fault.number}"
               f"{' ' + '; '.join(injected.notes) if injected.notes else ''}", flush=True)
 
@@ -149,6 +179,7 @@ class Run:
     writers: list[Writer] = field(default_factory=list)
     done: list[Injected] = field(default_factory=list)
     bucket: ChangeBucket | None = None
+    never_relayed: list[Committed] = field(default_factory=list)
 
     async def start(self) -> None:
         await self.system.start()
@@ -164,11 +195,21 @@ class Run:
             BatchWriter(self.bucket, "batch", self.history, pace=0.5, seed=self.seed),
             CliWriter(self.system.publishers[0].config, "cli", self.history, pace=3.0,
                       seed=self.seed),
+            OutboxWriter(self.system.outbox.url, "outbox", self.history, pace=0.2,
+                         seed=self.seed),
         ]
+
+    @property
+    def outbox(self) -> OutboxWriter:
+        return next(w for w in self.writers if isinstance(w, OutboxWriter))
 
     async def settle(self) -> list[str]:
         """The last commits: the first may find a loss (the writer's witness) and start a new
-        epoch; every listener must deliver the second. The names of those that did not."""
+        epoch; every listener must deliver the second. The names of those that did not. Before
+        them the outbox writer learns the cursor of every commit of its (the relay drains the
+        outbox), so that they are in the bucket before the last commit every listener must
+        deliver."""
+        self.never_relayed = await self.outbox.resolve(SETTLE)
         await self.writers[0].once()
         await asyncio.sleep(1.0)
         await self.writers[0].once()
@@ -180,6 +221,9 @@ class Run:
     async def aclose(self) -> None:
         if self.bucket is not None:
             await self.bucket.aclose()
+        for writer in self.writers:
+            if isinstance(writer, OutboxWriter):
+                await writer.aclose()
         for follower in self.followers.values():
             await follower.aclose()
         await self.system.aclose()
@@ -215,13 +259,25 @@ async def nemesis(seed: int, duration: float, directory: Path, *,
                     if isinstance(f, Recorder) and f.failure is not None]
         measured = phases(samples, start, end, schedule) if soak else []
         failures += [f"leak: {s.describe()}" for s in measured if s.leak]
+        failures += await outbox_end(run)
         judgement = judge(seed, run.history, run.done, time.monotonic(), ready=ready,
-                          behind=behind, failures=failures)
+                          behind=behind, failures=failures, rolled_back=run.outbox.rolled_back)
         return Result(seed, duration, schedule, run.done, run.writers, judgement,
                       recoveries(run.history, run.done), time.monotonic() - began,
                       run.system.switches, slopes=measured, samples=samples)
     finally:
         await run.aclose()
+
+
+async def outbox_end(run: Run) -> list[str]:
+    """The outbox after the run: its commits whose relay spans a history-destroying fault are
+    recorded as of unknown outcome too (verdict.relayed_in_doubt), and what is wrong with it."""
+    writer = run.outbox
+    spans = [(c.id, c.seq, c.time, c.learnt) for c in writer.commits]
+    for id, seq in relayed_in_doubt(spans, run.done, time.monotonic()):
+        run.history.unknown(id, seq, time.monotonic())
+    status = await run.system.outbox.status()
+    return outbox_problems(status, len(run.never_relayed), writer.dead)
 
 
 def phases(samples: Samples, start: float, end: float, schedule: Sequence[Fault]) -> list[Slope]:

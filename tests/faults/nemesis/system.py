@@ -8,6 +8,8 @@
   through a TCP proxy that always leads to the current master (the `partition` fault
   blackholes it).
 - A TCP proxy in front of publisher 0 (the `link_*` faults) that some listeners go through.
+- The PostgreSQL outbox (tests/faults/nemesis/outbox.py): a private PostgreSQL that publishers 1
+  and 2 relay from, through a proxy of its own (the `relay_partition` fault blackholes it).
 
 Why a proxy, not a network namespace, for the partition: `ip netns` with a veth pair works on
 this machine (as root), but Sentinel hands out the master's loopback address, which inside a
@@ -35,6 +37,7 @@ import redis
 import redis.asyncio as aioredis
 
 from changefeed_testing.proxy import Proxy
+from tests.faults.nemesis.outbox import RELAYS, OutboxSystem
 from tests.faults.nemesis.schedule import SENTINEL_DOWN_AFTER, Fault
 from tests.faults.sentinel_faults import MASTER, sentinel_ready
 from tests.servers import (
@@ -47,6 +50,14 @@ from tests.servers import (
 )
 
 DRIP_BYTES_PER_SECOND = 2000
+KILLS = ("publisher_kill", "relay_kill")
+STOPS = ("publisher_stop", "relay_stop")
+RELAY_KINDS = ("relay_kill", "relay_stop")
+"""Faults of whichever publisher holds the outbox's relay lock when they begin."""
+POSTGRES_KINDS = ("postgres_kill", "postgres_stop", "relay_partition")
+FIND_RELAY_WITHIN = 10.0
+"""Seconds a relay fault waits for a publisher to hold the relay lock (after a kill or with
+PostgreSQL down, none may for a while); then it injects nothing and says so."""
 
 
 @dataclass
@@ -59,6 +70,8 @@ class Injected:
     ended: float | None = None
     node: RedisServer | None = None
     snapshot: Path | None = None
+    hit: str | None = None
+    """The publisher a publisher or relay fault hit (`publisher-N`)."""
     notes: list[str] = field(default_factory=list)
 
 
@@ -74,6 +87,7 @@ class System:
         self.publishers: list[PublisherProcess] = []
         self.link: Proxy | None = None
         self.redis_link: Proxy | None = None
+        self.outbox = OutboxSystem()
         self.switches = 0
         self._watcher: asyncio.Task[None] | None = None
 
@@ -96,6 +110,7 @@ class System:
         await sentinel_ready(self.sentinels)
         self.redis_link = await self.stack.enter_async_context(Proxy("127.0.0.1", a.port))
         self._watcher = asyncio.create_task(self._follow_master())
+        await self.outbox.start(self.stack)
         for n in range(3):
             process = PublisherProcess(self._config(n))
             await asyncio.to_thread(process.start)
@@ -129,6 +144,8 @@ class System:
             limits["window"] = min(limits.get("window", 500), 500)
         if self.soak and n == 1:
             extra["clientLimits"] = {"maxListeners": 12}  # the churn meets refusals here
+        if n in RELAYS:
+            extra["outbox"] = self.outbox.config()
         return write_config(self.directory / f"publisher{n}.js", url,
                             server={"host": "127.0.0.1", "port": free_port()}, **extra)
 
@@ -153,6 +170,7 @@ class System:
             (self.directory / f"publisher{n}.log").write_text(publisher.output())
         for n, sentinel in enumerate(self.sentinels):
             (self.directory / f"sentinel{n}.log").write_text(sentinel.output())
+        (self.directory / "postgres.log").write_text(self.outbox.output())
 
     # --- the master, as the sentinels see it --------------------------------------------------
 
@@ -186,16 +204,37 @@ class System:
 
     # --- faults -----------------------------------------------------------------------------
 
-    async def inject(self, fault: Fault) -> Injected:
+    async def aim(self, fault: Fault) -> str:
+        """What `fault` hits if injected now: for a relay fault the publisher holding the relay
+        lock (`publisher-N`; its own target `relay` when none does), else its target."""
+        if fault.kind in RELAY_KINDS:
+            n = await self.outbox.relaying(self.publishers, FIND_RELAY_WITHIN)
+            return fault.target if n is None else f"publisher-{n}"
+        return fault.target
+
+    def _publisher(self, hit: str) -> PublisherProcess:
+        return self.publishers[int(hit.rpartition("-")[2])]
+
+    async def inject(self, fault: Fault, hit: str | None = None) -> Injected:
+        """Inject `fault`; `hit`: what `aim` said it hits (a relay fault's publisher)."""
         done = Injected(fault, time.monotonic())
         kind = fault.kind
-        if kind.startswith("publisher_"):
-            publisher = self.publishers[int(fault.target.rpartition("-")[2])]
+        if kind in KILLS or kind in STOPS:
+            done.hit = hit if kind in RELAY_KINDS else fault.target
+            if done.hit is None or not done.hit.startswith("publisher-"):
+                done.hit = None
+                done.notes.append("no publisher held the relay lock: nothing injected")
+                return done
+            publisher = self._publisher(done.hit)
             assert publisher.process is not None
-            if kind == "publisher_kill":
+            if kind in KILLS:
                 publisher.kill()
             else:
                 publisher.process.send_signal(signal.SIGSTOP)
+            if kind in RELAY_KINDS:
+                done.notes.append(f"the relay was {done.hit}")
+        elif kind in POSTGRES_KINDS:
+            self.outbox.inject(kind)
         elif kind.startswith("link_"):
             assert self.link is not None
             if kind == "link_blackhole":
@@ -230,13 +269,15 @@ class System:
 
     async def heal(self, done: Injected) -> None:
         kind = done.fault.kind
-        if kind.startswith("publisher_"):
-            publisher = self.publishers[int(done.fault.target.rpartition("-")[2])]
+        if done.hit is not None:
+            publisher = self._publisher(done.hit)
             assert publisher.process is not None
-            if kind == "publisher_kill":
+            if kind in KILLS:
                 await asyncio.to_thread(publisher.start)
             else:
                 publisher.process.send_signal(signal.SIGCONT)
+        elif kind in POSTGRES_KINDS:
+            await self.outbox.heal(kind)
         elif kind.startswith("link_"):
             assert self.link is not None
             self.link.pass_through()
@@ -264,8 +305,8 @@ class System:
             await asyncio.to_thread(node.start)
 
     async def evidence(self) -> None:
-        """Write each publisher's `/changefeeds/stats` and each node's INFO and CLIENT LIST
-        into the run's directory (what the logs do not say about the end state)."""
+        """Write each publisher's `/changefeeds/stats`, the outbox's status and each node's INFO
+        and CLIENT LIST into the run's directory (what the logs do not say about the end state)."""
         async with aiohttp.ClientSession() as session:
             for n, url in enumerate(self.urls):
                 with contextlib.suppress(aiohttp.ClientError, TimeoutError):
@@ -273,6 +314,8 @@ class System:
                                            timeout=aiohttp.ClientTimeout(total=3)) as reply:
                         (self.directory / f"publisher{n}-stats.json").write_bytes(
                             await reply.read())
+        status = await self.outbox.status()
+        (self.directory / "outbox-status.txt").write_text(f"{status!r}\n")
         for node in self.nodes:
             with contextlib.suppress(redis.RedisError), redis.Redis(
                     host="127.0.0.1", port=node.port, socket_timeout=2) as client:
@@ -292,9 +335,15 @@ class System:
         async with aiohttp.ClientSession() as session:
             results = await asyncio.gather(
                 *(_ready(session, url, started, scaled(within)) for url in self.urls),
-                self._one_master(started, scaled(within)))
-        names = [f"publisher-{n}" for n in range(len(self.urls))] + ["redis"]
+                self._one_master(started, scaled(within)), self._relaying(started, within))
+        names = [f"publisher-{n}" for n in range(len(self.urls))] + ["redis", "relay"]
         return dict(zip(names, results, strict=True))
+
+    async def _relaying(self, started: float, within: float) -> float | None:
+        """Seconds until a publisher held the outbox's relay lock."""
+        if await self.outbox.relaying(self.publishers, within) is None:
+            return None
+        return time.monotonic() - started
 
     async def _one_master(self, started: float, within: float) -> float | None:
         """Seconds until exactly one node says it is a master, the one the sentinels name (a
@@ -352,4 +401,5 @@ def names(faults: Sequence[Injected]) -> list[str]:
     return [i.fault.describe() for i in faults]
 
 
-__all__ = ["DRIP_BYTES_PER_SECOND", "Injected", "System", "names"]
+__all__ = ["DRIP_BYTES_PER_SECOND", "KILLS", "RELAY_KINDS", "STOPS", "Injected", "System",
+           "names"]

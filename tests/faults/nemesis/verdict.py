@@ -11,7 +11,16 @@ never acknowledged unless a commit of that id had an unknown outcome):
 - a durable consumer's item is never handed out again after an ack of it took effect, unless
   such a fault happened between the two;
 - every publisher answered `/readyz` 200 within `READY_WITHIN` seconds after the last heal;
-- every listener delivered the last acknowledged commit (it caught up).
+- every listener delivered the last acknowledged commit (it caught up);
+- the PostgreSQL outbox: nothing of a transaction rolled back on purpose was ever delivered
+  (`rolled_back`), and after the run the outbox is empty, has no dead row, every committed row
+  was relayed and a publisher holds the relay lock (`outbox_problems`).
+
+An outbox commit whose relay into the bucket spans a fault that may destroy history is of
+unknown outcome as well (`relayed_in_doubt`): the relay's commit may have reached a master that
+was then lost, its reply with it, and the relay commits the batch again under its key into the
+history that survived, under a new cursor (docs/postgres.md), as a writer's retry does after an
+unknown outcome.
 
 A failure names the seed, the fault in progress and the first offending change with its trace:
 every commit of its id, what that listener delivered of it, its Resyncs and bootstraps.
@@ -20,9 +29,10 @@ every commit of its id, what that listener delivered of it, its Resyncs and boot
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from publisher.outbox.status import Status
 from tests.faults.nemesis.schedule import Fault
 from tests.faults.nemesis.system import Injected
 from tests.faults.oracle import (
@@ -55,12 +65,16 @@ class Judgement:
     ready: Mapping[str, float | None] = field(default_factory=dict)
     behind: list[str] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
+    rolled_back: dict[str, int] = field(default_factory=dict)
+    """Per listener: deliveries (changes, bootstrapped objects) of rolled-back transactions."""
     trace: str = ""
 
     def problems(self) -> list[str]:
         found = list(self.verdict.problems())
         found += [f"{n}: unjustified resyncs={c}" for n, c in self.unjustified.items() if c]
         found += [f"{n}: redelivered after ack={c}" for n, c in self.redelivered.items() if c]
+        found += [f"{n}: delivered rolled-back transactions={c}"
+                  for n, c in self.rolled_back.items() if c]
         found += [f"{n}: not ready within {READY_WITHIN:.0f} s"
                   for n, t in self.ready.items() if t is None or t > READY_WITHIN]
         found += [f"{n}: not caught up" for n in self.behind]
@@ -77,10 +91,14 @@ def justified(time: float, done: Sequence[Injected], end: float) -> bool:
 
 def judge(seed: int, history: History, done: Sequence[Injected], end: float, *,
           ready: Mapping[str, float | None], behind: Sequence[str] = (),
-          failures: Sequence[str] = ()) -> Judgement:
+          failures: Sequence[str] = (), rolled_back: Collection[str] = ()) -> Judgement:
+    """The verdict; `rolled_back`: the ids of transactions rolled back on purpose."""
     judgement = Judgement(seed, history.verdict(), ready=ready, behind=list(behind),
                           failures=list(failures))
     for name, log in history.listeners.items():
+        judgement.rolled_back[name] = (
+            sum(1 for c in log.changes if c.id in rolled_back)
+            + sum(1 for b in log.bootstraps for id in b.states if id in rolled_back))
         judgement.unjustified[name] = sum(
             1 for r in log.resyncs if not justified(r.time, done, end))
         judgement.redelivered[name] = sum(
@@ -189,9 +207,37 @@ def recoveries(history: History, done: Sequence[Injected]) -> list[float]:
     return found
 
 
+def relayed_in_doubt(spans: Sequence[tuple[str, int, float, float | None]],
+                     done: Sequence[Injected], end: float) -> list[tuple[str, int]]:
+    """The (id, seq) of the outbox commits whose relay may have been written twice: `spans`
+    are (id, seq, COMMIT time, time its cursor was learnt or None), the relay's bucket commit
+    lies between the two; those spanning a fault that may destroy history are in doubt."""
+    return [(id, seq) for id, seq, committed, learnt in spans
+            if any(i.fault.destroys_history and i.started <= (learnt or end)
+                   and committed <= (i.ended or end) for i in done)]
+
+
+def outbox_problems(status: Status | None, never_relayed: int, dead: Sequence[str]) -> list[str]:
+    """What is wrong with the outbox after the run (`status`: read then, None when PostgreSQL
+    did not answer; `never_relayed`: committed rows the relay never relayed; `dead`: the outbox
+    writer's dead rows, described)."""
+    if status is None:
+        return ["outbox: PostgreSQL did not answer after the run"]
+    found = [f"outbox: dead row {d}" for d in dead]
+    if never_relayed:
+        found.append(f"outbox: {never_relayed} committed rows never relayed")
+    if status.backlog:
+        found.append(f"outbox: backlog {status.backlog} after the run")
+    if status.dead and not dead:
+        found.append(f"outbox: {status.dead} dead rows")
+    if status.relaying is None:
+        found.append("outbox: no publisher holds the relay lock after the run")
+    return found
+
+
 def destroying(faults: Sequence[Fault]) -> int:
     return sum(1 for f in faults if f.destroys_history)
 
 
 __all__ = ["GRACE", "READY_WITHIN", "Judgement", "destroying", "first_offence", "judge",
-           "justified", "recoveries", "trace"]
+           "justified", "outbox_problems", "recoveries", "relayed_in_doubt", "trace"]
