@@ -18,6 +18,8 @@ import orjson
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
+from changefeed.errors import ProtocolError
+from changefeed.protocol import json_object
 from changefeed_testing.conformance.outcome import Failed
 
 
@@ -91,12 +93,9 @@ async def receive(ws: ClientConnection, seconds: float) -> Received:
     if isinstance(frame, bytes):
         raise Failed(f"the publisher sent a binary frame: {frame[:80]!r}")
     try:
-        value = orjson.loads(frame)
-    except orjson.JSONDecodeError:
-        raise Failed(f"the publisher sent a text frame that is not JSON: {frame[:120]!r}") from None
-    if not isinstance(value, dict):
-        raise Failed(f"the publisher sent JSON that is not an object: {frame[:120]!r}")
-    return value
+        return json_object(frame, "the publisher's text frame")
+    except ProtocolError as exc:
+        raise Failed(str(exc)) from None
 
 
 def encode(frame: dict[str, Any] | str | bytes) -> str | bytes:

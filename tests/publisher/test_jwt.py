@@ -105,6 +105,13 @@ async def upgrade(service: Service, *, protocols: list[str] | None = None,
     return ws, reply
 
 
+async def assert_registers(service: Service, token: str) -> None:
+    """A websocket registration with `token` as access_token is answered with a cursor."""
+    ws, reply = await upgrade(service, query=f"?access_token={token}")
+    await ws.close()
+    assert "cursor" in reply
+
+
 async def status_of(service: Service, **kwargs: Any) -> int:
     with pytest.raises(InvalidStatus) as refused:
         await upgrade(service, **kwargs)
@@ -284,9 +291,7 @@ async def test_a_jwks_url_is_read_again_and_picks_up_a_new_key(
         config = make_config(redis_server.url, **jwt_config(jwksUrl=url, refresh=1))
         async with start_publisher(config) as service:
             first = mint(one, "RS256", kid="one")
-            ws, reply = await upgrade(service, query=f"?access_token={first}")
-            await ws.close()
-            assert "cursor" in reply
+            await assert_registers(service, first)
             new = mint(two, "EdDSA", kid="two")
             assert await status_of(service, query=f"?access_token={new}") == 401
             served["keys"].append(jwk(two, "two", "EdDSA"))
@@ -315,9 +320,7 @@ async def test_a_jwks_url_gone_after_start_keeps_the_keys_read_before(
         config = make_config(redis_server.url, **jwt_config(jwksUrl=url, refresh=1))
         async with start_publisher(config) as service:
             token = mint(one, "RS256", kid="one")
-            ws, reply = await upgrade(service, query=f"?access_token={token}")
-            await ws.close()
-            assert "cursor" in reply
+            await assert_registers(service, token)
             with capture_logs() as logs:
                 await runner.cleanup()  # the JWKS URL refuses connections from now on
                 deadline = time.monotonic() + scaled(10)
@@ -326,9 +329,7 @@ async def test_a_jwks_url_gone_after_start_keeps_the_keys_read_before(
                     await asyncio.sleep(0.1)  # the refresher's thread: nothing to await
             failed = next(e for e in logs if e["event"].startswith("jwks not refreshed"))
             assert "auth.jwt.jwksUrl" in failed["error"], failed
-            ws, reply = await upgrade(service, query=f"?access_token={token}")
-            await ws.close()
-            assert "cursor" in reply, "the key read before still verifies"
+            await assert_registers(service, token)  # the key read before still verifies
             other = rsa.generate_private_key(public_exponent=65537, key_size=2048)
             unknown = mint(other, "RS256", kid="three")
             assert await status_of(service, query=f"?access_token={unknown}") == 401
