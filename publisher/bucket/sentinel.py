@@ -28,6 +28,7 @@ from redis.asyncio.connection import BlockingConnectionPool, Connection
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from changefeed import configjs as cj
@@ -164,7 +165,12 @@ class SentinelPool(SentinelConnectionPool, BlockingConnectionPool):
     async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
         if self._follower is None or self._follower.done():
             self._follower = asyncio.get_running_loop().create_task(self._follow())
-        return await super().get_connection(*args, **kwargs)  # type: ignore[no-untyped-call]
+        try:
+            return await super().get_connection(*args, **kwargs)  # type: ignore[no-untyped-call]
+        except RuntimeError as exc:
+            # The connection was closed under its handshake (`_settle`: it led to the old
+            # master); uvloop says so with a RuntimeError. Nothing was sent: an outage.
+            raise RedisConnectionError(f"the connection closed while it opened ({exc})") from exc
 
     async def get_master_address(self) -> Any:
         """The master the sentinels name now, as redis-py asks it for every new connection;

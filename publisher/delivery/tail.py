@@ -125,6 +125,12 @@ class Faults:
     """Reads that failed for want of Redis (each retry counts)."""
     reconnects: int = 0
     """Times the tail read again after failed reads (Redis reachable again)."""
+    unexpected: int = 0
+    """Reads that failed with an error that is not Redis's (a bug, logged with its traceback):
+    the tail backs off and reads again, as after an outage, rather than end while the publisher
+    goes on serving (the nemesis, seed 5079: a connection closed under its handshake raised
+    uvloop's RuntimeError, the tail task ended, and the publisher stayed ready, its listeners
+    sent nothing more)."""
 
 
 class _Restart(Exception):
@@ -228,6 +234,12 @@ class Tail:
                 for follow in self._follow:
                     follow.read_now = True
                 delays = await self._back_off(exc, delays)
+            except Exception as exc:  # anything else: said loudly, and the tail goes on
+                self.faults.unexpected += 1
+                log.exception("tail: unexpected error; reading again after a backoff")
+                for follow in self._follow:
+                    follow.read_now = True
+                delays = await self._back_off(exc, delays)
 
     async def _follow_all(self) -> bool:
         """Read every shard, one loop each, until one fails (raised) or the tail stops
@@ -290,7 +302,7 @@ class Tail:
             self.faults.reconnects += 1
 
     async def _back_off(
-        self, exc: BucketUnavailable | PartitionMismatch, delays: Iterator[float] | None
+        self, exc: Exception, delays: Iterator[float] | None
     ) -> Iterator[float]:
         """After a failed read: count and say it, mark the tail unhealthy (registrations are
         refused meanwhile) and wait the next delay of `delays` (a new backoff when None) or
@@ -303,7 +315,9 @@ class Tail:
         self.faults.redis_errors += isinstance(exc, BucketUnavailable)
         if isinstance(exc, PartitionMismatch):
             log.error("bucket.partitions does not match the bucket", error=str(exc))
-        elif self.healthy or delay >= self.backoff.maximum / 2:
+        elif isinstance(exc, BucketUnavailable) and (
+            self.healthy or delay >= self.backoff.maximum / 2
+        ):
             log.warning("bucket unreachable, retrying", error=str(exc), delay=round(delay, 3))
         self.healthy = False
         with contextlib.suppress(TimeoutError):

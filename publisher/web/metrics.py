@@ -227,6 +227,12 @@ class _Collector(Collector):
             "changefeed_redis_reconnects", "Times the tail read the bucket again after failing.",
             value=tail.faults.reconnects,
         )
+        yield CounterMetricFamily(
+            "changefeed_tail_unexpected_errors",
+            "Tail reads that failed with an error that is not Redis's (logged with a traceback; "
+            "the tail reads again after a backoff). Above 0: report it.",
+            value=tail.faults.unexpected,
+        )
 
     def _background(self) -> Iterator[_Family]:
         """The long polls waiting, the trimming, readiness and draining."""

@@ -25,7 +25,7 @@ from websockets.exceptions import ConnectionClosed
 
 from changefeed.cursor import Cursor, StreamId
 from listener import Backoff, Listener, ListenerConfig
-from publisher.bucket import Change, ChangeBucket, LogEntry, LogRead
+from publisher.bucket import Change, ChangeBucket, LogEntry, LogRead, Shard
 from publisher.config.settings import Config, load_config
 from publisher.delivery.hub import RECREATED, ROLLED_BACK, TRIMMED
 from publisher.delivery.tail import Gap, NewHistory, added_after, assess
@@ -414,3 +414,37 @@ async def test_redis_restarted_empty_is_a_new_epoch_for_every_listener(
             await again.close()
     finally:
         server.stop()
+
+
+async def test_an_unexpected_error_of_a_read_does_not_end_the_tail(
+    redis_server: RedisServer, make_config: Callable[..., Config],
+    start_publisher: PublisherFactory, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A failpoint: the tail's next read raises what is not a Redis error (uvloop's
+    RuntimeError for a connection closed under its handshake, as the nemesis met it). The tail
+    says so with a traceback, counts it, backs off and reads on; before, its task ended and the
+    publisher went on answering /readyz 200 while its listeners were sent nothing more."""
+    async with start_publisher(make_config(redis_server.url)) as service:
+        armed = True
+        real = Shard.tail
+
+        async def failing(self: Shard, *args: Any, **kwargs: Any) -> LogRead:
+            nonlocal armed
+            if armed:
+                armed = False
+                raise RuntimeError("unable to perform operation on <TCPTransport closed=True>")
+            return await real(self, *args, **kwargs)
+
+        with capture_logs() as logs:
+            monkeypatch.setattr(Shard, "tail", failing)
+            first = await service.bucket.commit("vm", "vm-1", ["nic"], {"n": 1})
+            await eventually(lambda: not armed, "the failpoint fired")
+            second = await service.bucket.commit("vm", "vm-2", ["nic"], {"n": 2})
+            position = Cursor.decode(second).position
+            assert position > Cursor.decode(first).position
+            await eventually(lambda: service.hub.vector.positions[0] >= position,
+                             "the tail read past both commits", within=10)
+        assert service.tail.faults.unexpected == 1
+        assert service.tail.healthy
+        assert any(e["event"].startswith("tail: unexpected error") and e.get("exc_info")
+                   for e in logs), logs
