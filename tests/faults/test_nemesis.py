@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from publisher.outbox.status import Status
-from tests.faults.nemesis.report import BEGIN, END, kept, splice
+from tests.faults.nemesis.report import BEGIN, END, RUNS, SOAKS, _part, kept, splice
 from tests.faults.nemesis.run import nemesis
 from tests.faults.nemesis.schedule import (
     KINDS,
@@ -217,6 +217,17 @@ def test_parse_metrics_reads_unlabelled_samples() -> None:
             "process_open_fds 37.0\nchangefeed_asyncio_tasks 12.0\n"
             'changefeed_listeners{resource="vm",version="1"} 3.0\n')
     assert parse_metrics(text) == {"process_open_fds": 37.0, "changefeed_asyncio_tasks": 12.0}
+
+
+def test_a_run_keeps_the_part_of_the_other_kind() -> None:
+    """A soak's --docs keeps the seeded runs' table, and the runs' keeps the soak's."""
+    soak = f"{SOAKS[0]}\nProduced by `a soak`.\n\n| the soak's row |\n{SOAKS[1]}"
+    document = f"# Reliability\n\n{BEGIN}\n{soak}\n\n{END}\n"
+    assert _part(SOAKS, [], "Produced by `runs`.", document, lambda _: []) == [soak, ""]
+    assert _part(RUNS, [], "Produced by `runs`.", document, lambda _: []) == []
+    fresh = _part(RUNS, [object()], "Produced by `runs`.", document,  # type: ignore[list-item]
+                  lambda results: [f"{len(results)} run"])
+    assert fresh == [RUNS[0], "Produced by `runs`.", "", "1 run", RUNS[1], ""]
 
 
 def test_the_docs_section_is_spliced_in_and_kept() -> None:

@@ -4,8 +4,9 @@
     python -m tests.faults.nemesis --seed 7 --duration 1800 --soak # churn + leak slopes; faults
                                                                    # in the second half only
     python -m tests.faults.nemesis --seed 7 --duration 1800 --soak --no-faults  # churn only
-    python -m tests.faults.nemesis --seed 1 --seed 2 --duration 300 --soak --docs
+    python -m tests.faults.nemesis --seed 1 --seed 2 --duration 300 --docs
                                                  # the runs docs/reliability.md shows
+    python -m tests.faults.nemesis --seed 12 --duration 1800 --soak --docs   # and its soak
 
 The schedule is printed first: the same seed replays the same faults at the same times.
 Exit status 1 when the oracle finds a problem (the seed, the fault in progress and the first
@@ -59,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-faults", dest="calm", action="store_true",
                         help="no faults at all (a soak of churn only)")
     parser.add_argument("--docs", action="store_true",
-                        help="rewrite the nemesis section of docs/reliability.md")
+                        help="rewrite the nemesis section of docs/reliability.md: the part "
+                        "of this run's kind (runs, or soaks with --soak); the other is kept")
     parser.add_argument("--keep", type=Path, default=None,
                         help="keep the servers' files and logs in this directory")
     args = parser.parse_args(argv)
@@ -76,9 +78,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.docs:
         path = ROOT / "docs" / "reliability.md"
         command = "python -m tests.faults.nemesis " + " ".join(sys.argv[1:])
+        document = path.read_text()
         section = render(results, command=command.strip(), machine=machine(), commit=commit(),
-                         date=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"))
-        path.write_text(splice(path.read_text(), section))
+                         date=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+                         document=document)
+        path.write_text(splice(document, section))
         print(f"wrote the nemesis section of {path}")
     return 1 if any(r.judgement.problems() for r in results) else 0
 
