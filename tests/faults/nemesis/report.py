@@ -156,7 +156,7 @@ def _seconds(values: Sequence[float]) -> str:
 def row(result: Result) -> str:
     j = result.judgement
     t = j.verdict.total
-    soak = " + soak" if result.samples is not None and result.slopes else ""
+    soak = " + soak" if result.samples is not None else ""
     deliveries = t.received + t.covered
     outbox = result.outbox
     committed = f"{j.verdict.committed}" + (f" ({len(outbox.commits)} outbox)" if outbox else "")

@@ -70,6 +70,7 @@ class Result:
     switches: int = 0
     slopes: list[Slope] = field(default_factory=list)
     samples: Samples | None = None
+    """A soak's churn and resource samples; None for a run that was no soak."""
 
     @property
     def outbox(self) -> OutboxWriter | None:
@@ -264,7 +265,8 @@ async def nemesis(seed: int, duration: float, directory: Path, *,
                           behind=behind, failures=failures, rolled_back=run.outbox.rolled_back)
         return Result(seed, duration, schedule, run.done, run.writers, judgement,
                       recoveries(run.history, run.done), time.monotonic() - began,
-                      run.system.switches, slopes=measured, samples=samples)
+                      run.system.switches, slopes=measured,
+                      samples=samples if soak else None)
     finally:
         await run.aclose()
 
