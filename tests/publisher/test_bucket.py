@@ -72,16 +72,18 @@ async def test_unknown_resources_and_bad_ids_are_refused_before_writing(
 
 
 async def test_trim_removes_old_items_and_records_the_horizon(bucket: ChangeBucket) -> None:
+    # Ages far apart (1.5 s, and an age limit of 1 s), so a slow machine between the last
+    # publish and the trims cannot make the new item old too (CI once trimmed 6).
     old = await bucket.publish_many([("vm", f"old-{i}", ["nic"]) for i in range(5)])
-    await asyncio.sleep(0.3)
+    await asyncio.sleep(1.5)
     new = await bucket.publish("vm", "new", ["nic"])
-    assert await bucket.trim(0.2) == 5
-    assert await bucket.trim(0.2) == 0, "trimming is idempotent"
+    assert await bucket.trim(1.0) == 5
+    assert await bucket.trim(1.0) == 0, "trimming is idempotent"
     retention = await bucket.retention()
     assert retention.trimmed == Cursor.decode(old[-1]).position
     assert retention.oldest == retention.head == Cursor.decode(new).position
-    await asyncio.sleep(0.3)
-    assert await bucket.trim(0.2) == 1
+    await asyncio.sleep(1.5)
+    assert await bucket.trim(1.0) == 1
     retention = await bucket.retention()
     assert retention.oldest is None
     assert retention.trimmed == retention.head == Cursor.decode(new).position
