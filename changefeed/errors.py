@@ -405,6 +405,23 @@ class ItemsMissed(ListenerError):
         )
 
 
+class ConsumerRecreated(ListenerError):
+    """The durable consumer `name` this instance used is gone and a new one of that name was
+    created (its state was lost with Redis's, or it was deleted): items committed meanwhile may
+    never be handed out, and the new one hands items out from its `start`. Raised once, by the
+    fetch after the instance met the new consumer; fetching again goes on with it. The
+    application decides, as on ItemsMissed: resynchronise from the source, or accept the gap."""
+
+    def __init__(self, name: str, before: str, now: str) -> None:
+        self.name = name
+        self.before = before
+        self.now = now
+        super().__init__(
+            f"durable consumer {name!r} was created again (incarnation {now}; this instance "
+            f"used {before}): items may have been missed"
+        )
+
+
 class PullFailed(ConnectionFailed):
     """An `events` request failed in a way a later one may not: the publisher could not be
     reached, the connection broke, or it answered 5xx (`status`; 503: its Redis is down)."""
@@ -439,6 +456,7 @@ __all__ = [
     "ConnectionFailed",
     "ConnectionLost",
     "ConsumerExists",
+    "ConsumerRecreated",
     "CursorError",
     "CursorGone",
     "CursorSetsFull",

@@ -45,6 +45,7 @@ from changefeed.durable import (
 )
 from changefeed.errors import (
     ChangefeedError,
+    ConsumerRecreated,
     HeartbeatMissed,
     InvalidOption,
     PullFailed,
@@ -198,6 +199,10 @@ class DurableConsumer:
         self._own_session = session is None
         self._ready = False
         self._closed = False
+        self._incarnation: str | None = None
+        """The incarnation of the consumer this instance uses: another one later means it was
+        created again (`ConsumerRecreated`)."""
+        self._recreated: ConsumerRecreated | None = None
         self._log = log.bind(url=self.url, durable=durable)
 
     async def __aenter__(self) -> DurableConsumer:
@@ -227,6 +232,13 @@ class DurableConsumer:
             body = await self._call("GET", self.base_url, None, DEFAULT_EXPIRES)
         self._ready = True
         info: dict[str, Any] = orjson.loads(body)
+        incarnation = info.get("incarnation")
+        if isinstance(incarnation, str):
+            if self._incarnation is not None and incarnation != self._incarnation:
+                self._recreated = ConsumerRecreated(self.name, self._incarnation, incarnation)
+                self._log.warning("the durable consumer was created again: items may have "
+                                  "been missed", before=self._incarnation, now=incarnation)
+            self._incarnation = incarnation
         return info
 
     async def info(self) -> dict[str, Any]:
@@ -264,7 +276,8 @@ class DurableConsumer:
                     expires: float = DEFAULT_EXPIRES) -> list[Msg]:
         """Up to `max_messages` messages (redeliveries first): returns as soon as there are
         some, or after `expires` seconds with none. Publisher failures are retried within
-        `expires`; the last one is raised if it runs out."""
+        `expires`; the last one is raised if it runs out. ConsumerRecreated (once) when the
+        consumer met since the last fetch is a new one of this name."""
         if isinstance(max_messages, bool) or not isinstance(max_messages, int) or max_messages < 1:
             raise InvalidOption("max_messages", max_messages, "an integer >= 1")
         if isinstance(expires, bool) or not isinstance(expires, int | float) or expires < 0:
@@ -278,6 +291,9 @@ class DurableConsumer:
             try:
                 if not self._ready:
                     await self.ensure()
+                if self._recreated is not None:
+                    recreated, self._recreated = self._recreated, None
+                    raise recreated
                 body = await request_json(
                     self._http(), "POST", self.base_url + "/fetch",
                     FetchRequest(max_messages, remaining).to_wire(), remaining + MARGIN,

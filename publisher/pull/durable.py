@@ -137,6 +137,7 @@ class Durables:
             "name": name,
             "config": config.to_wire(),
             "created": int(state.fields.get("created", 0)),
+            "incarnation": state.incarnation,
             "position": Cursor(epoch, state.position).encode(),
             "pending": state.pending,
             "oldest_pending": None if state.oldest_pending is None

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from changefeed.durable import Outcome
-from changefeed.errors import ChangefeedError
+from changefeed.errors import ChangefeedError, ConsumerRecreated
 from listener import Backoff, DurableConsumer, Msg, PullConsumer, PullFailed, PullRejected
 from publisher.bucket import ChangeBucket
 from publisher.config.settings import Config
@@ -308,3 +308,25 @@ async def test_consume_yields_messages_as_they_come(service: Service) -> None:
         with pytest.raises(ValueError, match="expires"):
             await anext(consumer.consume(expires=0.5))
     assert got == committed + more
+
+
+async def test_an_instance_that_meets_its_consumer_created_again_is_told_once(
+    service: Service
+) -> None:
+    """The consumer an instance used is gone and a new one of its name exists (deleted here; a
+    Redis restored from an older snapshot lost it the same way, and an instance's ensure made
+    it again: the nemesis, seed 5203, whose durable consumer then lost a commit unannounced).
+    The next fetch raises ConsumerRecreated, once; fetching goes on with the new consumer."""
+    committed = await commit(service.bucket, "r", 2)
+    async with DurableConsumer(service.url, "billing", backoff=FAST) as instance, \
+            DurableConsumer(service.url, "billing", backoff=FAST) as other:
+        got = await instance.fetch(10, expires=scaled(5))
+        assert [m.cursor for m in got] == committed
+        await other.delete()
+        await other.ensure()  # a new consumer of the name, from the first item
+        await instance.ensure()
+        with pytest.raises(ConsumerRecreated) as told:
+            await instance.fetch(10, expires=0)
+        assert told.value.name == "billing" and told.value.before != told.value.now
+        again = await instance.fetch(10, expires=scaled(5))
+        assert [m.cursor for m in again] == committed

@@ -30,6 +30,7 @@ def test_exported_members() -> None:
         "ConnectionFailed",
         "ConnectionLost",
         "ConsumeState",
+        "ConsumerRecreated",
         "Consumption",
         "DurableConsumer",
         "Event",

@@ -19,7 +19,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from listener import ItemsMissed, ListenerError, PullConsumer
+from listener import ConsumerRecreated, ItemsMissed, ListenerError, PullConsumer
 from listener.durable import DurableConsumer
 from tests.faults.harness import RESOURCE
 from tests.faults.oracle import Attempt, ListenerLog
@@ -214,6 +214,10 @@ class DurableReader(Reader):
                         if result.applied:
                             self.log.acked(msg.cursor, msg.item.changed_resource_id, now)
                     await self.notify()
+            except ConsumerRecreated:
+                # The consumer was lost with Redis's state and made again by an ensure: the
+                # instance's announcement of what it may have missed.
+                self.log.resync("consumer recreated", time.monotonic())
             except ListenerError as error:
                 await self.failed(error)
 

@@ -122,6 +122,13 @@ Bugs the nemesis found, each fixed at its cause with a regression test of its ow
   own (logged with its traceback, counted in `changefeed_tail_unexpected_errors`, read again
   after a backoff), and the Sentinel pool reports that error as a lost connection.
   tests/publisher/test_tail.py `test_an_unexpected_error_of_a_read_does_not_end_the_tail`.
+- **A durable consumer lost with Redis's state was made again without a word** (CI, seed
+  5203, 60 s: Redis restored from a snapshot that did not hold the consumer; an instance's
+  `ensure` created it anew from `start`, and the commit acknowledged just before the restore was
+  never handed out, unannounced). The consumer's info now carries its `incarnation`, and a
+  `DurableConsumer` that meets another incarnation than the one it used raises
+  `ConsumerRecreated` once, at its next fetch. tests/listener/test_durable.py
+  `test_an_instance_that_meets_its_consumer_created_again_is_told_once`.
 - **The SSE reader of the nemesis resumed from where a failed stream began** (the 30-minute
   soak: a stream of 30 s ended by a publisher's SIGKILL; the reader sent the cursor it had at
   the stream's start, `maxAge` 30 had trimmed it, and the Resync came 32 s after the last
