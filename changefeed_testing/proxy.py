@@ -113,15 +113,16 @@ class Proxy:
         """Abort every connection now; refuse (accept and abort) new ones while cut."""
         self.refuse_new = refuse_new
         self._set(Mode.CUT if refuse_new else Mode.PASS)
-        for client, upstream in list(self._links):
-            client.transport.abort()
-            upstream.transport.abort()
-        self._links.clear()
+        self._abort_links()
 
     def retarget(self, host: str, port: int) -> None:
         """Forward new connections to `host:port` from now on, and abort the open ones (they
         lead to the old target); the mode (a blackhole, a drip) stays as it is."""
         self.target = (host, port)
+        self._abort_links()
+
+    def _abort_links(self) -> None:
+        """Abort every open connection, both of its ends."""
         for client, upstream in list(self._links):
             client.transport.abort()
             upstream.transport.abort()

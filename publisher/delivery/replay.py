@@ -260,7 +260,6 @@ async def drain_coalesced(hub: Hub, conn: Subscriber, coalesced: Coalesced) -> N
             return
 
 
-
 _ENDINGS = (ConnectionError, RuntimeError, BucketBusy, BucketUnavailable)
 """What ends a resume or a catch-up before the connection is live: `_ended` says how."""
 

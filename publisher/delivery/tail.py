@@ -215,8 +215,15 @@ class Tail:
 
     async def run(self) -> None:
         delays = None
+        # A new history met and not taken up yet. It is taken up inside the try below, so
+        # that a Redis failing meanwhile is backed off from and the restart tried again (taken
+        # up in the handler, such a failure ended the tail task).
+        restart: _Restart | None = None
         while not self._stopping.is_set():
             try:
+                if restart is not None:
+                    await self._new_history(restart)
+                    restart = None
                 if not self.started.is_set():
                     await self.start()
                     delays = None
@@ -228,15 +235,12 @@ class Tail:
                 elif not await self._follow_all():
                     return
                 delays = None
-            except _Restart as restart:
-                await self._new_history(restart)
-            except (BucketUnavailable, PartitionMismatch) as exc:
-                for follow in self._follow:
-                    follow.read_now = True
-                delays = await self._back_off(exc, delays)
-            except Exception as exc:  # anything else: said loudly, and the tail goes on
-                self.faults.unexpected += 1
-                log.exception("tail: unexpected error; reading again after a backoff")
+            except _Restart as found:
+                restart = found
+            except Exception as exc:  # an outage, a config fault, or anything else: backed off
+                if not isinstance(exc, (BucketUnavailable, PartitionMismatch)):
+                    self.faults.unexpected += 1  # said loudly, and the tail goes on
+                    log.exception("tail: unexpected error; reading again after a backoff")
                 for follow in self._follow:
                     follow.read_now = True
                 delays = await self._back_off(exc, delays)

@@ -20,10 +20,12 @@ from typing import Any
 
 import aiohttp
 import pytest
+import redis.asyncio as aioredis
 from structlog.testing import capture_logs
 from websockets.exceptions import ConnectionClosed
 
 from changefeed.cursor import Cursor, StreamId
+from changefeed.errors import BucketUnavailable
 from listener import Backoff, Listener, ListenerConfig
 from publisher.bucket import Change, ChangeBucket, LogEntry, LogRead, Shard
 from publisher.config.settings import Config, load_config
@@ -448,3 +450,35 @@ async def test_an_unexpected_error_of_a_read_does_not_end_the_tail(
         assert service.tail.healthy
         assert any(e["event"].startswith("tail: unexpected error") and e.get("exc_info")
                    for e in logs), logs
+
+
+async def test_a_redis_that_fails_while_the_tail_takes_up_a_new_history_is_retried(
+    redis_server: RedisServer, make_config: Callable[..., Config],
+    start_publisher: PublisherFactory, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Redis comes back empty, and fails again (a failpoint) while the tail takes up the new
+    history: the tail backs off and takes it up again. Before, the failure was raised in the
+    tail's handler of the new history and ended the tail task."""
+    async with start_publisher(make_config(redis_server.url)) as service:
+        armed = True
+        real = ChangeBucket.ensure
+
+        async def failing(self: ChangeBucket) -> str:
+            nonlocal armed
+            if armed:
+                armed = False
+                raise BucketUnavailable("epoch: Redis unreachable (a failpoint)")
+            return await real(self)
+
+        old = service.hub.epoch
+        monkeypatch.setattr(ChangeBucket, "ensure", failing)
+        async with aioredis.from_url(redis_server.url) as client:
+            await client.flushall()  # Redis came back empty: a new history
+        await eventually(lambda: not armed, "the failpoint fired", within=10)
+        await eventually(lambda: service.hub.epoch != old and service.tail.healthy,
+                         "the tail took up the new history", within=10)
+        cursor = await service.bucket.commit("vm", "vm-1", ["nic"], {"n": 1})
+        position = Cursor.decode(cursor).position
+        await eventually(lambda: service.hub.vector.positions[0] >= position,
+                         "the tail read the commit", within=10)
+        assert service.tail.faults.unexpected == 0
