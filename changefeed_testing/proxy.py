@@ -115,11 +115,13 @@ class Proxy:
         self._set(Mode.CUT if refuse_new else Mode.PASS)
         self._abort_links()
 
-    def retarget(self, host: str, port: int) -> None:
+    def retarget(self, host: str, port: int, *, keep_open: bool = False) -> None:
         """Forward new connections to `host:port` from now on, and abort the open ones (they
-        lead to the old target); the mode (a blackhole, a drip) stays as it is."""
+        lead to the old target) unless `keep_open` (a split brain: the connections made before
+        still reach the old master); the mode (a blackhole, a drip) stays as it is."""
         self.target = (host, port)
-        self._abort_links()
+        if not keep_open:
+            self._abort_links()
 
     def _abort_links(self) -> None:
         """Abort every open connection, both of its ends."""

@@ -60,6 +60,9 @@ class Channel:
         """When (`time.monotonic()`) the exchange in progress was sent (0: none in progress)."""
         self._timed_out = False
         self._watchdog: asyncio.TimerHandle | None = None
+        self.socket: object | None = None
+        """The stream writer of the last exchange's connection: what it was sent over (a commit's
+        witness is kept per socket, as one socket leads to one Redis)."""
 
     async def exchange(self, command: bytes, replies: int, *, retry: bool) -> list[Any]:
         """Send `command` (RESP, possibly several commands) and return its `replies` replies;
@@ -104,9 +107,7 @@ class Channel:
         was closed meanwhile (seen by the event loop: nothing is sent on it)."""
         kept = self._connection
         if kept is not None:
-            stream, writer = kept._reader, kept._writer
-            if (stream is not None and writer is not None and not stream.at_eof()
-                    and not writer.transport.is_closing()):
+            if self._open(kept):
                 return kept
             await self.drop()
         connection: AbstractConnection = await self.pool.get_connection()  # type: ignore[no-untyped-call]
@@ -116,6 +117,20 @@ class Channel:
             loop = asyncio.get_running_loop()
             self._watchdog = loop.call_later(WATCH_EVERY, self._watch, connection.socket_timeout)
         return connection
+
+    @staticmethod
+    def _open(connection: AbstractConnection) -> bool:
+        """Whether `connection` is open, as far as the event loop has seen."""
+        stream, writer = connection._reader, connection._writer
+        return (stream is not None and writer is not None and not stream.at_eof()
+                and not writer.transport.is_closing())
+
+    @property
+    def next_socket(self) -> object | None:
+        """The socket the next exchange goes over when it starts now: the kept connection's
+        while it is open, else None (a new connection's, not known yet)."""
+        kept = self._connection
+        return kept._writer if kept is not None and self._open(kept) else None
 
     def _watch(self, timeout: float) -> None:
         """Abort the connection under an exchange older than `timeout` seconds; look again in
@@ -138,6 +153,7 @@ class Channel:
         if stream is None or writer is None:
             raise redis.exceptions.ConnectionError(f"the {self.name}'s Redis connection is closed")
         writer.write(command)
+        self.socket = writer
         self._sent_at = time.monotonic()
         parser = self._parser
         out: list[Any] = []

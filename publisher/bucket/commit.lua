@@ -2,20 +2,20 @@
 -- KEYS: common, idempotency hash, idempotency times, then (state, index) per resource of the
 -- batch, in the order the resources first appear in it.
 -- ARGV: candidate epoch, wanted partitions, idempotency key ('' for none), digest of the changes,
--- most keys remembered, the writer's witness ('<epoch> <id>': the newest position it was given,
--- or ''), the name of each resource of KEYS (same order), then (code, id, sub-resources as JSON,
--- state JSON or '') per change; a code is the op's letter (p put, d delete, u publish) and the
--- resource's number: 'p1' puts into the first resource.
--- Returns '<epoch> <ms> <first seq> <count> 1 <renewed>': the changes' ids are ms-(first seq),
--- ms-(first seq + 1), ... in order. With a key already remembered it writes nothing and returns
--- the first call's '<epoch> <ms> <first seq> <count> 0 0'; an error KEYREUSED when that call had
--- other changes. `renewed` is 1 when the head was behind the witness: Redis lost commits it had
--- acknowledged (restored from an older snapshot, a lagging replica promoted), or when the witness
--- is of an epoch the bucket's history does not descend from and that did not end before this
--- history began (a split brain's other master acknowledged it), or of the epoch this history
--- left last, acknowledged after it left it (`{name}:epoch:from`: the other side of a split brain
--- went on in the epoch this side renewed); the bucket then gets a new epoch before this commit,
--- and every publisher tells its listeners to bootstrap again.
+-- most keys remembered, the writer's witnesses ('<id> <partition> <fingerprint>' each, space
+-- separated: changes it was acknowledged and has not had checked since; or ''), the name of each
+-- resource of KEYS (same order), then (code, id, sub-resources as JSON, state JSON or '') per
+-- change; a code is the op's letter (p put, d delete, u publish) and the resource's number: 'p1'
+-- puts into the first resource.
+-- Returns '<epoch> <ms> <first seq> <count> 1 <renewed> <partition> <fingerprint>': the changes'
+-- ids are ms-(first seq), ms-(first seq + 1), ... in order, and the last two name the last change
+-- (the client's next witness; '0 -' for none). With a key already remembered it writes nothing
+-- and returns the first call's '<epoch> <ms> <first seq> <count> 0 0'; an error KEYREUSED when
+-- that call had other changes. `renewed` is 1 when this Redis lacks one of the witnesses: it lost
+-- commits it had acknowledged (restored from an older snapshot, a lagging replica promoted), or
+-- another master acknowledged them (a split brain's other side, whichever epoch either had); the
+-- bucket then gets a new epoch before this commit, and every publisher tells its listeners to
+-- bootstrap again.
 -- Ids come from one sequence for every partition (`last`), so they order every change of the
 -- bucket, whatever its partition.
 --
@@ -40,40 +40,36 @@ end
 local n, epoch, last = ensure(ARGV[1], ARGV[2])
 if not n then return redis.error_reply(epoch) end
 local renewed = 0
-local witness_epoch, witness_id = string.match(ARGV[6], '^(%S+) (%S+)$')
-if witness_epoch then
-  -- `{name}:epochs` lists the epochs this bucket's history descends from (renewals record
-  -- them). A witness of any other epoch is of a history this Redis never held (the master of a
-  -- split brain, demoted since): the commits acknowledged there are lost, as in a rollback.
-  local past = KEYS[2] .. 's'
-  local lost = witness_epoch == epoch and less(last, witness_id)
-  local foreign = witness_epoch ~= epoch and not call('LPOS', past, witness_epoch)
-  local from = witness_epoch ~= epoch and call('GET', KEYS[2] .. ':from')
-  if from then
-    -- The epoch this history left last, at Redis's ms `left_ms` (lib.lua `left`): a commit of
-    -- it acknowledged later was acknowledged by another master that went on in it.
-    local left_epoch, left_ms = string.match(from, '^(%S+) (%d+)$')
-    if left_epoch == witness_epoch and tonumber(left_ms) < (parse(witness_id)) then
-      lost = true
+if ARGV[6] ~= '' and epoch ~= ARGV[1] then  -- (else ensure() created the bucket just now)
+  -- Each witness is a change this client was acknowledged and has not seen checked since: its id,
+  -- its partition and the first 8 hex digits of the SHA-1 of its resource id. One this Redis does
+  -- not hold was lost with its history (a rollback, a lagging replica promoted, the other side
+  -- of a split brain, whatever epoch either side had) unless it was trimmed since (at or before
+  -- `trimmed`: it cannot tell) or acknowledged before the current epoch began (`{name}:epoch:at`:
+  -- the epoch's start told every listener to bootstrap again, after that commit). The history is
+  -- a prefix of what its master wrote, so the change found stands for every change the client
+  -- was acknowledged before it on the same connection.
+  local trimmed, began
+  for id, p, fp in string.gmatch(ARGV[6], '(%S+) (%S+) (%S+)') do
+    local found = call('XRANGE', stream(n, tonumber(p)), id, id)
+    local held = false
+    if #found > 0 then
+      local fields = found[1][2]
+      for f = 1, #fields - 1, 2 do
+        if fields[f] == 'i' then held = string.sub(redis.sha1hex(fields[f + 1]), 1, 8) == fp end
+      end
     end
-  end
-  if foreign then
-    -- A history that began after the witness's commit (Redis came back empty and the bucket was
-    -- created again) needs no new epoch: every publisher closed the old epoch's listeners when
-    -- it saw that epoch gone, and every listener of this one started after the loss.
-    local began = call('GET', KEYS[2] .. ':at')
-    if began and tonumber(began) > (parse(witness_id)) then foreign = false end
-  end
-  if lost or foreign then
-    if epoch ~= ARGV[1] then  -- else ensure() created the bucket just now: a new history
-      call('LPUSH', past, epoch)
-      left(epoch, last)
-      epoch = ARGV[1]
-      call('SET', KEYS[2], epoch)
-      renewed = 1
+    if not held then
+      trimmed = trimmed or call('GET', KEYS[5]) or '0-0'
+      began = began or tonumber(call('GET', KEYS[2] .. ':at') or '0')
+      if less(trimmed, id) and (parse(id)) >= began then
+        epoch = ARGV[1]
+        call('SET', KEYS[2], epoch)
+        began_now(last)
+        renewed = 1
+        break
+      end
     end
-    if foreign then call('LPUSH', past, witness_epoch) end
-    call('LTRIM', past, 0, 99)
   end
 end
 local lms, lseq = parse(last)
@@ -91,6 +87,8 @@ local RUN = 1000
 -- The current run: its op ('p' or 'd'), resource, the HSET (or HDEL) arguments after the key,
 -- the ZADD arguments after the key (puts only) and how many changes it holds.
 local run_op, run_r, fields, members, size = nil, 0, {}, {}, 0
+-- The last change's partition and resource id: the client's next witness.
+local last_p, last_changed = 0, nil
 local function flush()
   if run_op == 'p' then
     call('HSET', KEYS[6 + 2 * run_r], unpack(fields))
@@ -122,18 +120,22 @@ for a = 7 + resources, #ARGV, 4 do
       fields[size] = changed
     end
   end
-  local target = log
+  local target, p = log, 0
   if n > 1 then
-    target = log .. ':' .. (tonumber(string.sub(redis.sha1hex(changed), 1, 8), 16) % n)
+    p = tonumber(string.sub(redis.sha1hex(changed), 1, 8), 16) % n
+    target = log .. ':' .. p
   end
   seq = seq + 1
   local id
   if plain then id = prefix .. seq else id = prefix .. string.format('%d', seq) end
   call('XADD', target, id, 'r', ARGV[6 + r], 's', ARGV[a + 2], 'i', changed)
+  last_p, last_changed = p, changed
 end
 flush()
 if count > 0 then call('SET', KEYS[4], prefix .. string.format('%d', seq)) end
-local reply = string.format('%s %d %d %d 1 %d', epoch, ms, first, count, renewed)
+local witness = '0 -'
+if last_changed then witness = last_p .. ' ' .. string.sub(redis.sha1hex(last_changed), 1, 8) end
+local reply = string.format('%s %d %d %d 1 %d %s', epoch, ms, first, count, renewed, witness)
 if key ~= '' then
   call('HSET', KEYS[6], key, string.format('%s %d %d %d %s', epoch, ms, first, count, digest))
   call('ZADD', KEYS[7], ms, key)

@@ -3,9 +3,14 @@
 A single commit runs on the connection single commits keep (`Channel`), packed as RESP once per
 call; a stream of calls keeps up to a window of them in flight on one connection. A shard in a
 Redis Cluster goes through redis-py's cluster client (it finds the master of the shard's slot),
-one script call at a time. Every reply is remembered as the shard's witness: the newest position
-this client was acknowledged, which the next commit sends so that a shard whose head is behind it
-(Redis lost acknowledged commits) starts a new epoch.
+one script call at a time.
+
+Every acknowledged commit becomes a witness: its last change (position, partition, fingerprint),
+which the client's next commits send until one of them, sent after that acknowledgement, is
+acknowledged in turn: commit.lua has then looked for it in the Redis that ran it, and a Redis that
+lacks it (it lost acknowledged commits: a rollback, a lagging replica promoted, the other side of
+a split brain) starts a new epoch. One witness per socket is enough, as a Redis's history is a
+prefix of its master's: the newest change acknowledged over a socket stands for every earlier one.
 """
 
 from __future__ import annotations
@@ -32,6 +37,10 @@ from publisher.bucket.values import Committed, PackedChanges, unpack_bulk
 log = structlog.get_logger(__name__)
 
 _bulk = bulk
+
+MOST_WITNESSES = 8
+"""The most witnesses a commit sends (one per socket with acknowledgements not checked since):
+concurrent commits over more connections than this leave the oldest unchecked."""
 
 CommitCall = tuple[PackedChanges, str, str]
 """One commit.lua call: the packed changes, the idempotency key ('' for none) and the digest
@@ -68,8 +77,12 @@ class Committer:
         self.partitions = partitions
         self.idempotency_keys = idempotency_keys
         self._script = client.register_script(scripts.COMMIT.text)
-        self._witness: tuple[str, StreamId] | None = None
-        """(epoch, position) of the newest change this client was acknowledged."""
+        self._witnesses: dict[object, tuple[int, str]] = {}
+        """Per socket (the routed path: per call), the number of its newest acknowledgement not
+        checked since and that change's witness, '<id> <partition> <fingerprint>'."""
+        self._acks = 0
+        """Acknowledgements so far: a commit sent when there were n checks every witness
+        numbered below n."""
         self._commits: Channel | None = None
         """The connection single commits keep (made at the first)."""
         self._evalsha = b"$7\r\nEVALSHA\r\n" + _bulk(scripts.COMMIT.sha.encode())
@@ -81,7 +94,10 @@ class Committer:
         self._most_argument = _bulk(str(idempotency_keys).encode())
         self._packed_keys: dict[str, bytes] = {}
         self._witness_packed = EMPTY
-        """The witness argument, packed when the witness changes."""
+        """The witnesses argument, packed when the witnesses change."""
+        self._packed_without: tuple[object, bytes] | None = None
+        """The witnesses argument without one socket's (`_witnesses_over`), packed when
+        asked for and the witnesses changed since."""
         self.commit_one: Callable[[PackedChanges, str, str], Awaitable[Committed]] = (
             self._commit_direct if direct else self._commit_routed
         )
@@ -120,38 +136,71 @@ class Committer:
 
     @staticmethod
     def committed(reply: bytes) -> Committed:
-        """commit.lua's reply '<epoch> <ms> <first seq> <count> <fresh> <renewed>' as a value."""
-        epoch, ms, first, count, fresh, renewed = reply.split()
+        """commit.lua's reply '<epoch> <ms> <first seq> <count> <fresh> <renewed> ...' as a
+        value."""
+        epoch, ms, first, count, fresh, renewed = reply.split()[:6]
         return Committed(
             epoch.decode(), int(ms), int(first), int(count), fresh == b"1", renewed == b"1"
         )
 
-    def _witness_argument(self) -> str:
-        """commit.lua's witness: '<epoch> <ms>-<seq>' of the newest position acknowledged to
-        this client, or '' before its first commit."""
-        return "" if self._witness is None else f"{self._witness[0]} {self._witness[1]}"
+    def _witness_argument(self, over: object = None) -> str:
+        """commit.lua's witnesses: '<id> <partition> <fingerprint>' of each, space separated,
+        or '' when there is none to check; without the one of socket `over`."""
+        return " ".join(
+            witness for socket, (_, witness) in self._witnesses.items() if socket is not over
+        )
 
-    def _witnessed(self, committed: Committed) -> None:
-        """Remember the newest position this client was acknowledged: the next commit sends it,
-        and a bucket whose head is behind it (Redis lost acknowledged commits) gets a new epoch."""
+    def _witnesses_over(self, over: object) -> bytes:
+        """The witnesses argument of a commit sent over socket `over`: that socket's own witness
+        needs no check, as a socket leads to one Redis, whose own history holds what it
+        acknowledged (one that lost it was restarted, which closed the socket, or demoted,
+        which refuses the commit). Once a single connection is kept, the only witness is its
+        own: a commit checks nothing, and costs Redis nothing more."""
+        witnesses = self._witnesses
+        if over not in witnesses:
+            return self._witness_packed
+        if len(witnesses) == 1:
+            return EMPTY
+        packed = self._packed_without
+        if packed is None or packed[0] is not over:
+            packed = self._packed_without = (over, _bulk(self._witness_argument(over).encode()))
+        return packed[1]
+
+    def _witnessed(
+        self, committed: Committed, reply: bytes, sent_after: int, source: object,
+        over: object = None,
+    ) -> None:
+        """Take in an acknowledgement (`reply`, of a commit packed when `sent_after` others were
+        acknowledged and without socket `over`'s witness, sent over `source`): the witnesses it
+        carried are checked (`over`'s too when `source` is `over`), its last change is a witness
+        for the next commits to carry."""
         if committed.epoch == self._candidate:
             self._draw()
         if committed.renewed:
             log.error(
-                "bucket rolled back: it lacks a commit this client had been acknowledged (its "
-                "head was behind it, or it never held that commit's epoch); started a new epoch "
-                "so that every listener bootstraps again",
-                bucket=self.name, witness=None if self._witness is None else str(self._witness[1]),
-                epoch=committed.epoch,
+                "bucket rolled back: it lacks a commit this client had been acknowledged; "
+                "started a new epoch so that every listener bootstraps again",
+                bucket=self.name, witnesses=self._witness_argument(), epoch=committed.epoch,
             )
         if not committed.fresh or not committed.count:
-            return
+            return  # an idempotent replay checks nothing; an empty commit leaves no witness
+        _, _, _, _, _, _, partition, fingerprint = reply.split()
         last = StreamId(committed.ms, committed.first + committed.count - 1)
-        if self._witness is None or self._witness[0] != committed.epoch or self._witness[1] < last:
-            self._witness = (committed.epoch, last)
-            self._witness_packed = _bulk(self._witness_argument().encode())
+        witnesses = {
+            socket: (number, witness) for socket, (number, witness) in self._witnesses.items()
+            if socket is not source and (number >= sent_after or socket is over)
+        }
+        witnesses[source] = (self._acks, f"{last} {partition.decode()} {fingerprint.decode()}")
+        self._acks += 1
+        while len(witnesses) > MOST_WITNESSES:
+            del witnesses[min(witnesses, key=lambda socket: witnesses[socket][0])]
+        self._witnesses = witnesses
+        self._witness_packed = _bulk(self._witness_argument().encode()) if witnesses else EMPTY
+        self._packed_without = None
 
-    def _command(self, packed: PackedChanges, key: str, digest: str) -> bytes:
+    def _command(
+        self, packed: PackedChanges, key: str, digest: str, over: object = None
+    ) -> bytes:
         """The whole EVALSHA of commit.lua for `packed`, as RESP: the fixed parts are packed
         once per bucket, the changes once per batch (`pack_changes`)."""
         resource_keys = [self._resource_keys(resource) for resource in packed.resources]
@@ -161,7 +210,7 @@ class Committer:
             self._evalsha, _bulk(b"%d" % count), self._fixed_keys, *resource_keys,
             _bulk(self._candidate.encode()), self._partitions_argument,
             _bulk(key.encode()) if key else EMPTY, _bulk(digest.encode()) if digest else EMPTY,
-            self._most_argument, self._witness_packed, packed.args,
+            self._most_argument, self._witnesses_over(over), packed.args,
         ])
 
     def _resource_keys(self, resource: str) -> bytes:
@@ -173,10 +222,12 @@ class Committer:
             ) + _bulk(self.keys.index(resource).encode())
         return packed
 
-    def _answered(self, reply: bytes) -> Committed:
-        """commit.lua's reply as a value, remembered as this client's witness."""
+    def _answered(
+        self, reply: bytes, sent_after: int, source: object, over: object = None
+    ) -> Committed:
+        """commit.lua's reply as a value, its witnesses taken in (`_witnessed`)."""
         committed = self.committed(reply)
-        self._witnessed(committed)
+        self._witnessed(committed, reply, sent_after, source, over)
         return committed
 
     async def _commit_direct(self, packed: PackedChanges, key: str, digest: str) -> Committed:
@@ -184,15 +235,17 @@ class Committer:
         commit waits for its answer anyway, and the async generator and the queue of calls in
         flight cost a single commit as much as its own packing. On the connection single commits
         keep (`Channel`), or, while another commit is on it, on one from the pool."""
-        command = self._command(packed, key, digest)
+        sent_after = self._acks
         channel = self._commits
         if channel is None:
             pool = self.redis.connection_pool
             if getattr(pool, "max_connections", 0) < KEEP_FOR_COMMITS:
-                return await self._commit_pooled(command)
+                return await self._commit_pooled(self._command(packed, key, digest), sent_after)
             channel = self._commits = Channel(pool, "commit")
         if channel.busy:
-            return await self._commit_pooled(command)
+            return await self._commit_pooled(self._command(packed, key, digest), sent_after)
+        over = channel.next_socket
+        command = self._command(packed, key, digest, over)
         try:
             async with translate_redis_errors(self.what):  # failed before anything was sent
                 (reply,) = await channel.exchange(command, 1, retry=False)
@@ -212,9 +265,9 @@ class Committer:
         if isinstance(reply, Exception):  # commit.lua refused (KEYREUSED...): nothing written
             async with translate_redis_errors(self.what, sent=True):
                 raise reply
-        return self._answered(reply)
+        return self._answered(reply, sent_after, channel.socket, over)
 
-    async def _commit_pooled(self, command: bytes) -> Committed:
+    async def _commit_pooled(self, command: bytes, sent_after: int) -> Committed:
         """`_commit_one`'s call on a connection of the pool."""
         pool = self.redis.connection_pool
         async with translate_redis_errors(self.what):
@@ -223,6 +276,7 @@ class Committer:
         try:
             async with translate_redis_errors(self.what, sent=True):
                 await connection.send_packed_command(command, check_health=False)
+                socket = connection._writer
                 try:
                     try:
                         reply = await connection.read_response()
@@ -241,7 +295,7 @@ class Committer:
                 self._draw()  # it may have become the epoch, unanswered
                 await connection.disconnect()
             await pool.release(connection)
-        return self._answered(reply)
+        return self._answered(reply, sent_after, socket)
 
     async def _commit_calls_direct(
         self,
@@ -263,8 +317,10 @@ class Committer:
         pool = self.redis.connection_pool
         async with translate_redis_errors(self.what):
             connection: AbstractConnection = await pool.get_connection()  # type: ignore[no-untyped-call]
-        inflight: deque[bytes | None] = deque()
-        """The commands sent and not answered yet, oldest first; None is a SCRIPT LOAD."""
+        inflight: deque[tuple[bytes, int, object] | None] = deque()
+        """The commands sent and not answered yet (each with the acknowledgements there were
+        when it was packed, and the socket whose witness it left out), oldest first; None is a
+        SCRIPT LOAD."""
         try:
             async with translate_redis_errors(self.what, sent=True):
                 failure: BaseException | None = None
@@ -277,7 +333,9 @@ class Committer:
                         except Exception as exc:  # the caller's: answer what was sent first
                             failure = exc
                     if call is not None:
-                        await self._send(connection, self._command(*call), inflight, stats)
+                        over = connection._writer  # the stream's socket, unless it reconnects
+                        command = self._command(*call, over)
+                        await self._send(connection, (command, self._acks, over), inflight, stats)
                     while inflight and (len(inflight) > window or call is None):
                         committed, refused = await self._answer(connection, inflight, stats)
                         error = error or refused
@@ -297,18 +355,24 @@ class Committer:
 
     @staticmethod
     async def _send(
-        connection: AbstractConnection, command: bytes, inflight: deque[bytes | None],
-        stats: StreamStats,
+        connection: AbstractConnection, command: tuple[bytes, int, object],
+        inflight: deque[tuple[bytes, int, object] | None], stats: StreamStats,
     ) -> None:
-        """Send one commit.lua call of a stream (`_commit_calls_direct`), not waiting for it."""
+        """Send one commit.lua call of a stream (`_commit_calls_direct`), not waiting for it.
+        A connection closed with calls in flight (Sentinel's pool closes those to a master it
+        left) is not opened again under them: redis-py would, and the next reply read would be
+        another call's, from another Redis."""
+        if inflight and not connection.is_connected:
+            raise redis.exceptions.ConnectionError("the connection closed with commits in flight")
         started = time.perf_counter()
-        await connection.send_packed_command(command, check_health=False)
+        await connection.send_packed_command(command[0], check_health=False)
         stats.redis_seconds += time.perf_counter() - started
         inflight.append(command)
         stats.batches += 1
 
     async def _answer(
-        self, connection: AbstractConnection, inflight: deque[bytes | None], stats: StreamStats
+        self, connection: AbstractConnection, inflight: deque[tuple[bytes, int, object] | None],
+        stats: StreamStats,
     ) -> tuple[Committed | None, redis.exceptions.ResponseError | None]:
         """Read the reply to the oldest command in flight of a stream: (its `Committed`, None),
         (None, the error Redis answered), or (None, None) for a SCRIPT LOAD's or for a NOSCRIPT
@@ -324,20 +388,21 @@ class Committer:
             if isinstance(reply, redis.exceptions.ResponseError):
                 return None, reply
         elif isinstance(reply, redis.exceptions.NoScriptError):
-            await connection.send_packed_command(self._load + sent, check_health=False)
+            await connection.send_packed_command(self._load + sent[0], check_health=False)
             inflight.extend((None, sent))
         elif isinstance(reply, redis.exceptions.ResponseError):
             return None, reply
         else:
-            return self._answered(reply), None
+            return self._answered(reply, sent[1], connection._writer, sent[2]), None
         return None, None
 
     async def _commit_routed(self, packed: PackedChanges, key: str, digest: str = "") -> Committed:
         """One commit.lua call through a Redis Cluster client (to the master of the slot)."""
         keys, args = self.arguments(packed, key)
+        sent_after = self._acks
         async with translate_redis_errors(self.what, sent=True):
             reply = await self._script(keys=keys, args=args)
-        return self._answered(reply)
+        return self._answered(reply, sent_after, object())  # which connection: not known here
 
     async def commit_calls(
         self, calls: Iterator[CommitCall], window: int, stats: StreamStats | None = None

@@ -6,13 +6,10 @@ in one slot and the scripts may touch any of them::
     {name}:log              stream: one entry per change item (fields r, s, i); with several
                             partitions one stream per partition, {name}:log:<p>, and no :log
     {name}:epoch            string: the bucket's epoch, created with the bucket
-    {name}:epoch:at         string: when the epoch was created (Redis's ms; commit.lua)
-    {name}:epoch:from       string: "<epoch> <ms>", the epoch the current one replaced and when
-                            (each renewal sets it: commit.lua renews again for a witness of that
-                            epoch acknowledged later, by another master)
-    {name}:epochs           list: the epochs this history descends from (each renewal pushes the
-                            old one; commit.lua reads it, by name, to tell a writer's witness of
-                            an ancestor from one of a history this Redis never held)
+    {name}:epoch:at         string: when the epoch began (Redis's ms; set by its creation and
+                            by each renewal): commit.lua takes a writer's witness missing from
+                            the history and older than that as lost before the epoch began,
+                            announced already
     {name}:partitions       string: the partition count, created with the bucket
     {name}:last             string: the newest entry id given out (the head)
     {name}:trimmed          string: the newest stream id ever trimmed (resume horizon)
@@ -47,9 +44,6 @@ class Keys:
         self.log = f"{tag}:log"
         """The log (one partition), or the prefix of the partition streams `log:<p>`."""
         self.epoch = f"{tag}:epoch"
-        self.epochs = f"{tag}:epochs"
-        """The epochs the history descends from (commit.lua and renew_epoch.lua name it
-        `KEYS[2] .. 's'`: the epoch's key and an s)."""
         self.partitions = f"{tag}:partitions"
         self.last = f"{tag}:last"
         self.trimmed = f"{tag}:trimmed"

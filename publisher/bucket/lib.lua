@@ -51,8 +51,8 @@ local function ensure(candidate_epoch, wanted)
   if not epoch then
     epoch = candidate_epoch
     redis.call('SET', KEYS[2], epoch)
-    -- When this history began (Redis's ms): commit.lua tells by it a writer's witness of a
-    -- history lost before this one began (announced already) from one of a split brain.
+    -- When this epoch began (Redis's ms; renewals set it again): commit.lua tells by it a
+    -- writer's witness of a change lost before (announced already) from one lost since.
     redis.call('SET', KEYS[2] .. ':at', now_ms())
   end
   if not last then
@@ -61,12 +61,12 @@ local function ensure(candidate_epoch, wanted)
   end
   return n, epoch, last
 end
--- The current epoch replaces `old`, `last` the head: a commit of `old` acknowledged after this
--- moment (Redis's ms, and never before the head's) was not in this history when the renewal
--- announced its losses; commit.lua renews again for a witness of one.
-local function left(old, last)
+-- The current epoch begins now (a renewal): a witness of a change acknowledged before this moment
+-- (Redis's ms, and never before the head's, `last`) that this history lacks was lost before the
+-- renewal told every listener to bootstrap again; commit.lua renews again only for a later one.
+local function began_now(last)
   local ms = now_ms()
   local lm = last and parse(last) or 0
   if lm > ms then ms = lm end
-  redis.call('SET', KEYS[2] .. ':from', old .. ' ' .. ms)
+  redis.call('SET', KEYS[2] .. ':at', ms)
 end

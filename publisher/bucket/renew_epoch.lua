@@ -5,11 +5,7 @@
 local current = redis.call('GET', KEYS[2])
 if current == ARGV[1] then
   redis.call('SET', KEYS[2], ARGV[2])
-  -- The new history descends from the old one: a writer's witness of it is no stranger
-  -- (commit.lua).
-  redis.call('LPUSH', KEYS[2] .. 's', current)
-  redis.call('LTRIM', KEYS[2] .. 's', 0, 99)
-  left(current, redis.call('GET', KEYS[4]))
+  began_now(redis.call('GET', KEYS[4]))
   return ARGV[2]
 end
 return current or ''

@@ -117,12 +117,9 @@ class Shard:
         found, _ = await self.ensure(epoch)
         if found != epoch:
             async with translate_redis_errors("epoch"):
+                # The shard's history goes on under the bucket's epoch (its `epoch:at` stays:
+                # no change of it was lost).
                 await self.redis.set(self.keys.epoch, epoch)
-                # The shard's history goes on under the bucket's epoch: a writer's witness of
-                # the one it replaces is of an ancestor, not of a history it never held
-                # (commit.lua's lineage check).
-                await self.redis.lpush(self.keys.epochs, found)
-                await self.redis.ltrim(self.keys.epochs, 0, 99)
 
     async def current_epoch(self) -> str | None:
         """The shard's epoch, or None when its keys do not exist (yet, or any more)."""

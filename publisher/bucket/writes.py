@@ -16,7 +16,7 @@ from changefeed.errors import (
     CommitOutcomeUnknown,
     ReplicationTimeout,
 )
-from publisher.bucket.commits import CommitCall, StreamStats
+from publisher.bucket.commits import CommitCall, Committer, StreamStats
 from publisher.bucket.core import BucketCore
 from publisher.bucket.keys import partition_of
 from publisher.bucket.shard import Shard
@@ -87,13 +87,7 @@ class BucketWrites(BucketCore):
         `commit_many`, packed)."""
         return self._shard().commits.arguments(self._pack(changes), key)
 
-    @staticmethod
-    def committed(reply: bytes) -> Committed:
-        """commit.lua's reply '<epoch> <ms> <first seq> <count> <fresh> <renewed>' as a value."""
-        epoch, ms, first, count, fresh, renewed = reply.split()
-        return Committed(
-            epoch.decode(), int(ms), int(first), int(count), fresh == b"1", renewed == b"1"
-        )
+    committed = staticmethod(Committer.committed)
 
     @classmethod
     def cursors_of(cls, reply: bytes) -> list[str]:

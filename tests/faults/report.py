@@ -76,10 +76,10 @@ can still disappear, or never reach a listener, when:
    is blackholed, three sentinels). So is a **split brain**: a master killed and restarted
    after the sentinels promoted its replica is a master of its own for about 8 s, until a
    sentinel demotes it and its resync throws away what it acknowledged meanwhile. Its writers'
-   witnesses are then of an epoch the surviving master never held: the bucket keeps the epochs
-   its history descends from (`{name}:epochs`, pushed by every renewal), and a witness of any
-   other that did not end before this history began starts a new epoch too (found by the
-   nemesis, below). Not seen: a rollback of commits
+   commits are then missing from the surviving master: commit.lua looks up each writer's
+   witness (a change it was acknowledged, by id and a fingerprint) in the Redis that runs its
+   next commit, and one it lacks starts a new epoch, whatever epoch either side had (the two
+   sides may share one) and wherever the heads are (found by the nemesis, below). Not seen: a rollback of commits
    that no running publisher read and whose writer has gone (a new client, a `changefeed
    publish` process, has no witness). Such a writer should ask for the replicas' confirmation
    (`commit(..., replicas=1)`, `changefeed publish --replicas 1`): acknowledged then means on

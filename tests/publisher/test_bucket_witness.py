@@ -1,6 +1,7 @@
-"""The writer's witness: a client remembers the newest position it was acknowledged, so a Redis
-that lost acknowledged commits (restored from an older snapshot) is noticed by the next commit
-even when no publisher read them: the bucket gets a new epoch and every listener bootstraps."""
+"""The writer's witness: a client remembers the changes it was acknowledged (one per connection,
+until a later commit had them checked), so a Redis that lost acknowledged commits (restored from
+an older snapshot, the other side of a split brain) is noticed by the next commit even when no
+publisher read them: the bucket gets a new epoch and every listener bootstraps."""
 
 from __future__ import annotations
 
@@ -128,9 +129,8 @@ async def test_a_witness_of_an_epoch_past_where_this_history_left_it_starts_a_ne
     publisher on one side saw a rollback and renewed the epoch there, while the other side, a
     master of its own until demoted, went on acknowledging commits in the old epoch. The
     writer's witness is then of an epoch the winner descends from, so it was taken for one of
-    the winner's own: those commits were lost and no listener was told. Every commit of the old
-    epoch in the winner's history is at or before the head it had when it renewed; a witness past
-    that is of the other side's: the bucket must get a new epoch."""
+    the winner's own: those commits were lost and no listener was told. The winner lacks the
+    witnessed change: the bucket must get a new epoch."""
     winner = RedisServer(tmp_path / "winner", tcp=True, persist=False).start()
     other_side = RedisServer(tmp_path / "other", tcp=True, persist=False)
     try:
@@ -162,6 +162,92 @@ async def test_a_witness_of_an_epoch_past_where_this_history_left_it_starts_a_ne
                 Cursor.decode(after).epoch)
             for bucket in (writer, survivor):
                 await bucket.aclose()
+    finally:
+        other_side.stop()
+        winner.stop()
+
+
+def _split(winner: RedisServer, other_side: RedisServer) -> None:
+    """Start `other_side` from a snapshot of `winner`: the same history and epoch, a master of
+    its own (a split brain's two sides)."""
+    snapshot = _snapshot(winner)
+    other_side.directory.mkdir(parents=True, exist_ok=True)
+    shutil.copy(snapshot, other_side.directory / "dump.rdb")
+    other_side.start()
+
+
+async def test_a_witness_the_winner_lacks_starts_a_new_epoch_whatever_its_epoch_and_head(
+    tmp_path: Path,
+) -> None:
+    """The sides of a split brain share the epoch and both go on: the writer's witness is of that
+    epoch and, by position, behind the winner's head (others committed there since), so neither
+    the epoch nor the head tells the loss (the nemesis, seed 5079, after the fix above: 2 changes
+    lost). The winner lacks the change itself: the bucket must get a new epoch."""
+    winner = RedisServer(tmp_path / "winner", tcp=True, persist=False).start()
+    other_side = RedisServer(tmp_path / "other", tcp=True, persist=False)
+    try:
+        async with Proxy("127.0.0.1", winner.port) as proxy:
+            writer = ChangeBucket(connect(f"redis://127.0.0.1:{proxy.port}/0"), "test")
+            shared = Cursor.decode(await writer.commit("vm", "a", ["nic"], {"n": 1})).epoch
+            await asyncio.to_thread(_split, winner, other_side)
+            proxy.retarget("127.0.0.1", other_side.port)
+            lost = Cursor.decode(await _retried(writer, "b"))
+            assert lost.epoch == shared
+
+            survivor = ChangeBucket(connect(winner.url), "test")
+            await asyncio.sleep(0.01)
+            ahead = Cursor.decode(await survivor.commit("vm", "c", ["nic"], {"n": 1}))
+            assert ahead.epoch == shared and lost.position < ahead.position
+
+            proxy.retarget("127.0.0.1", winner.port)
+            other_side.kill()
+            with capture_logs() as logs:
+                after = Cursor.decode(await _retried(writer, "d"))
+            assert after.epoch != shared, "the loss is announced"
+            assert (await survivor.retention()).epoch == after.epoch
+            assert [e["log_level"] for e in logs if "rolled back" in e["event"]] == ["error"]
+            # The survivor's witness is in the winner's history: no third epoch.
+            assert Cursor.decode(await survivor.commit("vm", "e", ["nic"], {})).epoch == after.epoch
+            for bucket in (writer, survivor):
+                await bucket.aclose()
+    finally:
+        other_side.stop()
+        winner.stop()
+
+
+async def test_a_client_acknowledged_by_both_sides_at_once_keeps_a_witness_of_each(
+    tmp_path: Path,
+) -> None:
+    """One client, two connections (its kept one and a pooled one, for a commit made while the
+    kept one is busy) that lead to the two sides of a split brain: both commits are
+    acknowledged, and the newest by position is the winner's. A client that kept one witness
+    (the newest) would never show the winner the other side's commit; with one per connection,
+    its next commit does."""
+    winner = RedisServer(tmp_path / "winner", tcp=True, persist=False).start()
+    other_side = RedisServer(tmp_path / "other", tcp=True, persist=False)
+    try:
+        async with Proxy("127.0.0.1", winner.port) as proxy:
+            writer = ChangeBucket(connect(f"redis://127.0.0.1:{proxy.port}/0"), "test")
+            shared = Cursor.decode(await writer.commit("vm", "a", ["nic"], {"n": 1})).epoch
+            await asyncio.to_thread(_split, winner, other_side)
+            # The kept connection still reaches the winner; a new one reaches the other side.
+            proxy.retarget("127.0.0.1", other_side.port, keep_open=True)
+            winner.pause()
+            kept = asyncio.ensure_future(writer.commit("vm", "x", ["nic"], {"n": 1}))
+            await asyncio.sleep(0.05)  # x waits on the kept connection: y takes a new one
+            lost = Cursor.decode(await writer.commit("vm", "y", ["nic"], {"n": 1}))
+            await asyncio.sleep(0.01)
+            winner.resume()
+            newest = Cursor.decode(await kept)
+            assert lost.epoch == newest.epoch == shared and lost.position < newest.position
+
+            proxy.retarget("127.0.0.1", winner.port)
+            other_side.kill()
+            with capture_logs() as logs:
+                after = Cursor.decode(await _retried(writer, "z"))
+            assert after.epoch != shared, "the other side's commit is missed and announced"
+            assert [e["log_level"] for e in logs if "rolled back" in e["event"]] == ["error"]
+            await writer.aclose()
     finally:
         other_side.stop()
         winner.stop()

@@ -91,11 +91,11 @@ Bugs the nemesis found, each fixed at its cause with a regression test of its ow
   then the new master SIGKILLed and restarted before the sentinels had promoted the replica back;
   for about 8 s two masters took writes). The writers' witness is of an epoch the surviving
   master never held, so comparing heads could not see the loss, and no publisher read those
-  commits. commit.lua now keeps the epochs the bucket's history descends from
-  (`{{name}}:epochs`, pushed by every renewal) and starts a new epoch when a witness is of any
-  other that did not end before this history began (`{{name}}:epoch:at`: a bucket created again
-  after Redis came back empty announced its loss by the epoch change already): every publisher
-  closes its listeners with 4009, the loss is announced.
+  commits. commit.lua then started a new epoch for a witness of an epoch the history did not
+  descend from (since replaced by the lookup of the witnessed change itself, below), unless that
+  witness is older than the current epoch's beginning (`{{name}}:epoch:at`: a bucket created
+  again after Redis came back empty announced its loss by the epoch change already): every
+  publisher closes its listeners with 4009, the loss is announced.
   tests/publisher/test_bucket_witness.py
   `test_a_commit_with_a_witness_of_a_history_this_bucket_never_held_starts_a_new_epoch`.
 - **Kept connections stayed on a master of a split brain** (seed 12, 60 s: the feed reader,
@@ -139,13 +139,16 @@ Bugs the nemesis found, each fixed at its cause with a regression test of its ow
   that won, while the other, a master of its own until demoted, went on acknowledging the API
   writer's commits in the old epoch; every listener lost one to three of them). The writer's
   next witness was of an epoch the winner descends from, so it was taken for one of the winner's
-  own. Each renewal now records the epoch it left and when (`{{name}}:epoch:from`), and
-  commit.lua starts a new epoch for a witness of that epoch acknowledged later.
-  tests/publisher/test_bucket_witness.py
-  `test_a_witness_of_an_epoch_past_where_this_history_left_it_starts_a_new_epoch`. Still open:
-  a client keeps one witness, replaced by its first commit in another epoch; a client whose
-  writers commit to both sides by turns (the API and batch writers share one) can lose the
-  evidence before it commits to the winner (seed 5079 again, after the fix: 2 changes lost).
+  own. A first fix recorded the epoch each renewal left and when; the seed still lost 2 changes:
+  a client kept one witness, the newest position it was acknowledged, and its writers (the API
+  and batch writers share one client, over two connections) were acknowledged by both sides by
+  turns, so the newest was the winner's own. A witness is now a change, not a position: its id,
+  partition and a fingerprint of its resource id, looked up (`XRANGE id id`) in the Redis that
+  runs the next commit, one per connection with acknowledgements not checked since; one the
+  Redis lacks starts a new epoch, whatever the epochs and heads (`{{name}}:epochs` and
+  `{{name}}:epoch:from` are gone). tests/publisher/test_bucket_witness.py
+  `test_a_witness_the_winner_lacks_starts_a_new_epoch_whatever_its_epoch_and_head` and
+  `test_a_client_acknowledged_by_both_sides_at_once_keeps_a_witness_of_each` (both fail before).
 """
 
 
