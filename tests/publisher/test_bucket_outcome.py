@@ -4,13 +4,17 @@ have been. Each test owns its redis-server, on TCP, to pause or kill it."""
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Awaitable, Callable
 
 import pytest
+import redis.exceptions
 
 from changefeed.cursor import ZERO
 from changefeed.errors import BucketUnavailable, CommitOutcomeUnknown
 from publisher.bucket import Change, ChangeBucket, connect
+from publisher.bucket.commits import Committer, StreamStats
+from publisher.bucket.keys import Keys
 from publisher.config.settings import Config
 from tests.servers import RedisServer, scaled
 
@@ -68,3 +72,26 @@ async def test_a_commit_to_a_killed_redis_is_unavailable_and_nothing_is_written(
         assert await bucket.get("vm", "b") is None
     finally:
         await bucket.aclose()
+
+
+async def test_a_stream_whose_connection_closed_with_calls_in_flight_sends_no_more(
+    redis_server: RedisServer,
+) -> None:
+    """A commit stream's connection closed under it while calls are in flight (Sentinel's pool
+    closes every connection to a master it left, in use too): redis-py would open it again for
+    the next call, to whichever Redis is master now, and the stream would read that call's reply
+    as the reply of one sent before. The stream fails instead (outcome unknown, for the caller)."""
+    client = connect(redis_server.url)
+    committer = Committer(client, Keys("test"), "test", None, 100, direct=True)
+    connection = await client.connection_pool.get_connection()  # type: ignore[no-untyped-call]
+    inflight: deque[tuple[bytes, int, object] | None] = deque()
+    try:
+        ping = (b"*1\r\n$4\r\nPING\r\n", 0, None)
+        await committer._send(connection, ping, inflight, StreamStats())
+        await connection.disconnect()
+        with pytest.raises(redis.exceptions.ConnectionError, match="closed with commits in flight"):
+            await committer._send(connection, ping, inflight, StreamStats())
+        assert not connection.is_connected, "not opened again under the call in flight"
+    finally:
+        await client.connection_pool.release(connection)
+        await client.aclose()
