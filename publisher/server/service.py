@@ -14,7 +14,7 @@ import secrets
 import socket
 import ssl
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import structlog
 from aiohttp import web
@@ -36,6 +36,7 @@ from publisher.pull.durable import Durables
 from publisher.security import tls
 from publisher.security.auth import now
 from publisher.security.clientaddr import Trusted
+from publisher.server.supervise import supervise
 from publisher.web.access import Access, check_reload
 from publisher.web.admission import (
     MAX_LINGERING,
@@ -343,15 +344,17 @@ class Service:
         return start.positions[0] if resumed else None
 
     async def _background(self, app: web.Application) -> AsyncIterator[None]:
-        tasks = [
-            asyncio.create_task(self.tail.run(), name="tail"),
-            asyncio.create_task(self._trim_forever(), name="trim"),
-            asyncio.create_task(self.advertiser.run(), name="advertise"),
-            asyncio.create_task(expire_forever(self.hub, self.access), name="expire"),
-            asyncio.create_task(
-                ping_forever(self.hub, lambda: self.live.config.limits.ping_interval),
-                name="ping",
-            ),
+        restarts = self.metrics.activity.restarts
+        work: dict[str, Callable[[], Awaitable[None]]] = {
+            "trim": self._trim_forever,
+            "advertise": self.advertiser.run,
+            "expire": lambda: expire_forever(self.hub, self.access),
+            "ping": lambda: ping_forever(self.hub, lambda: self.live.config.limits.ping_interval),
+        }
+        # The tail and the relay handle every error themselves, and say so in their own metrics.
+        tasks = [asyncio.create_task(self.tail.run(), name="tail")] + [
+            asyncio.create_task(supervise(name, run, restarts), name=name)
+            for name, run in work.items()
         ]
         if self.relay is not None:
             tasks.append(self.relay.start())

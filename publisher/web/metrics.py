@@ -62,6 +62,9 @@ class Activity:
     items_trimmed: int = 0
     redis_errors: Counter[str] = field(default_factory=Counter)
     """Failed Redis operations of background work, by operation (trim, advertise)."""
+    restarts: Counter[str] = field(default_factory=Counter)
+    """Background tasks that ended or failed and were started again, by task
+    (`publisher.server.supervise`)."""
 
 
 _Family = GaugeMetricFamily | CounterMetricFamily | InfoMetricFamily
@@ -244,6 +247,14 @@ class _Collector(Collector):
             "changefeed_items_trimmed", "Items this publisher trimmed from the log.",
             value=self.activity.items_trimmed,
         )
+        restarts = CounterMetricFamily(
+            "changefeed_background_restarts", "Background tasks (trim, advertise, expire, ping) "
+            "that ended or failed with an error no handler expected (logged with a traceback) and "
+            "were started again after a backoff. Above 0: report it.", labels=["task"],
+        )
+        for task in ("trim", "advertise", "expire", "ping"):
+            restarts.add_metric([task], self.activity.restarts[task])
+        yield restarts
         yield GaugeMetricFamily(
             "changefeed_ready", "1 when /readyz would say ready as far as the tail and draining "
             "go (Redis's PING is /readyz's own).",
