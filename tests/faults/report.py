@@ -79,12 +79,12 @@ can still disappear, or never reach a listener, when:
    commits are then missing from the surviving master: commit.lua looks up each writer's
    witness (a change it was acknowledged, by id and a fingerprint) in the Redis that runs its
    next commit, and one it lacks starts a new epoch, whatever epoch either side had (the two
-   sides may share one) and wherever the heads are (found by the nemesis, below). Not seen: a rollback of commits
-   that no running publisher read and whose writer has gone (a new client, a `changefeed
-   publish` process, has no witness). Such a writer should ask for the replicas' confirmation
-   (`commit(..., replicas=1)`, `changefeed publish --replicas 1`): acknowledged then means on
-   the replica too, and a commit it did not confirm fails with `ReplicationTimeout` (written on
-   the master only; commit again under the same key).
+   sides may share one) and wherever the heads are (found by the nemesis, below). Not seen: a
+   rollback of commits that no running publisher read and whose writer has gone (a new client, a
+   `changefeed publish` process, has no witness). Such a writer should ask for the replicas'
+   confirmation (`commit(..., replicas=1)`, `changefeed publish --replicas 1`): acknowledged
+   then means on the replica too, and a commit it did not confirm fails with
+   `ReplicationTimeout` (written on the master only; commit again under the same key).
 3. **The log is trimmed past a position that is still needed**: a listener that was away longer
    than `maxAge` (or past `maxItems`) resumes with a cursor older than the trimmed horizon and
    gets **`resumed: false`** → **`Resync`**; a pull consumer gets **`missed: true`**

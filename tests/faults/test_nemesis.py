@@ -9,11 +9,14 @@ in progress and the first offending change are in the message), never a retry. T
 
 from __future__ import annotations
 
+import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from publisher.outbox.status import Status
+from tests.faults.nemesis.evidence import FILE, write
 from tests.faults.nemesis.report import BEGIN, END, RUNS, SOAKS, _part, kept, splice
 from tests.faults.nemesis.run import nemesis
 from tests.faults.nemesis.schedule import (
@@ -239,6 +242,26 @@ def test_the_docs_section_is_spliced_in_and_kept() -> None:
     assert kept(once) == section
 
 
+def test_the_history_is_written_in_time_order(tmp_path: Path) -> None:
+    history = History()
+    ws = history.listener("ws")
+    acked = history.acknowledged("a", 1, "e.1-0", 100.5)
+    history.unknown("b", 1, 101.0)
+    ws.change("e.1-0", "a", 100.6)
+    ws.resync("rolled back", 102.0)
+    ws.error("ws: boom")
+    fault = Injected(Fault(1, "redis_kill", "redis", 1.5, 0.5), started=101.5, ended=102.1)
+    path = write(tmp_path, history, [fault], start=100.0)
+    lines = [json.loads(line) for line in path.open()]
+    assert [(r["kind"], r["t"]) for r in lines] == [
+        ("commit", 0.5), ("delivered", pytest.approx(0.6)), ("commit", 1.0), ("fault", 1.5),
+        ("resync", 2.0), ("error", None)]
+    assert lines[0] == {"t": 0.5, "kind": "commit", "id": "a", "seq": 1,
+                        "outcome": "acknowledged", "cursor": "e.1-0", "stamp": acked.stamp,
+                        "since": None}
+    assert lines[3]["healed"] == pytest.approx(2.1) and lines[3]["fault"] == "redis_kill"
+
+
 # --- the runs -------------------------------------------------------------------------------
 
 
@@ -247,12 +270,15 @@ def test_the_docs_section_is_spliced_in_and_kept() -> None:
 async def test_a_60_second_nemesis_loses_nothing_unannounced(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    result = await nemesis(SEED, 60, Path(tmp_path_factory.mktemp("nemesis")))
+    directory = Path(tmp_path_factory.mktemp("nemesis"))
+    result = await nemesis(SEED, 60, directory)
     print(result.summary())  # with -s: the run's figures
     verdict = result.judgement.verdict
     assert verdict.committed > 200, result.summary()
     assert verdict.total.received > 1000, result.summary()
     assert len(result.done) == len(result.faults)
+    kinds = Counter(json.loads(line)["kind"] for line in (directory / FILE).open())
+    assert kinds["fault"] == len(result.done) and kinds["commit"] >= verdict.committed, kinds
     assert not result.judgement.problems(), f"{result.summary()}\n{result.judgement.trace}"
 
 

@@ -10,7 +10,9 @@
 
 The schedule is printed first: the same seed replays the same faults at the same times.
 Exit status 1 when the oracle finds a problem (the seed, the fault in progress and the first
-offending change with its trace are printed). `--keep DIR` keeps every server's files and logs
+offending change with its trace are printed). Each run writes its whole history (every commit
+attempt, fault and delivery, one JSON object per line: tests/faults/nemesis/evidence.py) to
+`history.jsonl` in its directory. `--keep DIR` keeps that and every server's files and logs
 (publisher*.log, sentinel*.log, the AOFs, each node's final INFO) as the run's evidence.
 """
 

@@ -18,6 +18,7 @@ from typing import Protocol
 from listener import Listener, ListenerConfig
 from publisher import ChangeBucket, connect, load_config
 from tests.faults.harness import FAST, RESOURCE, Recorder
+from tests.faults.nemesis.evidence import write as write_history
 from tests.faults.nemesis.readers import DurableReader, FeedReader, PullReader, SseReader
 from tests.faults.nemesis.schedule import Fault, make_schedule, render
 from tests.faults.nemesis.soak import Samples, Slope, churn, refusals, sample, slopes
@@ -263,6 +264,9 @@ async def nemesis(seed: int, duration: float, directory: Path, *,
         failures += await outbox_end(run)
         judgement = judge(seed, run.history, run.done, time.monotonic(), ready=ready,
                           behind=behind, failures=failures, rolled_back=run.outbox.rolled_back)
+        evidence = write_history(directory, run.history, run.done, start)
+        if judgement.problems():
+            judgement.trace += f"\nthe whole history: {evidence}"
         return Result(seed, duration, schedule, run.done, run.writers, judgement,
                       recoveries(run.history, run.done), time.monotonic() - began,
                       run.system.switches, slopes=measured,
