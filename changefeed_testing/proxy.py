@@ -42,10 +42,13 @@ class Mode(Enum):
 
 
 class Proxy:
-    """`async with Proxy(host, port) as proxy:` forwards `proxy.port` to `host:port`."""
+    """`async with Proxy(host, port) as proxy:` forwards `proxy.port` to `host:port`. It
+    listens on `listen` (default the loopback; a network namespace reaches it on its veth's
+    host end, `changefeed_testing.netns`)."""
 
-    def __init__(self, target_host: str, target_port: int) -> None:
+    def __init__(self, target_host: str, target_port: int, *, listen: str = "127.0.0.1") -> None:
         self.target = (target_host, target_port)
+        self.listen = listen
         self.mode = Mode.PASS
         self._rate = 0
         self.refuse_new = False
@@ -72,10 +75,10 @@ class Proxy:
     @property
     def url(self) -> str:
         """The proxy as an http:// URL (what a Listener is given)."""
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.listen}:{self.port}"
 
     async def __aenter__(self) -> Proxy:
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        self._server = await asyncio.start_server(self._accept, self.listen, 0)
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -22,7 +22,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -371,9 +371,11 @@ class PublisherProcess:
 
     _LISTENING = re.compile(r'"url": ?"(https?://[^"]+)"|url=(https?://\S+)')
 
-    def __init__(self, config: Path, *extra_args: str) -> None:
+    def __init__(self, config: Path, *extra_args: str, prefix: Sequence[str] = ()) -> None:
         self.config = config
         self.extra_args = extra_args
+        self.prefix = list(prefix)
+        """What the command runs under (`ip netns exec NAME`: in a network namespace)."""
         self.process: subprocess.Popen[bytes] | None = None
         self.url = ""
         self.lines: list[str] = []
@@ -383,7 +385,8 @@ class PublisherProcess:
         with its output when it exits or stays silent for the scaled 30 s."""
         command = [sys.executable, "-m", "changefeed_cli", "serve", "--config", str(self.config)]
         self.process = subprocess.Popen(
-            [*command, *self.extra_args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+            [*self.prefix, *command, *self.extra_args],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         )
         line = wait_for_line(
             self.process, self.lines, 30,

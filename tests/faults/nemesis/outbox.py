@@ -62,7 +62,10 @@ class OutboxSystem:
         self.logs: list[str] = []
         """The server's output of every life before the current one (a kill restarts it)."""
 
-    async def start(self, stack: contextlib.AsyncExitStack) -> None:
+    async def start(self, stack: contextlib.AsyncExitStack, listen: str = "127.0.0.1") -> None:
+        """Start PostgreSQL, create the database and install the outbox; the relays' proxy
+        listens on `listen` (all addresses, "0.0.0.0", when a relay runs in a network
+        namespace)."""
         server = self.server = PostgresServer()
         await asyncio.to_thread(server.start)
         stack.callback(server.remove)
@@ -78,7 +81,7 @@ class OutboxSystem:
             await conn.execute(WRITES)
         finally:
             await conn.close()
-        self.link = await stack.enter_async_context(Proxy("127.0.0.1", server.port))
+        self.link = await stack.enter_async_context(Proxy("127.0.0.1", server.port, listen=listen))
 
     @property
     def url(self) -> str:
@@ -86,16 +89,16 @@ class OutboxSystem:
         assert self.server is not None
         return self.server.url(DATABASE)
 
-    @property
-    def relay_url(self) -> str:
-        """The outbox's database through the proxy (the relays' way)."""
+    def relay_url(self, host: str = "127.0.0.1") -> str:
+        """The outbox's database through the proxy (the relays' way), at `host`."""
         assert self.link is not None
-        return f"postgresql://postgres@127.0.0.1:{self.link.port}/{DATABASE}"
+        return f"postgresql://postgres@{host}:{self.link.port}/{DATABASE}"
 
-    def config(self) -> dict[str, Any]:
-        """config.js's `outbox` of a relaying publisher: a quick poll and takeover, and the
-        relayed rows' cursors kept for an hour (a soak's writer learns them late)."""
-        return {"postgres": self.relay_url, "pollInterval": 0.5, "takeoverInterval": 0.5,
+    def config(self, host: str = "127.0.0.1") -> dict[str, Any]:
+        """config.js's `outbox` of a relaying publisher (that reaches the proxy at `host`): a
+        quick poll and takeover, and the relayed rows' cursors kept for an hour (a soak's
+        writer learns them late)."""
+        return {"postgres": self.relay_url(host), "pollInterval": 0.5, "takeoverInterval": 0.5,
                 "keepRelayed": 3600}
 
     def output(self) -> str:

@@ -51,11 +51,15 @@ The faults (tests/faults/nemesis/schedule.py `KINDS`): SIGKILL and SIGSTOP of a 
 the sentinels name then; a killed node comes back with its append-only file), `SENTINEL
 FAILOVER`, the master restarted empty or from an RDB snapshot taken when the fault began, the
 listeners' link to publisher 0 blackholed, dripping 2000 B/s or cut (a TCP proxy), and a
-partition between publisher 2 and Redis. The partition is a blackholing proxy that always leads
-to the current master, not a network namespace: `ip netns` with a veth pair works here (as
-root), but the sentinels hand out the master's loopback address, which inside a namespace is the
-namespace's own; every node and sentinel would have to announce veth addresses and every
-listener route into the namespace. No fault touches a clock. The outbox (docs/postgres.md) has
+partition between publisher 2 and Redis. Publisher 2 runs in a network namespace of its own
+(changefeed_testing/netns.py, where the run may make one: as root, as CI runs) and reaches Redis
+through a proxy that always leads to the current master, over a veth pair that the partition
+takes down: the kernel drops its bytes (established connections stall and time out, new ones
+time out or find no route), while its listeners, readiness checks and PostgreSQL reach it over a
+second pair. Only publisher 2: the sentinels hand out the master's loopback address, which inside
+a namespace is the namespace's own, so a publisher that follows the sentinels would need every
+node and sentinel to announce veth addresses. Without root the partition is the proxy's
+blackhole. No fault touches a clock. The outbox (docs/postgres.md) has
 five kinds of its own, none of which may destroy Redis history (so none justifies a Resync):
 SIGKILL and SIGSTOP of whichever publisher holds the relay lock when the fault begins (read from
 the outbox's status, `pg_locks`; a killed one starts again), SIGKILL of PostgreSQL's

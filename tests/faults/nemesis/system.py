@@ -5,19 +5,20 @@
   so a Redis fault always asks the sentinels which node is the master *now*.
 - Three `changefeed serve` processes on fixed ports (a killed one comes back on its URL):
   publishers 0 and 1 reach Redis through the sentinels (`redis+sentinel://`); publisher 2
-  through a TCP proxy that always leads to the current master (the `partition` fault
-  blackholes it).
+  through a TCP proxy that always leads to the current master, from a network namespace of its
+  own where this process may make one (root, `ip`): the `partition` fault takes the veth pair
+  it reaches that proxy by down (changefeed_testing/netns.py), so the kernel drops its bytes:
+  established connections stall and time out, new ones time out or find no route. Listeners,
+  readiness checks and its PostgreSQL reach it over a second pair that stays up. Elsewhere the
+  partition is the proxy's blackhole (bytes neither delivered nor refused).
 - A TCP proxy in front of publisher 0 (the `link_*` faults) that some listeners go through.
 - The PostgreSQL outbox (tests/faults/nemesis/outbox.py): a private PostgreSQL that publishers 1
   and 2 relay from, through a proxy of its own (the `relay_partition` fault blackholes it).
 
-Why a proxy, not a network namespace, for the partition: `ip netns` with a veth pair works on
-this machine (as root), but Sentinel hands out the master's loopback address, which inside a
-namespace is the namespace's own loopback; every Redis node and sentinel would have to listen
-and announce on the veth addresses, and every listener route into the namespace. The proxy
-needs none of that, keeps the run unprivileged and in one process, and its blackhole is the
-partition a TCP peer sees (bytes neither delivered nor refused; connections stall, time out
-and are opened again, into the same hole).
+Publisher 2 alone is in a namespace, and reaches Redis through the proxy rather than through
+Sentinel: Sentinel hands out the master's loopback address, which inside a namespace is the
+namespace's own loopback; every Redis node and sentinel would have to listen and announce on
+veth addresses.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import aiohttp
 import redis
 import redis.asyncio as aioredis
 
+from changefeed_testing.netns import Namespace
 from changefeed_testing.proxy import Proxy
 from tests.faults.nemesis.outbox import RELAYS, OutboxSystem
 from tests.faults.nemesis.schedule import SENTINEL_DOWN_AFTER, Fault
@@ -88,6 +90,8 @@ class System:
         self.link: Proxy | None = None
         self.redis_link: Proxy | None = None
         self.outbox = OutboxSystem()
+        self.namespace = Namespace() if Namespace.available() else None
+        """Publisher 2's network namespace (None: the partition is the proxy's blackhole)."""
         self.switches = 0
         self._watcher: asyncio.Task[None] | None = None
 
@@ -108,11 +112,17 @@ class System:
             self.stack.callback(sentinel.stop)
             self.sentinels.append(sentinel)
         await sentinel_ready(self.sentinels)
-        self.redis_link = await self.stack.enter_async_context(Proxy("127.0.0.1", a.port))
+        ns = self.namespace
+        if ns is not None:
+            await asyncio.to_thread(ns.create)
+            self.stack.callback(ns.close)
+        self.redis_link = await self.stack.enter_async_context(
+            Proxy("127.0.0.1", a.port, listen="127.0.0.1" if ns is None else ns.service_host))
         self._watcher = asyncio.create_task(self._follow_master())
-        await self.outbox.start(self.stack)
+        await self.outbox.start(self.stack, listen="127.0.0.1" if ns is None else "0.0.0.0")
         for n in range(3):
-            process = PublisherProcess(self._config(n))
+            prefix = ns.prefix if ns is not None and n == 2 else []
+            process = PublisherProcess(self._config(n), prefix=prefix)
             await asyncio.to_thread(process.start)
             self.stack.callback(process.stop)
             self.publishers.append(process)
@@ -129,7 +139,9 @@ class System:
 
     def _config(self, n: int) -> Path:
         assert self.redis_link is not None
-        url = self.sentinel_url if n < 2 else f"redis://127.0.0.1:{self.redis_link.port}/0"
+        ns = self.namespace if n == 2 else None
+        url = self.sentinel_url if n < 2 else (
+            f"redis://{self.redis_link.listen}:{self.redis_link.port}/0")
         limits: dict[str, Any] = {"pingInterval": 2}
         if n == 0:
             limits |= {"window": 200, "sendBuffer": 16384}  # slow listeners coalesce or 4008
@@ -145,9 +157,14 @@ class System:
         if self.soak and n == 1:
             extra["clientLimits"] = {"maxListeners": 12}  # the churn meets refusals here
         if n in RELAYS:
-            extra["outbox"] = self.outbox.config()
+            extra["outbox"] = self.outbox.config("127.0.0.1" if ns is None else ns.side_host)
+        host = "127.0.0.1" if ns is None else ns.inside_host
+        if ns is not None:
+            # Off the loopback a publisher refuses to serve without auth unless told to; the
+            # namespace's veth is reachable from this machine only.
+            extra["auth"] = {"mode": "none"}
         return write_config(self.directory / f"publisher{n}.js", url,
-                            server={"host": "127.0.0.1", "port": free_port()}, **extra)
+                            server={"host": host, "port": free_port()}, **extra)
 
     @staticmethod
     def port_of(publisher: PublisherProcess) -> int:
@@ -245,7 +262,11 @@ class System:
                 self.link.cut(refuse_new=True)
         elif kind == "partition":
             assert self.redis_link is not None
-            self.redis_link.blackhole()
+            if self.namespace is not None:
+                await asyncio.to_thread(self.namespace.cut)
+                done.notes.append("the kernel's: its veth pair down")
+            else:
+                self.redis_link.blackhole()
         else:
             await self._inject_redis(done)
         return done
@@ -283,7 +304,10 @@ class System:
             self.link.pass_through()
         elif kind == "partition":
             assert self.redis_link is not None
-            self.redis_link.pass_through()
+            if self.namespace is not None:
+                await asyncio.to_thread(self.namespace.mend)
+            else:
+                self.redis_link.pass_through()
         elif done.node is not None:
             await self._heal_redis(done, done.node)
         done.ended = time.monotonic()
