@@ -39,9 +39,10 @@ class BucketReads(BucketCore):
 
     async def read_partitions(
         self, after: Mapping[int, StreamId], count: int
-    ) -> tuple[dict[int, list[LogEntry]], dict[int, StreamId]]:
+    ) -> tuple[dict[int, list[LogEntry]], dict[int, StreamId], set[str | None]]:
         """Up to `count` entries of each partition in `after` after its position, oldest first,
-        and the head of each one's shard at the same instant (one snapshot per shard)."""
+        the head of each one's shard at the same instant (one snapshot per shard), and the
+        epochs the shards read had then (one, unless it changed meanwhile)."""
         by_shard: dict[int, tuple[Shard, dict[int, int]]] = {}
         for partition in after:
             shard, local = await self.locate(partition)
@@ -52,11 +53,11 @@ class BucketReads(BucketCore):
         ))
         entries: dict[int, list[LogEntry]] = {}
         heads: dict[int, StreamId] = {}
-        for (_, locals_), (read, head) in zip(by_shard.values(), reads, strict=True):
+        for (_, locals_), (read, head, _) in zip(by_shard.values(), reads, strict=True):
             for local, p in locals_.items():
                 entries[p] = read[local]
                 heads[p] = head
-        return {p: entries[p] for p in after}, heads
+        return {p: entries[p] for p in after}, heads, {epoch for _, _, epoch in reads}
 
     async def tail(self, after: StreamId, block_ms: int | None, count: int = 1000) -> LogRead:
         """The tail read of an ordered bucket (`Shard.tail`: each shard's for any bucket)."""

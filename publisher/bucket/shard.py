@@ -200,26 +200,28 @@ class Shard:
 
     async def read_partitions(
         self, after: Mapping[int, StreamId], count: int
-    ) -> tuple[dict[int, list[LogEntry]], StreamId]:
+    ) -> tuple[dict[int, list[LogEntry]], StreamId, str | None]:
         """Up to `count` entries of each of the shard's partitions in `after` after its
-        position, oldest first, and the shard's head at the same instant (one snapshot)."""
+        position, oldest first, and the shard's head and epoch at the same instant (one
+        snapshot)."""
         n = await self.partition_count()
         if n == 1 and list(after) == [0]:
             read = await self.tail(after[0], None, count)
-            return {0: read.entries}, read.head
+            return {0: read.entries}, read.head, read.epoch
         async with translate_redis_errors("read"):
             pipe = self.redis.pipeline(transaction=True)
             for partition, position in after.items():
                 pipe.xrange(self.keys.stream(partition, n), f"({position}", "+", count=count)
             pipe.get(self.keys.last)
             pipe.get(self.keys.trimmed)
-            *replies, last, trimmed = await pipe.execute()
+            pipe.get(self.keys.epoch)
+            *replies, last, trimmed, epoch = await pipe.execute()
         entries = {
             partition: [parse_entry(i, f) for i, f in rows]
             for partition, rows in zip(after, replies, strict=True)
         }
         head = StreamId.parse(last or trimmed or b"0-0")
-        return entries, head
+        return entries, head, epoch.decode() if epoch is not None else None
 
     async def tail(self, after: StreamId, block_ms: int | None, count: int = 1000) -> LogRead:
         """Up to `count` entries per partition after `after`, with the checks of `LogRead`.

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from changefeed import feed
 from changefeed.cursor import ZERO, CompositeCursor, Cursor, StreamId, is_composite
-from changefeed.errors import CursorError, ParamError
+from changefeed.errors import CursorError, CursorGone, ParamError
 from changefeed.longpoll import EventFilter, EventsReply, EventsRequest
 from changefeed.protocol import ChangeItem
 from publisher.bucket import LogEntry, Retention, Vector, merge_partitions
@@ -232,7 +232,13 @@ async def respond_feed(
         return []
     deadline = asyncio.get_running_loop().time() + request.wait
     while True:
-        read, heads = await bucket.read_partitions(positions, request.page_size)
+        read, heads, epochs = await bucket.read_partitions(positions, request.page_size)
+        if epochs != {epoch}:
+            # Redis lost history (the bucket was renewed or created again) after the cursors
+            # were resolved against the old epoch, while the request waited perhaps: what was
+            # read is of another history, and would go out under the old epoch's cursors.
+            raise CursorGone("the bucket's epoch changed (Redis lost history): start again "
+                             "from _first or _last")
         chosen = merge_partitions(list(read.values()), request.page_size)
         remaining = deadline - asyncio.get_running_loop().time()
         if chosen or remaining <= 0:

@@ -31,7 +31,7 @@ from changefeed import configjs as cj
 from changefeed.cursor import Cursor
 from changefeed.errors import ConfigError, CursorError, OptionError
 from changefeed.protocol import Resource
-from publisher.bucket import BATCH, Op
+from publisher.bucket import BATCH, REPLICAS_TIMEOUT, Op
 from publisher.bucket.embedded import EmbeddedRedis
 from publisher.bucket.sentinel import SCHEME
 from publisher.bucket.sentinel import redis_url as any_redis_url
@@ -51,7 +51,7 @@ _COMMON = ("config", "redisUrl", "bucket")
 SINK_OPTIONS = (
     *_COMMON, "resource", "idColumn", "subResources", "subResourcesColumn", "state",
     "stateColumn", "opColumn", "batchSize", "pipeline", "sortRows", "txnAppId", "txnVersion",
-    "recordRetention", "queryName", "checkpointLocation",
+    "recordRetention", "queryName", "checkpointLocation", "replicas", "replicasTimeout",
 )
 SOURCE_OPTIONS = (
     *_COMMON, "table", "resource", "startingCursor", "endingCursor", "startingTimestamp",
@@ -104,6 +104,9 @@ class SinkOptions:
     sort_rows: bool = False
     """Sort each task's changes (by id, then content) before cutting them into chunks, so a
     retry that gets the same rows in another order (after a shuffle) makes the same chunks."""
+    replicas: int = 0
+    """Each task waits until this many replicas have its changes (Redis WAIT), else fails."""
+    replicas_timeout: float = REPLICAS_TIMEOUT
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +166,18 @@ class Options:
             number = 0
         if number <= 0:
             raise OptionError(key, value, "a positive integer")
+        return number
+
+    def seconds(self, key: str, default: float) -> float:
+        value = self.get(key)
+        if value is None:
+            return default
+        try:
+            number = float(value)
+        except ValueError:
+            number = 0.0
+        if not 0 < number < float("inf"):
+            raise OptionError(key, value, "a positive number of seconds")
         return number
 
     def boolean(self, key: str, default: bool) -> bool:
@@ -234,6 +249,8 @@ def sink_options(options: Mapping[str, str], schema: StructType, streaming: bool
         txn_version=version,
         record_retention=opts.integer("recordRetention", RECORD_RETENTION),
         sort_rows=opts.boolean("sortRows", False),
+        replicas=opts.integer("replicas", 0),
+        replicas_timeout=opts.seconds("replicasTimeout", REPLICAS_TIMEOUT),
     )
 
 

@@ -36,6 +36,7 @@ import pyarrow as pa
 import structlog
 from pyspark.sql.datasource import WriterCommitMessage
 
+from changefeed.errors import ReplicationTimeout
 from publisher.bucket import (
     ChangeBucket,
     Committed,
@@ -153,6 +154,8 @@ async def _write_task(
         keyed = keyed_chunks(chunks(changes, options.batch_size), writer, batch_id, task)
         async for committed in bucket.commit_stream(keyed, options.pipeline, stats):
             done = _tally(done, committed)
+        if options.replicas:
+            await _replicated(bucket, options, done)
     except BaseException as exc:
         log.error(
             "spark write task failed", task=task, batch=batch_id, written=str(done.written),
@@ -162,6 +165,20 @@ async def _write_task(
     finally:
         await bucket.aclose()
     return replace(done, redis_seconds=round(stats.redis_seconds, 3))
+
+
+async def _replicated(bucket: ChangeBucket, options: SinkOptions, done: TaskWritten) -> None:
+    """Wait until `options.replicas` replicas have every change of the task (those it replayed
+    too: a try before may have been written on the master only); raise ReplicationTimeout, and
+    so fail the task (Spark tries it again: its chunks are committed under the same keys), when
+    fewer confirm them within `options.replicas_timeout` seconds."""
+    acknowledged = await bucket.wait_for_replicas(options.replicas, options.replicas_timeout)
+    if acknowledged < options.replicas:
+        raise ReplicationTimeout(
+            f"spark write: written on the master, but only {acknowledged} of "
+            f"{options.replicas} replica(s) confirmed it within {options.replicas_timeout} s",
+            [], options.replicas, acknowledged,
+        )
 
 
 def _tally(done: TaskWritten, committed: Committed) -> TaskWritten:

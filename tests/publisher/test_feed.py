@@ -240,6 +240,23 @@ async def test_trimmed_cursor_is_gone(client: Client) -> None:
     assert status == 410 and "older than the retained log" in message
 
 
+async def test_an_epoch_that_changes_while_a_read_waits_is_gone(client: Client) -> None:
+    """The cursors are resolved against the bucket's epoch, then the read waits; meanwhile Redis
+    loses history and the bucket gets a new epoch (a rollback a publisher saw), and a commit
+    wakes the read. What it reads is of the new history: it must not go out under the old
+    epoch's cursors (the reader would take it for a continuation, and never learn of the loss);
+    the feed answers 410, as for a cursor of another epoch."""
+    old = await client.publish("e-1")
+    _, checkpoints = await client.read(**{f"cursor{p}": "_last" for p in range(N)})
+    params = {"n": N, **{f"cursor{p}": c for p, c in checkpoints.items()}, "wait": scaled(30)}
+    waiting = asyncio.create_task(client.error(params))
+    await eventually(lambda: client.service.hub.waiting == 1, "the read waits on the hub")
+    assert await client.service.bucket.renew_epoch(Cursor.decode(old[0]).epoch)
+    await client.publish("e-2")
+    status, message = await asyncio.wait_for(waiting, scaled(10))
+    assert status == 410 and "epoch changed" in message
+
+
 @pytest.mark.parametrize(
     ("params", "message"),
     [

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import cast
 
 import orjson
@@ -156,6 +157,11 @@ def test_a_retried_task_publishes_each_row_once(
          "option 'batchSize': got '0', expected a positive integer"),
         ({"resource": "vm", "idColumn": "ram", "subResources": "nic", "state": "all"},
          "option 'state': got 'all'"),
+        ({"resource": "vm", "idColumn": "uuid", "subResources": "nic", "replicas": "none"},
+         "option 'replicas': got 'none', expected a positive integer"),
+        ({"resource": "vm", "idColumn": "uuid", "subResources": "nic", "replicas": "1",
+          "replicasTimeout": "-1"},
+         "option 'replicasTimeout': got '-1', expected a positive number of seconds"),
     ],
 )
 def test_bad_options_fail_before_writing(
@@ -364,3 +370,33 @@ def test_with_sort_rows_a_retry_that_gets_its_rows_in_any_order_publishes_nothin
     retry = write_task(batches(shuffled), options, "job:s", 0, 1)
     assert (retry.written, retry.skipped, retry.chunks_skipped) == (first.written, 45, 5)
     assert len(log_of(redis_server.url)) == 45
+
+
+def test_with_replicas_a_task_waits_for_them_and_fails_without_them(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """`replicas`: each task returns once that many replicas have its changes (Redis WAIT), so a
+    failover cannot lose what the job was told is written; a replica that does not confirm in
+    `replicasTimeout` fails the task (and, tried again, the job), saying the changes are on the
+    master only."""
+    master = RedisServer(tmp_path / "master", tcp=True).start()
+    replica = RedisServer(tmp_path / "replica", tcp=True, replica_of=master).start()
+    try:
+        options = {"redisUrl": master.url, "bucket": "test"}
+        write(vms(spark, 20).coalesce(1), options, resource="vm", idColumn="uuid",
+              subResources="nic", replicas="1")
+        assert len(log_of(replica.url)) == 20, "the replica had them when the job returned"
+
+        replica.pause()
+        try:
+            with pytest.raises(PySparkException, match="ReplicationTimeout") as failure:
+                write(vms(spark, 25).coalesce(1), options, resource="vm", idColumn="uuid",
+                      subResources="alias", replicas="1", replicasTimeout="0.3")
+        finally:
+            replica.resume()
+        assert "written on the master, but only 0 of 1 replica(s) confirmed it" in str(
+            failure.value)
+        assert len(log_of(master.url)) == 45, "on the master: the error says so"
+    finally:
+        replica.stop()
+        master.stop()

@@ -7,6 +7,7 @@
     python -m tests.faults.nemesis --seed 1 --seed 2 --duration 300 --docs
                                                  # the runs docs/reliability.md shows
     python -m tests.faults.nemesis --seed 12 --duration 1800 --soak --docs   # and its soak
+    python -m tests.faults.nemesis --seed 7 --duration 120 --spark  # with a Spark writer too
 
 The schedule is printed first: the same seed replays the same faults at the same times.
 Exit status 1 when the oracle finds a problem (the seed, the fault in progress and the first
@@ -35,7 +36,7 @@ from tests.faults.nemesis.schedule import make_schedule
 
 
 async def runs(seeds: list[int], duration: float, soak: bool, directory: Path, *,
-               calm: bool = False) -> list[Result]:
+               calm: bool = False, spark: bool = False) -> list[Result]:
     results = []
     for seed in seeds:
         # A soak runs without faults for its first half, then with the seed's faults.
@@ -43,7 +44,7 @@ async def runs(seeds: list[int], duration: float, soak: bool, directory: Path, *
         if calm:
             faults = []
         result = await nemesis(seed, duration, directory / f"seed{seed}", faults=faults,
-                               soak=soak)
+                               soak=soak, spark=spark)
         print(result.summary(), flush=True)
         for slope in result.slopes:
             print(f"  {slope.describe()}")
@@ -64,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--docs", action="store_true",
                         help="rewrite the nemesis section of docs/reliability.md: the part "
                         "of this run's kind (runs, or soaks with --soak); the other is kept")
+    parser.add_argument("--spark", action="store_true",
+                        help="a Spark writer too (a job per change, replicas=1; costs a core)")
     parser.add_argument("--keep", type=Path, default=None,
                         help="keep the servers' files and logs in this directory")
     args = parser.parse_args(argv)
@@ -72,11 +75,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.keep is not None:
         args.keep.mkdir(parents=True, exist_ok=True)
         results = asyncio.run(runs(seeds, args.duration, args.soak, args.keep,
-                                   calm=args.calm))
+                                   calm=args.calm, spark=args.spark))
     else:
         with tempfile.TemporaryDirectory(prefix="nemesis-") as directory:
             results = asyncio.run(runs(seeds, args.duration, args.soak, Path(directory),
-                                       calm=args.calm))
+                                       calm=args.calm, spark=args.spark))
     if args.docs:
         path = ROOT / "docs" / "reliability.md"
         command = "python -m tests.faults.nemesis " + " ".join(sys.argv[1:])

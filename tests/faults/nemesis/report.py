@@ -89,6 +89,13 @@ query is configured (the resource is shared with the writers that commit to the 
 a re-seed from the outbox writer's table would delete their ids); the re-seed has its own
 scenario in the fault matrix.
 
+With `--spark` (opt-in: a Spark driver costs a core at its start and a moment per job, which
+the suite's 60-second run cannot spare on two cores), a Spark writer runs beside them
+(tests/faults/nemesis/spark_writer.py): a batch job per change every 2 s, one row through
+`format("changefeed")` with `txnAppId` and `txnVersion` (a failed job runs again under the same
+version, which publishes nothing twice) and `replicas=1`, as a Spark task is a one-shot client
+without a witness; its cursor comes from the txn record.
+
 Bugs the nemesis found, each fixed at its cause with a regression test of its own:
 
 - **A split brain's acknowledged commits were lost silently** (seed 1, 30 s: a forced failover,

@@ -13,7 +13,7 @@ from collections import defaultdict
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from listener import Listener, ListenerConfig
 from publisher import ChangeBucket, connect, load_config
@@ -22,6 +22,8 @@ from tests.faults.nemesis.evidence import write as write_history
 from tests.faults.nemesis.readers import DurableReader, FeedReader, PullReader, SseReader
 from tests.faults.nemesis.schedule import Fault, make_schedule, render
 from tests.faults.nemesis.soak import Samples, Slope, churn, refusals, sample, slopes
+from tests.faults.nemesis.spark_writer import SparkWriter
+from tests.faults.nemesis.spark_writer import session as spark_session
 from tests.faults.nemesis.system import Injected, System
 from tests.faults.nemesis.verdict import (
     READY_WITHIN,
@@ -182,6 +184,9 @@ class Run:
     done: list[Injected] = field(default_factory=list)
     bucket: ChangeBucket | None = None
     never_relayed: list[Committed] = field(default_factory=list)
+    spark: bool = False
+    """A Spark writer too (tests/faults/nemesis/spark_writer.py): opt-in, it costs a core."""
+    session: Any = None
 
     async def start(self) -> None:
         await self.system.start()
@@ -200,6 +205,10 @@ class Run:
             OutboxWriter(self.system.outbox.url, "outbox", self.history, pace=0.2,
                          seed=self.seed),
         ]
+        if self.spark:
+            self.session = await asyncio.to_thread(spark_session)
+            self.writers.append(SparkWriter(self.session, self.system.sentinel_url, self.bucket,
+                                            "spark", self.history, pace=2.0, seed=self.seed))
 
     @property
     def outbox(self) -> OutboxWriter:
@@ -228,17 +237,21 @@ class Run:
                 await writer.aclose()
         for follower in self.followers.values():
             await follower.aclose()
+        if self.session is not None:
+            await asyncio.to_thread(self.session.stop)
         await self.system.aclose()
 
 
 async def nemesis(seed: int, duration: float, directory: Path, *,
-                  faults: Sequence[Fault] | None = None, soak: bool = False) -> Result:
+                  faults: Sequence[Fault] | None = None, soak: bool = False,
+                  spark: bool = False) -> Result:
     """Run the schedule of `seed` (or `faults`) for `duration` seconds, then judge the history.
-    `soak`: with churn and resource sampling beside it (tests/faults/nemesis/soak.py)."""
+    `soak`: with churn and resource sampling beside it (tests/faults/nemesis/soak.py); `spark`:
+    with a Spark writer too."""
     schedule = list(faults) if faults is not None else make_schedule(seed, duration)
     print(render(seed, duration, schedule), flush=True)
     began = time.monotonic()
-    run = Run(seed, System(directory, soak=soak))
+    run = Run(seed, System(directory, soak=soak), spark=spark)
     samples = Samples()
     try:
         await run.start()
