@@ -46,7 +46,7 @@ def session() -> Any:
              .config("spark.default.parallelism", "1")
              .config("spark.driver.extraJavaOptions", "-Dlog4j2.level=error")
              .getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
+    spark.sparkContext.setLogLevel("OFF")  # a failed job's task errors are expected here
     return spark
 
 
