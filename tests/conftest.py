@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import itertools
+import sys
+import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
@@ -13,6 +17,35 @@ import pytest
 from publisher.config.settings import Config, load_config
 from publisher.server.service import Service
 from tests.servers import RedisCluster, RedisServer, write_config
+
+DUMP_BEFORE_TIMEOUT = 10.0
+"""Seconds before a test's timeout at which its asyncio tasks' stacks are printed."""
+
+
+@pytest.fixture(autouse=True)
+def _tasks_dumped_before_timeout(request: pytest.FixtureRequest) -> Iterator[None]:
+    """pytest-timeout prints the threads' stacks, which for an asyncio test is only the event
+    loop's select: the stacks of the tasks still running, printed 10 s before the timeout, show
+    what a hung test waits for (captured, and so shown with its failure)."""
+    marker = request.node.get_closest_marker("timeout")
+    seconds = float(marker.args[0] if marker and marker.args
+                    else request.config.getini("timeout") or 0)
+    if seconds <= 2 * DUMP_BEFORE_TIMEOUT:
+        yield
+        return
+    timer = threading.Timer(seconds - DUMP_BEFORE_TIMEOUT, _dump_tasks)
+    timer.daemon = True
+    timer.start()
+    yield
+    timer.cancel()
+
+
+def _dump_tasks() -> None:
+    tasks = [o for o in gc.get_objects() if isinstance(o, asyncio.Task) and not o.done()]
+    print(f"--- {len(tasks)} asyncio tasks running {DUMP_BEFORE_TIMEOUT:.0f} s before the "
+          "test's timeout ---", file=sys.stdout, flush=True)
+    for task in tasks:
+        task.print_stack(file=sys.stdout)
 
 
 @pytest.fixture
