@@ -91,6 +91,11 @@ class Authenticator:
         self._jwt = jwt
         self._certificates: tuple[CertificateEntry, ...] = auth.certificates if auth else ()
 
+    def close(self) -> None:
+        """Stop what reads keys in the background (the JWKS refresher)."""
+        if self._jwt is not None:
+            self._jwt.close()
+
     @classmethod
     def build(cls, auth: Auth | None, environ: Mapping[str, str] | None = None) -> Authenticator:
         """Read every token source (ConfigError naming the key if one cannot be read)."""

@@ -57,6 +57,9 @@ class JwtVerifier:
         self._lock = threading.Lock()
         self._refreshed = time.monotonic()
         self._wake = threading.Event()
+        self.closed = False
+        """Set by `close`: the refresher thread ends at once."""
+        self.refresher: threading.Thread | None = None
 
     @classmethod
     def build(cls, config: JwtConfig, environ: Mapping[str, str] | None = None) -> JwtVerifier:
@@ -115,6 +118,12 @@ class JwtVerifier:
             raise jwt.InvalidKeyError("no key of the JWKS fits the token's alg (give a kid)")
         return found.key
 
+    def close(self) -> None:
+        """Stop refreshing (the service stopped, or a reload replaced this verifier): the
+        refresher thread ends now, not when the verifier is garbage-collected."""
+        self.closed = True
+        self._wake.set()
+
     def refresh(self) -> None:
         """Read the JWKS again; on failure keep the keys it had (and log why)."""
         self._refreshed = time.monotonic()
@@ -145,7 +154,7 @@ def _pick(keys: jwt.PyJWKSet | None, kid: Any, alg: Any) -> jwt.PyJWK | None:
 
 def _start_refresher(verifier: JwtVerifier, first: bool) -> None:
     """A daemon thread that reads the JWKS every `refresh` seconds (and at once when `first`)
-    while `verifier` lives (a reload builds a new verifier; the old one's thread ends with it)."""
+    until `verifier` is closed or gone (a reload builds a new verifier and closes the old one)."""
     ref = weakref.ref(verifier)
     wake, interval = verifier._wake, verifier.config.refresh
     if first:
@@ -156,12 +165,13 @@ def _start_refresher(verifier: JwtVerifier, first: bool) -> None:
             wake.wait(interval)
             wake.clear()
             current = ref()
-            if current is None:
+            if current is None or current.closed:
                 return
             current.refresh()
             del current
 
-    threading.Thread(target=run, name="jwks-refresh", daemon=True).start()
+    verifier.refresher = threading.Thread(target=run, name="jwks-refresh", daemon=True)
+    verifier.refresher.start()
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):

@@ -323,6 +323,7 @@ class Service:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        self.access.close()
 
     def _fit_connections_to_files(self) -> None:
         """Keep the connection cap below the open-file limit, so accept() never fails."""

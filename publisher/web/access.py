@@ -171,7 +171,13 @@ class Access:
             self._requests, self._registrations = self._buckets(security.client_limits)
             self._limits = security.client_limits
         self.security = security
-        self.authenticator = authenticator
+        old, self.authenticator = self.authenticator, authenticator
+        if old is not authenticator:
+            old.close()
+
+    def close(self) -> None:
+        """The service stops: stop what the authenticator runs in the background."""
+        self.authenticator.close()
 
     def counts(self) -> dict[str, int]:
         """Refusals since start by code: what /changefeeds/stats shows as `refused`."""

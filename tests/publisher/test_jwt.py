@@ -307,6 +307,25 @@ async def test_a_jwks_url_is_read_again_and_picks_up_a_new_key(
             assert "cursor" in reply
 
 
+async def test_a_stopped_publisher_stops_refreshing_its_jwks(
+    tmp_path: Path, redis_server: RedisServer, make_config: Callable[..., Config],
+    start_publisher: PublisherFactory,
+) -> None:
+    """The JWKS refresher is a thread: a stopped publisher (or a reload's replaced verifier)
+    ends it at once, rather than when the verifier happens to be garbage-collected (it went on
+    reading a JWKS URL long gone, and logging that it could not)."""
+    private = ed25519.Ed25519PrivateKey.generate()
+    jwks = tmp_path / "jwks.json"
+    jwks.write_text(json.dumps({"keys": [jwk(private, "k1", "EdDSA")]}))
+    config = make_config(redis_server.url, **jwt_config(jwksFile=str(jwks), refresh=60))
+    async with start_publisher(config) as service:
+        verifier = service.access.authenticator._jwt
+        assert verifier is not None and verifier.refresher is not None
+        assert verifier.refresher.is_alive()
+    verifier.refresher.join(scaled(5))
+    assert not verifier.refresher.is_alive()
+
+
 async def test_a_jwks_url_gone_after_start_keeps_the_keys_read_before(
     redis_server: RedisServer, make_config: Callable[..., Config],
     start_publisher: PublisherFactory,
