@@ -6,7 +6,10 @@ publisher read them: the bucket gets a new epoch and every listener bootstraps."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import redis
@@ -176,6 +179,37 @@ def _split(winner: RedisServer, other_side: RedisServer) -> None:
     other_side.start()
 
 
+@dataclass
+class SplitBrain:
+    """The two sides of a split brain, sharing one history and epoch (`shared`), and a writer
+    that reaches them through `proxy` (leading to the winner at first)."""
+
+    winner: RedisServer
+    other_side: RedisServer
+    proxy: Proxy
+    writer: ChangeBucket
+    shared: str
+
+
+@contextlib.asynccontextmanager
+async def split_brain(tmp_path: Path) -> AsyncIterator[SplitBrain]:
+    """The writer commits once on the winner, then the other side starts from its snapshot."""
+    winner = RedisServer(tmp_path / "winner", tcp=True, persist=False).start()
+    other_side = RedisServer(tmp_path / "other", tcp=True, persist=False)
+    try:
+        async with Proxy("127.0.0.1", winner.port) as proxy:
+            writer = ChangeBucket(connect(f"redis://127.0.0.1:{proxy.port}/0"), "test")
+            try:
+                shared = Cursor.decode(await writer.commit("vm", "a", ["nic"], {"n": 1})).epoch
+                await asyncio.to_thread(_split, winner, other_side)
+                yield SplitBrain(winner, other_side, proxy, writer, shared)
+            finally:
+                await writer.aclose()
+    finally:
+        other_side.stop()
+        winner.stop()
+
+
 async def test_a_witness_the_winner_lacks_starts_a_new_epoch_whatever_its_epoch_and_head(
     tmp_path: Path,
 ) -> None:
@@ -183,36 +217,27 @@ async def test_a_witness_the_winner_lacks_starts_a_new_epoch_whatever_its_epoch_
     epoch and, by position, behind the winner's head (others committed there since), so neither
     the epoch nor the head tells the loss (the nemesis, seed 5079, after the fix above: 2 changes
     lost). The winner lacks the change itself: the bucket must get a new epoch."""
-    winner = RedisServer(tmp_path / "winner", tcp=True, persist=False).start()
-    other_side = RedisServer(tmp_path / "other", tcp=True, persist=False)
-    try:
-        async with Proxy("127.0.0.1", winner.port) as proxy:
-            writer = ChangeBucket(connect(f"redis://127.0.0.1:{proxy.port}/0"), "test")
-            shared = Cursor.decode(await writer.commit("vm", "a", ["nic"], {"n": 1})).epoch
-            await asyncio.to_thread(_split, winner, other_side)
-            proxy.retarget("127.0.0.1", other_side.port)
-            lost = Cursor.decode(await _retried(writer, "b"))
-            assert lost.epoch == shared
+    async with split_brain(tmp_path) as brain:
+        writer, shared = brain.writer, brain.shared
+        brain.proxy.retarget("127.0.0.1", brain.other_side.port)
+        lost = Cursor.decode(await _retried(writer, "b"))
+        assert lost.epoch == shared
 
-            survivor = ChangeBucket(connect(winner.url), "test")
-            await asyncio.sleep(0.01)
-            ahead = Cursor.decode(await survivor.commit("vm", "c", ["nic"], {"n": 1}))
-            assert ahead.epoch == shared and lost.position < ahead.position
+        survivor = ChangeBucket(connect(brain.winner.url), "test")
+        await asyncio.sleep(0.01)
+        ahead = Cursor.decode(await survivor.commit("vm", "c", ["nic"], {"n": 1}))
+        assert ahead.epoch == shared and lost.position < ahead.position
 
-            proxy.retarget("127.0.0.1", winner.port)
-            other_side.kill()
-            with capture_logs() as logs:
-                after = Cursor.decode(await _retried(writer, "d"))
-            assert after.epoch != shared, "the loss is announced"
-            assert (await survivor.retention()).epoch == after.epoch
-            assert [e["log_level"] for e in logs if "rolled back" in e["event"]] == ["error"]
-            # The survivor's witness is in the winner's history: no third epoch.
-            assert Cursor.decode(await survivor.commit("vm", "e", ["nic"], {})).epoch == after.epoch
-            for bucket in (writer, survivor):
-                await bucket.aclose()
-    finally:
-        other_side.stop()
-        winner.stop()
+        brain.proxy.retarget("127.0.0.1", brain.winner.port)
+        brain.other_side.kill()
+        with capture_logs() as logs:
+            after = Cursor.decode(await _retried(writer, "d"))
+        assert after.epoch != shared, "the loss is announced"
+        assert (await survivor.retention()).epoch == after.epoch
+        assert [e["log_level"] for e in logs if "rolled back" in e["event"]] == ["error"]
+        # The survivor's witness is in the winner's history: no third epoch.
+        assert Cursor.decode(await survivor.commit("vm", "e", ["nic"], {})).epoch == after.epoch
+        await survivor.aclose()
 
 
 async def test_a_client_acknowledged_by_both_sides_at_once_keeps_a_witness_of_each(
@@ -223,34 +248,25 @@ async def test_a_client_acknowledged_by_both_sides_at_once_keeps_a_witness_of_ea
     acknowledged, and the newest by position is the winner's. A client that kept one witness
     (the newest) would never show the winner the other side's commit; with one per connection,
     its next commit does."""
-    winner = RedisServer(tmp_path / "winner", tcp=True, persist=False).start()
-    other_side = RedisServer(tmp_path / "other", tcp=True, persist=False)
-    try:
-        async with Proxy("127.0.0.1", winner.port) as proxy:
-            writer = ChangeBucket(connect(f"redis://127.0.0.1:{proxy.port}/0"), "test")
-            shared = Cursor.decode(await writer.commit("vm", "a", ["nic"], {"n": 1})).epoch
-            await asyncio.to_thread(_split, winner, other_side)
-            # The kept connection still reaches the winner; a new one reaches the other side.
-            proxy.retarget("127.0.0.1", other_side.port, keep_open=True)
-            winner.pause()
-            kept = asyncio.ensure_future(writer.commit("vm", "x", ["nic"], {"n": 1}))
-            await asyncio.sleep(0.05)  # x waits on the kept connection: y takes a new one
-            lost = Cursor.decode(await writer.commit("vm", "y", ["nic"], {"n": 1}))
-            await asyncio.sleep(0.01)
-            winner.resume()
-            newest = Cursor.decode(await kept)
-            assert lost.epoch == newest.epoch == shared and lost.position < newest.position
+    async with split_brain(tmp_path) as brain:
+        writer, winner = brain.writer, brain.winner
+        # The kept connection still reaches the winner; a new one reaches the other side.
+        brain.proxy.retarget("127.0.0.1", brain.other_side.port, keep_open=True)
+        winner.pause()
+        kept = asyncio.ensure_future(writer.commit("vm", "x", ["nic"], {"n": 1}))
+        await asyncio.sleep(0.05)  # x waits on the kept connection: y takes a new one
+        lost = Cursor.decode(await writer.commit("vm", "y", ["nic"], {"n": 1}))
+        await asyncio.sleep(0.01)
+        winner.resume()
+        newest = Cursor.decode(await kept)
+        assert lost.epoch == newest.epoch == brain.shared and lost.position < newest.position
 
-            proxy.retarget("127.0.0.1", winner.port)
-            other_side.kill()
-            with capture_logs() as logs:
-                after = Cursor.decode(await _retried(writer, "z"))
-            assert after.epoch != shared, "the other side's commit is missed and announced"
-            assert [e["log_level"] for e in logs if "rolled back" in e["event"]] == ["error"]
-            await writer.aclose()
-    finally:
-        other_side.stop()
-        winner.stop()
+        brain.proxy.retarget("127.0.0.1", winner.port)
+        brain.other_side.kill()
+        with capture_logs() as logs:
+            after = Cursor.decode(await _retried(writer, "z"))
+        assert after.epoch != brain.shared, "the other side's commit is missed and announced"
+        assert [e["log_level"] for e in logs if "rolled back" in e["event"]] == ["error"]
 
 
 async def test_a_witness_of_a_history_lost_before_this_one_began_starts_no_new_epoch(

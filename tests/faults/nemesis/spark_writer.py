@@ -97,13 +97,9 @@ class SparkWriter(Writer):
             try:
                 await asyncio.to_thread(self._write, id, seq)
             except Exception:  # a failed job (Py4J's error): its task may have committed
-                self.failures += 1
-                self.history.unknown(id, seq, time.monotonic())
-                if time.monotonic() > deadline:
-                    self.history.failed(id, seq, time.monotonic())
-                    return
-                await asyncio.sleep(RETRY_PAUSE)
-                continue
+                if await self._try_again(id, seq, deadline, unknown=True):
+                    continue
+                return
             cursor = await self._cursor(id, seq)
             if cursor is None:
                 self.history.unknown(id, seq, time.monotonic())

@@ -78,6 +78,18 @@ class Writer:
             await self.once()
             await asyncio.sleep(self.pace)
 
+    async def _try_again(self, id: str, seq: int, deadline: float, *, unknown: bool) -> bool:
+        """A try of change (`id`, `seq`) failed: recorded of unknown outcome when it may be in;
+        whether to try again after a pause (False: past `deadline`, recorded failed)."""
+        self.failures += 1
+        if unknown:
+            self.history.unknown(id, seq, time.monotonic())
+        if time.monotonic() > deadline:
+            self.history.failed(id, seq, time.monotonic())
+            return False
+        await asyncio.sleep(RETRY_PAUSE)
+        return True
+
     def _acked(self, id: str, seq: int, cursor: str, since: int) -> None:
         """`since`: the stamp taken before the commit's first try (History.acknowledged)."""
         self.last = self.history.acknowledged(id, seq, cursor, time.monotonic(), since=since)
@@ -101,14 +113,9 @@ class ApiWriter(Writer):
                 cursor = await self.bucket.commit(RESOURCE, id, SUBS, {"uuid": id, "seq": seq},
                                                   key=key)
             except BucketUnavailable as error:
-                self.failures += 1
-                if outcome_unknown(error):
-                    self.history.unknown(id, seq, time.monotonic())
-                if time.monotonic() > deadline:
-                    self.history.failed(id, seq, time.monotonic())
-                    return
-                await asyncio.sleep(RETRY_PAUSE)
-                continue
+                if await self._try_again(id, seq, deadline, unknown=outcome_unknown(error)):
+                    continue
+                return
             self._acked(id, seq, cursor, since)
             return
 
@@ -163,16 +170,12 @@ class CliWriter(Writer):
             if code == 0:
                 self._acked(id, seq, out.strip().splitlines()[-1], since)
                 return
-            self.failures += 1
             # CommitOutcomeUnknown (a sent commit unanswered: "... may have been written"),
             # written on the master only (the replica did not confirm it: a failover may lose
             # it), or a publish that had to be killed: it may be in.
-            if code is None or "may have been written" in err or "written on the master" in err:
-                self.history.unknown(id, seq, time.monotonic())
-            if time.monotonic() > deadline:
-                self.history.failed(id, seq, time.monotonic())
+            maybe = code is None or "may have been written" in err or "written on the master" in err
+            if not await self._try_again(id, seq, deadline, unknown=maybe):
                 return
-            await asyncio.sleep(RETRY_PAUSE)
 
 
 @dataclass(slots=True)
