@@ -93,11 +93,9 @@ class Committer:
         self._partitions_argument = _bulk(str(partitions or "").encode())
         self._most_argument = _bulk(str(idempotency_keys).encode())
         self._packed_keys: dict[str, bytes] = {}
-        self._witness_packed = EMPTY
-        """The witnesses argument, packed when the witnesses change."""
-        self._packed_without: tuple[object, bytes] | None = None
-        """The witnesses argument without one socket's (`_witnesses_over`), packed when
-        asked for and the witnesses changed since."""
+        self._packed_witnesses: dict[object, bytes] = {}
+        """The witnesses argument as packed, by the socket whose witness it leaves out (None:
+        none left out); packed when first asked for, forgotten when the witnesses change."""
         self.commit_one: Callable[[PackedChanges, str, str], Awaitable[Committed]] = (
             self._commit_direct if direct else self._commit_routed
         )
@@ -138,7 +136,11 @@ class Committer:
     def committed(reply: bytes) -> Committed:
         """commit.lua's reply '<epoch> <ms> <first seq> <count> <fresh> <renewed> ...' as a
         value."""
-        epoch, ms, first, count, fresh, renewed = reply.split()[:6]
+        return Committer._committed(reply.split())
+
+    @staticmethod
+    def _committed(parts: list[bytes]) -> Committed:
+        epoch, ms, first, count, fresh, renewed = parts[:6]
         return Committed(
             epoch.decode(), int(ms), int(first), int(count), fresh == b"1", renewed == b"1"
         )
@@ -156,21 +158,20 @@ class Committer:
         acknowledged (one that lost it was restarted, which closed the socket, or demoted,
         which refuses the commit). Once a single connection is kept, the only witness is its
         own: a commit checks nothing, and costs Redis nothing more."""
-        witnesses = self._witnesses
-        if over not in witnesses:
-            return self._witness_packed
-        if len(witnesses) == 1:
-            return EMPTY
-        packed = self._packed_without
-        if packed is None or packed[0] is not over:
-            packed = self._packed_without = (over, _bulk(self._witness_argument(over).encode()))
-        return packed[1]
+        left_out = over if over in self._witnesses else None
+        packed = self._packed_witnesses.get(left_out)
+        if packed is None:
+            argument = self._witness_argument(left_out)
+            packed = self._packed_witnesses[left_out] = (
+                _bulk(argument.encode()) if argument else EMPTY)
+        return packed
 
     def _witnessed(
-        self, committed: Committed, reply: bytes, sent_after: int, source: object,
+        self, committed: Committed, last_change: list[bytes], sent_after: int, source: object,
         over: object = None,
     ) -> None:
-        """Take in an acknowledgement (`reply`, of a commit packed when `sent_after` others were
+        """Take in an acknowledgement (`committed`, with its last change's partition and
+        fingerprint, `last_change`; of a commit packed when `sent_after` others were
         acknowledged and without socket `over`'s witness, sent over `source`): the witnesses it
         carried are checked (`over`'s too when `source` is `over`), its last change is a witness
         for the next commits to carry."""
@@ -184,7 +185,7 @@ class Committer:
             )
         if not committed.fresh or not committed.count:
             return  # an idempotent replay checks nothing; an empty commit leaves no witness
-        _, _, _, _, _, _, partition, fingerprint = reply.split()
+        partition, fingerprint = last_change
         last = StreamId(committed.ms, committed.first + committed.count - 1)
         witnesses = {
             socket: (number, witness) for socket, (number, witness) in self._witnesses.items()
@@ -195,8 +196,7 @@ class Committer:
         while len(witnesses) > MOST_WITNESSES:
             del witnesses[min(witnesses, key=lambda socket: witnesses[socket][0])]
         self._witnesses = witnesses
-        self._witness_packed = _bulk(self._witness_argument().encode()) if witnesses else EMPTY
-        self._packed_without = None
+        self._packed_witnesses = {}
 
     def _command(
         self, packed: PackedChanges, key: str, digest: str, over: object = None
@@ -226,8 +226,9 @@ class Committer:
         self, reply: bytes, sent_after: int, source: object, over: object = None
     ) -> Committed:
         """commit.lua's reply as a value, its witnesses taken in (`_witnessed`)."""
-        committed = self.committed(reply)
-        self._witnessed(committed, reply, sent_after, source, over)
+        parts = reply.split()
+        committed = self._committed(parts)
+        self._witnessed(committed, parts[6:8], sent_after, source, over)
         return committed
 
     async def _commit_direct(self, packed: PackedChanges, key: str, digest: str) -> Committed:

@@ -3,7 +3,8 @@ tokens, pinging listeners. Each loops forever and handles Redis's failures itsel
 ends anyway (a bug of ours or a library's: an error no handler expected, or a loop that returned)
 would stop that work silently while the publisher goes on answering `/readyz`. `supervise`
 says so loudly (the traceback, at error), counts it (`changefeed_background_restarts_total`) and
-starts the work again after a backoff that grows while it keeps failing.
+starts the work again after a backoff that grows while it keeps failing (`changefeed.backoff`,
+with jitter, as the tail's and the listener's).
 
     >>> tasks = [asyncio.create_task(supervise("trim", trim_forever, restarts))]
 """
@@ -17,10 +18,12 @@ from collections.abc import Awaitable, Callable
 
 import structlog
 
+from changefeed.backoff import Backoff
+
 log = structlog.get_logger(__name__)
 
-BACKOFF = (0.1, 0.5, 1.0, 2.0, 5.0, 10.0)
-"""Seconds before each restart of a task that keeps failing."""
+BACKOFF = Backoff(initial=0.1, maximum=10.0)
+"""The delays before each restart of a task that keeps failing."""
 STEADY = 60.0
 """A task that ran this many seconds before it failed starts its backoff over."""
 
@@ -29,7 +32,7 @@ async def supervise(
     name: str, work: Callable[[], Awaitable[None]], restarts: Counter[str]
 ) -> None:
     """Run `work()` until cancelled, starting it again whenever it returns or fails."""
-    failures = 0
+    delays = BACKOFF.delays()
     while True:
         started = time.monotonic()
         try:
@@ -39,9 +42,8 @@ async def supervise(
             log.exception("background task failed; starting it again", task=name)
         restarts[name] += 1
         if time.monotonic() - started >= STEADY:
-            failures = 0
-        await asyncio.sleep(BACKOFF[min(failures, len(BACKOFF) - 1)])
-        failures += 1
+            delays = BACKOFF.delays()
+        await asyncio.sleep(next(delays))
 
 
 __all__ = ["BACKOFF", "supervise"]

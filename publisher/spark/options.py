@@ -157,27 +157,23 @@ class Options:
         return self._values.get(key.lower())
 
     def integer(self, key: str, default: int) -> int:
-        value = self.get(key)
-        if value is None:
-            return default
-        try:
-            number = int(value)
-        except ValueError:
-            number = 0
-        if number <= 0:
-            raise OptionError(key, value, "a positive integer")
-        return number
+        return int(self._positive(key, default, int, "a positive integer"))
 
     def seconds(self, key: str, default: float) -> float:
+        return self._positive(key, default, float, "a positive number of seconds")
+
+    def _positive(self, key: str, default: float, kind: type[int] | type[float],
+                  expected: str) -> float:
+        """The option `key` as a positive `kind` (`default` when absent); else OptionError."""
         value = self.get(key)
         if value is None:
             return default
         try:
-            number = float(value)
+            number: float = kind(value)
         except ValueError:
-            number = 0.0
+            number = 0
         if not 0 < number < float("inf"):
-            raise OptionError(key, value, "a positive number of seconds")
+            raise OptionError(key, value, expected)
         return number
 
     def boolean(self, key: str, default: bool) -> bool:

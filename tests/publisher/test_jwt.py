@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -307,23 +308,34 @@ async def test_a_jwks_url_is_read_again_and_picks_up_a_new_key(
             assert "cursor" in reply
 
 
-async def test_a_stopped_publisher_stops_refreshing_its_jwks(
+async def test_a_reloaded_or_stopped_publisher_stops_refreshing_its_old_jwks(
     tmp_path: Path, redis_server: RedisServer, make_config: Callable[..., Config],
     start_publisher: PublisherFactory,
 ) -> None:
-    """The JWKS refresher is a thread: a stopped publisher (or a reload's replaced verifier)
-    ends it at once, rather than when the verifier happens to be garbage-collected (it went on
+    """The JWKS refresher is a thread: a reload's replaced verifier and a stopped publisher end
+    theirs at once, rather than when the verifier happens to be garbage-collected (it went on
     reading a JWKS URL long gone, and logging that it could not)."""
     private = ed25519.Ed25519PrivateKey.generate()
     jwks = tmp_path / "jwks.json"
     jwks.write_text(json.dumps({"keys": [jwk(private, "k1", "EdDSA")]}))
     config = make_config(redis_server.url, **jwt_config(jwksFile=str(jwks), refresh=60))
-    async with start_publisher(config) as service:
+
+    def refresher(service: Service) -> threading.Thread:
         verifier = service.access.authenticator._jwt
         assert verifier is not None and verifier.refresher is not None
-        assert verifier.refresher.is_alive()
-    verifier.refresher.join(scaled(5))
-    assert not verifier.refresher.is_alive()
+        return verifier.refresher
+
+    async with start_publisher(config) as service:
+        first = refresher(service)
+        assert first.is_alive()
+        service.reload_security(config)  # SIGHUP: a new verifier
+        second = refresher(service)
+        assert second is not first and second.is_alive()
+        first.join(scaled(5))
+        assert not first.is_alive(), "the replaced verifier's thread ended"
+        await assert_registers(service, mint(private, "EdDSA", kid="k1"))
+    second.join(scaled(5))
+    assert not second.is_alive(), "the stopped publisher's thread ended"
 
 
 async def test_a_jwks_url_gone_after_start_keeps_the_keys_read_before(

@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
@@ -16,6 +15,7 @@ from publisher.bucket import ChangeBucket
 from publisher.config.settings import Config
 from publisher.server.supervise import supervise
 from tests.conftest import PublisherFactory
+from tests.failpoint import FailOnce
 from tests.publisher.test_metrics import scrape
 from tests.servers import RedisServer, eventually
 
@@ -53,20 +53,10 @@ async def test_trimming_goes_on_after_an_unexpected_error(
 ) -> None:
     """A failpoint: the publisher's next trim raises what is not a Redis error. Before, the trim
     task ended and the log was never trimmed again, silently."""
-    armed = True
-    real = ChangeBucket.trim
-
-    async def failing(self: ChangeBucket, *args: Any, **kwargs: Any) -> int:
-        nonlocal armed
-        if armed:
-            armed = False
-            raise RuntimeError("a bug of the trim")
-        return await real(self, *args, **kwargs)
-
-    monkeypatch.setattr(ChangeBucket, "trim", failing)
+    failpoint = FailOnce(monkeypatch, ChangeBucket, "trim", RuntimeError("a bug of the trim"))
     config = make_config(redis_server.url, maxAge=0.3, gcInterval=0.1)
     async with start_publisher(config) as service:
-        await eventually(lambda: not armed, "the failpoint fired")
+        await eventually(lambda: failpoint.fired, "the failpoint fired")
         await service.bucket.publish("vm", "a", ["nic"])
 
         async def trimmed() -> bool:

@@ -32,6 +32,7 @@ from publisher.config.settings import Config, load_config
 from publisher.delivery.hub import RECREATED, ROLLED_BACK, TRIMMED
 from publisher.delivery.tail import Gap, NewHistory, added_after, assess
 from tests.conftest import PublisherFactory
+from tests.failpoint import FailOnce
 from tests.listener.app import View, bucket_of, consuming, publisher_process, store_objects, vm
 from tests.servers import PublisherProcess, RedisServer, eventually, scaled, write_config
 from tests.wsclient import Feed, register, v1
@@ -427,20 +428,11 @@ async def test_an_unexpected_error_of_a_read_does_not_end_the_tail(
     says so with a traceback, counts it, backs off and reads on; before, its task ended and the
     publisher went on answering /readyz 200 while its listeners were sent nothing more."""
     async with start_publisher(make_config(redis_server.url)) as service:
-        armed = True
-        real = Shard.tail
-
-        async def failing(self: Shard, *args: Any, **kwargs: Any) -> LogRead:
-            nonlocal armed
-            if armed:
-                armed = False
-                raise RuntimeError("unable to perform operation on <TCPTransport closed=True>")
-            return await real(self, *args, **kwargs)
-
         with capture_logs() as logs:
-            monkeypatch.setattr(Shard, "tail", failing)
+            failpoint = FailOnce(monkeypatch, Shard, "tail", RuntimeError(
+                "unable to perform operation on <TCPTransport closed=True>"))
             first = await service.bucket.commit("vm", "vm-1", ["nic"], {"n": 1})
-            await eventually(lambda: not armed, "the failpoint fired")
+            await eventually(lambda: failpoint.fired, "the failpoint fired")
             second = await service.bucket.commit("vm", "vm-2", ["nic"], {"n": 2})
             position = Cursor.decode(second).position
             assert position > Cursor.decode(first).position
@@ -460,21 +452,12 @@ async def test_a_redis_that_fails_while_the_tail_takes_up_a_new_history_is_retri
     history: the tail backs off and takes it up again. Before, the failure was raised in the
     tail's handler of the new history and ended the tail task."""
     async with start_publisher(make_config(redis_server.url)) as service:
-        armed = True
-        real = ChangeBucket.ensure
-
-        async def failing(self: ChangeBucket) -> str:
-            nonlocal armed
-            if armed:
-                armed = False
-                raise BucketUnavailable("epoch: Redis unreachable (a failpoint)")
-            return await real(self)
-
         old = service.hub.epoch
-        monkeypatch.setattr(ChangeBucket, "ensure", failing)
+        failpoint = FailOnce(monkeypatch, ChangeBucket, "ensure",
+                             BucketUnavailable("epoch: Redis unreachable (a failpoint)"))
         async with aioredis.from_url(redis_server.url) as client:
             await client.flushall()  # Redis came back empty: a new history
-        await eventually(lambda: not armed, "the failpoint fired", within=10)
+        await eventually(lambda: failpoint.fired, "the failpoint fired", within=10)
         await eventually(lambda: service.hub.epoch != old and service.tail.healthy,
                          "the tail took up the new history", within=10)
         cursor = await service.bucket.commit("vm", "vm-1", ["nic"], {"n": 1})
