@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 from pathlib import Path
+from typing import cast
 
 import orjson
 import pytest
@@ -14,9 +15,11 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 
+from changefeed.cursor import Cursor
 from changefeed.errors import OptionError
 from publisher.bucket import Change, ChangeBucket, connect
 from publisher.spark import Figures, committed_batches
+from publisher.spark.progress import parse_entry
 from tests.servers import RedisServer
 from tests.spark.test_sink import log_of
 
@@ -180,3 +183,51 @@ def test_each_micro_batch_keeps_its_figures_readable_by_batch_id(
     assert sink["metrics"] == {}
     with pytest.raises(OptionError, match="option 'queryName'"):
         committed_batches("", **options)
+
+
+async def test_the_nemesis_stream_writer_publishes_once_across_a_failed_micro_batch(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """The nemesis' streaming writer (tests/faults/nemesis/spark_writer.py) on its own: a
+    micro-batch whose replica does not confirm fails, ending the query; the writer starts it
+    again from its checkpoint, the micro-batch runs again under its batch id, and its change is
+    published once and acknowledged at its cursor."""
+    from tests.faults.nemesis.spark_writer import StreamWriter
+    from tests.faults.oracle import History
+
+    master = RedisServer(tmp_path / "master", tcp=True).start()
+    replica = RedisServer(tmp_path / "replica", tcp=True, replica_of=master).start()
+    bucket = ChangeBucket(connect(master.url), "test")
+    history = History()
+    writer = StreamWriter(spark, master.url, bucket, "stream", history, tmp_path, seed=1)
+    try:
+        await writer.once()
+        assert (len(history.acked), writer.tries) == (1, 1)
+
+        replica.pause()
+        try:
+            second = asyncio.create_task(writer.once())
+            while writer.tries < 2:  # the micro-batch failed, the query was started again
+                assert not second.done(), history.attempts
+                await asyncio.sleep(0.1)
+        finally:
+            replica.resume()
+        await second
+
+        acked = history.acked
+        assert [a.seq for a in acked] == [1, 2]
+        assert [a.outcome for a in history.attempts] == [a.outcome for a in acked], "no other"
+        entries = cast(list[tuple[bytes, dict[bytes, bytes]]],
+                       redis.Redis.from_url(master.url).xrange("{test}:log"))
+        assert [f[b"i"].decode() for _, f in entries] == [a.id for a in acked], "each once"
+        assert [str(Cursor.decode(a.cursor).position) for a in acked if a.cursor] == [
+            entry.decode() for entry, _ in entries], "acknowledged at its cursor"
+        ledger = await bucket.ledgers.ledger("stream")
+        figures = parse_entry(1, ledger[1]).figures
+        assert figures is not None and (figures.changes_written, figures.chunks_skipped) == (
+            0, 1), "the run that committed found the failed run's chunk in, sent nothing"
+    finally:
+        await writer.aclose()
+        await bucket.aclose()
+        replica.stop()
+        master.stop()

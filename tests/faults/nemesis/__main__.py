@@ -7,7 +7,7 @@
     python -m tests.faults.nemesis --seed 1 --seed 2 --duration 300 --docs
                                                  # the runs docs/reliability.md shows
     python -m tests.faults.nemesis --seed 12 --duration 1800 --soak --docs   # and its soak
-    python -m tests.faults.nemesis --seed 7 --duration 120 --spark  # with a Spark writer too
+    python -m tests.faults.nemesis --seed 7 --duration 120 --spark  # with Spark writers too
 
 The schedule is printed first: the same seed replays the same faults at the same times.
 Exit status 1 when the oracle finds a problem (the seed, the fault in progress and the first
@@ -66,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="rewrite the nemesis section of docs/reliability.md: the part "
                         "of this run's kind (runs, or soaks with --soak); the other is kept")
     parser.add_argument("--spark", action="store_true",
-                        help="a Spark writer too (a job per change, replicas=1; costs a core)")
+                        help="Spark writers too (a batch job per change, and a streaming query "
+                             "of a micro-batch per change; replicas=1; costs a core)")
     parser.add_argument("--keep", type=Path, default=None,
                         help="keep the servers' files and logs in this directory")
     args = parser.parse_args(argv)

@@ -90,11 +90,19 @@ a re-seed from the outbox writer's table would delete their ids); the re-seed ha
 scenario in the fault matrix.
 
 With `--spark` (opt-in: a Spark driver costs a core at its start and a moment per job, which
-the suite's 60-second run cannot spare on two cores), a Spark writer runs beside them
-(tests/faults/nemesis/spark_writer.py): a batch job per change every 2 s, one row through
+the suite's 60-second run cannot spare on two cores), two Spark writers run beside them
+(tests/faults/nemesis/spark_writer.py), both with `replicas=1`, as a Spark task is a one-shot
+client without a witness. `spark`: a batch job per change every 2 s, one row through
 `format("changefeed")` with `txnAppId` and `txnVersion` (a failed job runs again under the same
-version, which publishes nothing twice) and `replicas=1`, as a Spark task is a one-shot client
-without a witness; its cursor comes from the txn record.
+version, which publishes nothing twice); its cursor comes from the txn record. `spark-stream`: a
+Structured Streaming query over a directory of JSON files, a file per change every 2 s and a
+micro-batch per file (`maxFilesPerTrigger=1`), written with `writeStream.format("changefeed")`.
+A micro-batch that fails ends the query, as Spark does; the writer starts it again from its
+checkpoint, which runs the micro-batch again under its batch id (the sink's chunk keys publish
+it once); the change is acknowledged when the query's ledger records its micro-batch, whose
+first cursor is the change's. Its failure path has a test of its own on the suite's
+SparkSession (tests/spark/test_stream.py,
+`test_the_nemesis_stream_writer_publishes_once_across_a_failed_micro_batch`).
 
 Bugs the nemesis found, each fixed at its cause with a regression test of its own:
 

@@ -22,7 +22,7 @@ from tests.faults.nemesis.evidence import write as write_history
 from tests.faults.nemesis.readers import DurableReader, FeedReader, PullReader, SseReader
 from tests.faults.nemesis.schedule import Fault, make_schedule, render
 from tests.faults.nemesis.soak import Samples, Slope, churn, refusals, sample, slopes
-from tests.faults.nemesis.spark_writer import SparkWriter
+from tests.faults.nemesis.spark_writer import SparkWriter, StreamWriter
 from tests.faults.nemesis.spark_writer import session as spark_session
 from tests.faults.nemesis.system import Injected, System
 from tests.faults.nemesis.verdict import (
@@ -185,7 +185,8 @@ class Run:
     bucket: ChangeBucket | None = None
     never_relayed: list[Committed] = field(default_factory=list)
     spark: bool = False
-    """A Spark writer too (tests/faults/nemesis/spark_writer.py): opt-in, it costs a core."""
+    """Spark writers too, a batch job per change and a streaming query
+    (tests/faults/nemesis/spark_writer.py): opt-in, they cost a core."""
     session: Any = None
 
     async def start(self) -> None:
@@ -207,8 +208,13 @@ class Run:
         ]
         if self.spark:
             self.session = await asyncio.to_thread(spark_session)
-            self.writers.append(SparkWriter(self.session, self.system.sentinel_url, self.bucket,
-                                            "spark", self.history, pace=2.0, seed=self.seed))
+            url = self.system.sentinel_url
+            self.writers += [
+                SparkWriter(self.session, url, self.bucket, "spark", self.history, pace=2.0,
+                            seed=self.seed),
+                StreamWriter(self.session, url, self.bucket, "spark-stream", self.history,
+                             self.system.directory, pace=2.0, seed=self.seed),
+            ]
 
     @property
     def outbox(self) -> OutboxWriter:
@@ -233,7 +239,7 @@ class Run:
         if self.bucket is not None:
             await self.bucket.aclose()
         for writer in self.writers:
-            if isinstance(writer, OutboxWriter):
+            if isinstance(writer, OutboxWriter | StreamWriter):
                 await writer.aclose()
         for follower in self.followers.values():
             await follower.aclose()
@@ -247,7 +253,7 @@ async def nemesis(seed: int, duration: float, directory: Path, *,
                   spark: bool = False) -> Result:
     """Run the schedule of `seed` (or `faults`) for `duration` seconds, then judge the history.
     `soak`: with churn and resource sampling beside it (tests/faults/nemesis/soak.py); `spark`:
-    with a Spark writer too."""
+    with Spark writers too."""
     schedule = list(faults) if faults is not None else make_schedule(seed, duration)
     print(render(seed, duration, schedule), flush=True)
     began = time.monotonic()
