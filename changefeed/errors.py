@@ -133,6 +133,14 @@ class CommitOutcomeUnknown(BucketUnavailable):
     """
 
 
+class EpochNotRead(BucketUnavailable):
+    """Redis holds another epoch than the one this publisher's tail has read: the bucket lost
+    its history and began again, and the tail has not read that yet (its reads are late, or
+    it is catching up). A registration can be served neither from the old history, which is
+    gone, nor from the new one until the tail has read it, so it is refused: try again shortly,
+    or on another publisher. Nothing was committed."""
+
+
 class BucketBusy(BucketUnavailable):
     """Every connection of the publisher's Redis pool stayed busy for `bucket.poolTimeout`: the
     publisher is overloaded. Redis itself may be fine; nothing was committed."""
@@ -460,6 +468,7 @@ __all__ = [
     "CursorError",
     "CursorGone",
     "CursorSetsFull",
+    "EpochNotRead",
     "FetchFailed",
     "HeartbeatMissed",
     "InvalidOption",

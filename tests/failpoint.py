@@ -1,8 +1,10 @@
-"""Failpoints: the next call of a real method raises an error of the test's choosing; every later
-call runs the method itself (etcd's gofail, for the async methods of this code)."""
+"""Failpoints: the next call of a real method raises an error of the test's choosing, or waits
+until the test lets it go; every later call runs the method itself (etcd's gofail, for the async
+methods of this code)."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -26,4 +28,26 @@ class FailOnce:
         monkeypatch.setattr(owner, name, failing)
 
 
-__all__ = ["FailOnce"]
+class HoldOnce:
+    """`HoldOnce(monkeypatch, Shard, "tail")`: the next call of `Shard.tail`, on any instance,
+    waits until `release()` before it runs (a read whose answer comes late: a partition);
+    `reached` is set when that call has begun."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, owner: type, name: str) -> None:
+        self.reached = asyncio.Event()
+        self._released = asyncio.Event()
+        real = getattr(owner, name)
+
+        async def holding(this: Any, *args: Any, **kwargs: Any) -> Any:
+            if not self.reached.is_set():
+                self.reached.set()
+                await self._released.wait()
+            return await real(this, *args, **kwargs)
+
+        monkeypatch.setattr(owner, name, holding)
+
+    def release(self) -> None:
+        self._released.set()
+
+
+__all__ = ["FailOnce", "HoldOnce"]

@@ -3,7 +3,8 @@ connection that is not live: one path for every bucket.
 
 A registration starts at a position in every shard (`Vector`, `start_of`): the `since` it resumes,
 else the newer, per shard, of Redis's head and what this process delivered (the listener's
-bootstrap, read after the reply, holds everything up to Redis's head). One that starts anywhere
+bootstrap, read after the reply, holds everything up to Redis's head); none while Redis holds an
+epoch this process's tail has not read yet (EpochNotRead: 1013, or 503). One that starts anywhere
 else than what the hub delivered (`Hub.vector`) is resumed in a task of its own (`resume`):
 
 - it waits until the hub has delivered past its start (a cursor from a publisher whose tail is
@@ -27,7 +28,7 @@ from typing import Protocol
 import structlog
 
 from changefeed.cursor import StreamId
-from changefeed.errors import BucketBusy, BucketUnavailable, CursorError
+from changefeed.errors import BucketBusy, BucketUnavailable, CursorError, EpochNotRead
 from changefeed.protocol import ChangeItem, CloseCode, text_frame
 from changefeed.sse import change_chunk
 from publisher.bucket import ChangeBucket, Vector, parse_vector
@@ -74,7 +75,8 @@ async def start_of(hub: Hub, since: str | None) -> tuple[Vector, bool]:
     positions is within what its shard retains (trimmed <= it <= head). A `since` that is no
     cursor is refused (CursorError); one of another kind is refused by an ordered bucket, and
     not resumed by one in a Redis Cluster (a cursor of another partition count, or a
-    single-position one, starts over).
+    single-position one, starts over). Raises EpochNotRead while Redis holds an epoch the tail
+    has not read yet: no registration is served until it has.
     """
     bucket = hub.bucket
     cursor: Vector | None = None
@@ -99,9 +101,15 @@ async def start_of(hub: Hub, since: str | None) -> tuple[Vector, bool]:
                 for r, at in zip(retentions, cursor.positions, strict=True))
     ):
         return cursor, True
-    vector = hub.vector
     if not current:
-        return vector, False
+        # Served from the tail's history, the registration would be sent that history's late
+        # entries after a bootstrap of the new one, from a head that may be behind what the
+        # listener had (the nemesis's 30-minute soak, seed 12: a listener got a change again).
+        raise EpochNotRead(
+            f"registration: Redis holds epoch {retentions[0].epoch}, this publisher's tail "
+            f"has read {hub.epoch}"
+        )
+    vector = hub.vector
     return vector.with_positions(
         [max(r.head, at) for r, at in zip(retentions, vector.positions, strict=True)]
     ), False

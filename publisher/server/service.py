@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import structlog
 from aiohttp import web
 
-from changefeed.cursor import ZERO, Cursor, StreamId
+from changefeed.cursor import ZERO
 from changefeed.errors import BucketUnavailable, ChangefeedError, ConfigError, ListenFailed
 from changefeed.protocol import CHANGEFEEDS, CloseCode
 from publisher.bucket import ChangeBucket, open_bucket
@@ -337,12 +337,6 @@ class Service:
             )
         self.admission.most = cap
         self.admission.per_client = min(self.admission.per_client, cap)
-
-    async def resume_position(self, cursor: Cursor) -> StreamId | None:
-        """Where a registration of an ordered bucket with `since=cursor` resumes, or None if it
-        cannot."""
-        start, resumed = await self.hub.start_of(cursor.encode())
-        return start.positions[0] if resumed else None
 
     async def _background(self, app: web.Application) -> AsyncIterator[None]:
         restarts = self.metrics.activity.restarts

@@ -5,6 +5,7 @@ error of a handler into a JSON body `{"code", "message"}` (for the middleware, p
 | ----------------------------- | -------------------------------------------------------- |
 | an aiohttp `HTTPException`    | its status, code = its reason without spaces              |
 | `BucketBusy`                  | 503 `Overloaded`, `Retry-After` (no Redis connection free) |
+| `EpochNotRead`                | 503 `EpochNotRead`, `Retry-After` (a new epoch not read yet) |
 | `BucketUnavailable`           | 503 `BucketUnavailable`, `Retry-After` (Redis unreachable) |
 | any other `ChangefeedError`   | 500 `InternalError` (a Redis error reply: the deployment)  |
 
@@ -21,7 +22,7 @@ import orjson
 import structlog
 from aiohttp import web
 
-from changefeed.errors import BucketBusy, BucketUnavailable, ChangefeedError
+from changefeed.errors import BucketBusy, BucketUnavailable, ChangefeedError, EpochNotRead
 from publisher.config.logs import Throttle
 
 log = structlog.get_logger(__name__)
@@ -32,6 +33,10 @@ RETRY_OVERLOADED = 1
 """Seconds a client is asked to wait (`Retry-After`) when the publisher is overloaded."""
 RETRY_UNAVAILABLE = 5
 """Seconds a client is asked to wait (`Retry-After`) while Redis cannot be reached."""
+EPOCH_NOT_READ = ("change bucket began a new epoch that this publisher has not read yet, "
+                  "try again later")
+RETRY_EPOCH_NOT_READ = 1
+"""Seconds a client is asked to wait (`Retry-After`) while the tail takes up a new epoch."""
 
 _overload_log = Throttle(10.0)
 
@@ -84,6 +89,9 @@ def error_as_json(
     if isinstance(exc, BucketBusy):
         overloaded(request.path, exc)
         return json_error(503, "Overloaded", OVERLOADED, retry_after(RETRY_OVERLOADED))
+    if isinstance(exc, EpochNotRead):
+        log.info("request refused: a new epoch not read yet", path=request.path, error=str(exc))
+        return json_error(503, "EpochNotRead", EPOCH_NOT_READ, retry_after(RETRY_EPOCH_NOT_READ))
     if isinstance(exc, BucketUnavailable):
         log.warning("request failed: bucket unavailable", path=request.path, error=str(exc))
         return json_error(503, "BucketUnavailable", UNAVAILABLE, retry_after(RETRY_UNAVAILABLE))

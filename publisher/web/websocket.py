@@ -15,7 +15,13 @@ import orjson
 import structlog
 from aiohttp import WSMessage, WSMsgType, web
 
-from changefeed.errors import BucketBusy, BucketUnavailable, CursorError, RegistrationError
+from changefeed.errors import (
+    BucketBusy,
+    BucketUnavailable,
+    CursorError,
+    EpochNotRead,
+    RegistrationError,
+)
 from changefeed.protocol import (
     HEARTBEAT,
     CloseCode,
@@ -35,7 +41,13 @@ from publisher.web.access import identity_of, selected_protocols
 from publisher.web.admission import PROTOCOL_ERROR, Guard
 from publisher.web.app_keys import ACCESS, CONFIG, HUB, LIFECYCLE, LIVE, TAIL, Lifecycle
 from publisher.web.discovery import VersionRefused, resources_body, shape_for
-from publisher.web.http import OVERLOADED, UNAVAILABLE, bad_request, json_response
+from publisher.web.http import (
+    EPOCH_NOT_READ,
+    OVERLOADED,
+    UNAVAILABLE,
+    bad_request,
+    json_response,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -288,6 +300,9 @@ async def _register(
         return None
     except BucketBusy:
         await _refuse(ws, CloseCode.OVERLOADED, OVERLOADED, remote)
+        return None
+    except EpochNotRead:
+        await _refuse(ws, CloseCode.TRY_AGAIN_LATER, EPOCH_NOT_READ, remote)
         return None
     except BucketUnavailable:
         await _refuse(ws, CloseCode.TRY_AGAIN_LATER, UNAVAILABLE, remote)

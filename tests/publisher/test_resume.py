@@ -1,17 +1,25 @@
-"""Registrations with `since`: resumed inside the retained log, not outside it or across epochs."""
+"""Registrations with `since`: resumed inside the retained log, not outside it or across epochs;
+none while Redis holds an epoch the tail has not read."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
 
+import aiohttp
+import orjson
+import pytest
+
 from changefeed.cursor import Cursor
 from publisher.bucket import Change
+from publisher.bucket.shard import Shard
 from publisher.config.settings import Config
 from publisher.server.service import Service
+from publisher.web.http import EPOCH_NOT_READ
 from tests.conftest import PublisherFactory
-from tests.servers import RedisServer, scaled
-from tests.wsclient import register, v1, v2
+from tests.failpoint import HoldOnce
+from tests.servers import RedisServer, eventually, scaled
+from tests.wsclient import refused, register, v1, v2
 
 
 async def _commit(
@@ -88,3 +96,44 @@ async def test_recreated_bucket_is_a_new_epoch(publisher: Service) -> None:
     items = await again.take(2)
     assert [i["cursor"] for i in items] == new
     assert all(Cursor.decode(c).epoch == publisher.hub.epoch for c in new)
+
+
+async def test_no_registration_while_redis_holds_an_epoch_the_tail_has_not_read(
+    redis_server: RedisServer, make_config: Callable[..., Config],
+    start_publisher: PublisherFactory, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Redis lost its history and began a new epoch, and this publisher's tail has not read it
+    yet (its read is late: a partition, in the nemesis). A registration is refused (1013; SSE:
+    503) until the tail has read it, then starts in the new epoch. Before, it was registered at
+    the tail's head in the old epoch: sent that history's late entries after a bootstrap of the
+    new one, from a head behind the cursor the listener had (the 30-minute soak, seed 12: a
+    listener got a change it already had)."""
+    async with start_publisher(make_config(redis_server.url)) as service:
+        seen = await _commit(service, 2, "a")
+        old = service.hub.epoch
+        late = HoldOnce(monkeypatch, Shard, "tail")
+        try:
+            await _commit(service, 1, "b")  # ends the tail's blocking read: the next is held
+            await asyncio.wait_for(late.reached.wait(), scaled(10))
+            await service.bucket.redis.flushall()  # Redis came back empty
+            new = await _commit(service, 1, "c")
+            epoch = Cursor.decode(new[0]).epoch
+            assert epoch != old and service.hub.epoch == old, "a new epoch the tail has not read"
+
+            for frame in (v1("vm", ["nic"], since=seen[-1]), v1("vm", ["nic"])):
+                assert await refused(service.ws_url, orjson.dumps(frame).decode()) == (
+                    1013, EPOCH_NOT_READ)
+            async with aiohttp.ClientSession() as http, http.get(
+                f"{service.url}/changefeeds/sse?resource=vm&sub=nic&service=tcns"
+            ) as response:
+                assert response.status == 503
+                assert (await response.json())["code"] == "EpochNotRead"
+                assert response.headers["Retry-After"] == "1"
+        finally:
+            late.release()
+        await eventually(lambda: service.hub.epoch == epoch, "the tail read the new epoch")
+        again = await register(service.ws_url, v1("vm", ["nic"], since=seen[-1]))
+        assert again.reply["resumed"] is False
+        assert Cursor.decode(again.reply["cursor"]).epoch == epoch
+        after = await _commit(service, 1, "d")
+        assert [i["cursor"] for i in await again.take(1)] == after
