@@ -106,8 +106,8 @@ async def start_of(hub: Hub, since: str | None) -> tuple[Vector, bool]:
         # entries after a bootstrap of the new one, from a head that may be behind what the
         # listener had (the nemesis's 30-minute soak, seed 12: a listener got a change again).
         raise EpochNotRead(
-            f"registration: Redis holds epoch {retentions[0].epoch}, this publisher's tail "
-            f"has read {hub.epoch}"
+            f"registration: Redis holds another epoch than {hub.epoch}, the one this "
+            "publisher's tail has read"
         )
     vector = hub.vector
     return vector.with_positions(
