@@ -12,7 +12,8 @@ one (then `BucketBusy`, as with a plain Redis). Every new connection asks the se
 master is, and a connection that hears READONLY (the old master came back as a replica) is
 dropped. The pool also asks every second while in use; at every look, its own or a new
 connection's, it closes every connection, in use or not, that leads to another node than the
-master the sentinels name (`SentinelPool`).
+master the sentinels name (`SentinelPool`), and a closed connection opens again only to the
+master the sentinels name then (`FollowingConnection`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from urllib.parse import parse_qsl, quote, unquote, urlencode
 import structlog
 from redis.asyncio.connection import BlockingConnectionPool, Connection
 from redis.asyncio.retry import Retry
-from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
+from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
@@ -143,6 +144,25 @@ def sentinel_section(key: str, value: Any) -> str:
     return parts.to_url()
 
 
+class FollowingConnection(SentinelManagedConnection):
+    """A connection to the master that, closed, opens again to the master the sentinels name
+    now, whatever opens it.
+
+    redis-py's `SentinelManagedConnection` asks the sentinels in `connect()` only; a command
+    sent on a closed connection (`send_packed_command`, as redis-py's retry of a command whose
+    connection failed does) opens it again to the address it had. A connection `_settle` closed
+    because it led to the old master then went straight back to it: paused past the sentinels'
+    patience, that master takes the connection in the kernel and answers it when it runs
+    again, a master of its own until a sentinel demotes it (the nemesis's 30-minute soak, seed
+    12: a publisher read the old epoch there after its tail had read the new one, and a pull
+    reader got a change twice)."""
+
+    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        if not self.is_connected:
+            await self.connect()  # type: ignore[no-untyped-call]  # the sentinels' master
+        await super().send_packed_command(command, check_health)
+
+
 class SentinelPool(SentinelConnectionPool, BlockingConnectionPool):
     """A sentinel-managed pool that blocks (BlockingConnectionPool's get_connection/release)
     while asking the sentinels for the master (SentinelConnectionPool's connections), and that
@@ -161,9 +181,10 @@ class SentinelPool(SentinelConnectionPool, BlockingConnectionPool):
 
     sentinel_manager: Sentinel
     _follower: asyncio.Task[None] | None = None
+    _closing = False
 
     async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
-        if self._follower is None or self._follower.done():
+        if not self._closing and (self._follower is None or self._follower.done()):
             self._follower = asyncio.get_running_loop().create_task(self._follow())
         try:
             return await super().get_connection(*args, **kwargs)  # type: ignore[no-untyped-call]
@@ -180,8 +201,12 @@ class SentinelPool(SentinelConnectionPool, BlockingConnectionPool):
         return address
 
     async def _follow(self) -> None:
-        """Every FOLLOW_EVERY seconds: the master the sentinels name, and `_settle`."""
-        while True:
+        """Every FOLLOW_EVERY seconds: the master the sentinels name, and `_settle`; until the
+        pool closes. The flag, not only the task's cancellation, ends it: a cancellation that
+        arrives while redis-py asks the sentinels under a timeout can come out as a timeout,
+        caught below, and the loop went on for ever while `aclose` waited for it (a hang of the
+        fault suite's Sentinel failover, twice in some hundred runs)."""
+        while not self._closing:
             await asyncio.sleep(FOLLOW_EVERY)
             try:
                 address = await self.sentinel_manager.discover_master(self.service_name)
@@ -206,10 +231,13 @@ class SentinelPool(SentinelConnectionPool, BlockingConnectionPool):
             c for c in (*self._available_connections, *self._in_use_connections)
             if isinstance(c, Connection) and c.is_connected and (c.host, c.port) != master
         ]
-        await asyncio.gather(*(c.disconnect() for c in stale), return_exceptions=True)
+        # Without waiting for the close to finish: the old master may be paused, and until the
+        # close returns the connection counts as open and can be taken for another command.
+        await asyncio.gather(*(c.disconnect(nowait=True) for c in stale), return_exceptions=True)
 
     async def aclose(self) -> None:
         """Stop following, close the connections to the master, then those to the sentinels."""
+        self._closing = True
         if self._follower is not None:
             self._follower.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -237,6 +265,7 @@ def sentinel_pool(url: str, **connection_kwargs: object) -> SentinelPool:
     return SentinelPool(  # type: ignore[no-untyped-call]
         parts.master,
         sentinel,
+        connection_class=FollowingConnection,
         db=parts.db,
         username=parts.username,
         password=parts.password,
@@ -247,6 +276,7 @@ def sentinel_pool(url: str, **connection_kwargs: object) -> SentinelPool:
 __all__ = [
     "FOLLOW_EVERY",
     "SCHEME",
+    "FollowingConnection",
     "SentinelPool",
     "SentinelUrl",
     "is_sentinel_url",

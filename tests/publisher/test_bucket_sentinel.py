@@ -139,6 +139,49 @@ async def test_a_new_connection_that_finds_a_new_master_closes_those_in_use(
         await client.aclose()
 
 
+async def test_a_read_on_a_connection_closed_for_the_old_master_goes_to_the_new_one(
+    tmp_path: Path,
+) -> None:
+    """Reads go on while the master is paused past the sentinels' patience and the replica is
+    promoted (its bucket starts a new epoch, as a writer's witness would make it); the pool
+    closes its connections to the old master, those in use too. A read in flight on one of
+    them is sent again by redis-py on the same connection object: it must open to the new
+    master, not to the address it had. Before, it went back to the old master, which took the
+    connection in the kernel and answered once resumed, a master of its own until demoted:
+    reads of the old epoch for a second or more (the nemesis's 30-minute soak, seed 12)."""
+    async with trio(tmp_path) as servers:
+        bucket = ChangeBucket(connect(servers.url), "test")
+        await bucket.commit("vm", "a", ["nic"], {"n": 1})
+        old = await bucket.current_epoch()
+        read: list[tuple[float, str | None]] = []
+
+        async def reading() -> None:
+            while True:
+                with contextlib.suppress(BucketUnavailable):
+                    read.append((time.monotonic(), (await bucket.retentions())[0].epoch))
+                await asyncio.sleep(0.02)
+
+        reader = asyncio.create_task(reading())
+        try:
+            await asyncio.sleep(0.2)
+            servers.master.pause()
+            try:
+                await servers.fail_over(everywhere=True)
+                new = await bucket.renew_epoch(old or "")
+            finally:
+                servers.master.resume()
+            resumed = time.monotonic()
+            await asyncio.sleep(scaled(2))
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+        after = [epoch for at, epoch in read if at > resumed]
+        assert after and new != old
+        assert set(after) == {new}, f"read the old master's epoch {old} after the failover"
+        await bucket.aclose()
+
+
 async def test_with_every_sentinel_down_a_commit_says_it_was_not_written(tmp_path: Path) -> None:
     """No sentinel answers: a connection kept to the master goes on (the pool's look fails and
     changes nothing); one opened now cannot learn where the master is, so the commit fails at
@@ -169,3 +212,30 @@ async def test_with_every_sentinel_down_a_commit_says_it_was_not_written(tmp_pat
         newer = await bucket.read(Cursor.decode(kept).position)
         assert len(newer) == 1, "the refused commit was not written"
         await bucket.aclose()
+
+
+async def test_closing_ends_the_pools_look_even_if_its_cancellation_comes_out_as_a_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A failpoint: the look at the sentinels turns the cancellation `aclose` sends it into a
+    timeout, as a cancellation that meets redis-py's timeout around the sentinels' answer can.
+    The look catches timeouts (a sentinel that does not answer), so it went on for ever and
+    `aclose` waited for it: the fault suite's Sentinel failover hung (twice in some hundred
+    runs). Closing must end it all the same."""
+    monkeypatch.setattr(sentinel_module, "FOLLOW_EVERY", 0.01)
+    pool = sentinel_module.sentinel_pool(f"redis+sentinel://127.0.0.1:1/{MASTER}")
+    asked = asyncio.Event()
+
+    async def discover_master(service_name: str) -> tuple[str, int]:
+        asked.set()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            raise TimeoutError("the sentinels did not answer in time") from None
+        raise AssertionError("unreachable")
+
+    monkeypatch.setattr(pool.sentinel_manager, "discover_master", discover_master)
+    pool._follower = asyncio.get_running_loop().create_task(pool._follow())
+    await asyncio.wait_for(asked.wait(), scaled(5))
+    await asyncio.wait_for(pool.aclose(), scaled(5))
+    assert pool._follower.done()

@@ -108,14 +108,6 @@ ok, nothing lost, duplicated or reordered. Their commits acknowledged and of unk
 (batch, stream): seed 5203 2/4 and 2/6, seed 1 10/4 and 11/1, seed 7 2/10 and 2/10 (a fault
 every 3 s, after which the replica often could not confirm within `replicasTimeout`, 2 s).
 
-Found and not fixed yet: in the 30-minute soak above (seed 12, at 1027.9 to 1028.5 s), the
-`events` pull reader got one change twice, across its Resyncs. Redis had been SIGSTOPped past
-the sentinels' down-after (a failover) and SIGCONTed at 1027.2; for about a second the two nodes
-answered under two epochs (`4gajfloejf`, `n37euhl3z3`) with the same entries, the reader's
-publishers each reading one. After a `410` it started again from the newest cursor a publisher
-reading the older side gave, which was behind a change it had, and was sent that change again.
-The history is kept by `--keep`; the cause is not yet pinned down.
-
 Bugs the nemesis found, each fixed at its cause with a regression test of its own:
 
 - **A split brain's acknowledged commits were lost silently** (seed 1, 30 s: a forced failover,
@@ -189,6 +181,18 @@ Bugs the nemesis found, each fixed at its cause with a regression test of its ow
   1013 `change bucket began a new epoch that this publisher has not read yet, try again later`
   (SSE: 503 `EpochNotRead`). tests/publisher/test_resume.py
   `test_no_registration_while_redis_holds_an_epoch_the_tail_has_not_read` (fails before).
+- **A connection closed for leading to the old master went back to it** (the 30-minute soak
+  above, seed 12, at 1027.9 to 1028.5 s: the `events` pull reader got one change twice across
+  its Resyncs). Redis was SIGSTOPped past the sentinels' patience and the replica promoted; the
+  pool closed its connections to the old master, those in use too. But redis-py sends a command
+  again on the same connection object, and `send_packed_command` opens a closed connection to
+  the address it had, not through the sentinels. The paused master took the connection in the
+  kernel and answered once SIGCONTed, a master of its own with the old epoch until a sentinel
+  demoted it 9.5 s later. For about a second publishers read the two epochs by turns, and the
+  reader restarted from the old side's newest cursor, behind a change it had. Now the pool's
+  connections (`FollowingConnection`) open again only to the master the sentinels name, and the
+  pool closes without waiting on a paused peer. tests/publisher/test_bucket_sentinel.py
+  `test_a_read_on_a_connection_closed_for_the_old_master_goes_to_the_new_one` (fails before).
 - **The Spark writers counted fewer tries than writes** (a bug of the nemesis, not the product;
   seed 7, 90 s, `--spark`: "received, never acknowledged"). A failover can lose a try's write and
   its chunk key, so the next try writes the change again under another cursor; Spark retried a
