@@ -10,25 +10,40 @@ from typing import Any
 import pytest
 
 
-class FailOnce:
+class _Once:
+    """Patches `owner.name`: its next call, on any instance, first runs `_first` (which may
+    raise); every call then runs the method itself. `fired` says whether the next call came."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, owner: type, name: str) -> None:
+        self.fired = False
+        real = getattr(owner, name)
+
+        async def patched(this: Any, *args: Any, **kwargs: Any) -> Any:
+            if not self.fired:
+                self.fired = True
+                await self._first()
+            return await real(this, *args, **kwargs)
+
+        monkeypatch.setattr(owner, name, patched)
+
+    async def _first(self) -> None:
+        raise NotImplementedError
+
+
+class FailOnce(_Once):
     """`FailOnce(monkeypatch, Shard, "tail", RuntimeError(...))`: the next call of `Shard.tail`,
     on any instance, raises the error; `fired` says whether it has."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, owner: type, name: str,
                  error: BaseException) -> None:
-        self.fired = False
-        real = getattr(owner, name)
+        self.error = error
+        super().__init__(monkeypatch, owner, name)
 
-        async def failing(this: Any, *args: Any, **kwargs: Any) -> Any:
-            if not self.fired:
-                self.fired = True
-                raise error
-            return await real(this, *args, **kwargs)
-
-        monkeypatch.setattr(owner, name, failing)
+    async def _first(self) -> None:
+        raise self.error
 
 
-class HoldOnce:
+class HoldOnce(_Once):
     """`HoldOnce(monkeypatch, Shard, "tail")`: the next call of `Shard.tail`, on any instance,
     waits until `release()` before it runs (a read whose answer comes late: a partition);
     `reached` is set when that call has begun."""
@@ -36,15 +51,11 @@ class HoldOnce:
     def __init__(self, monkeypatch: pytest.MonkeyPatch, owner: type, name: str) -> None:
         self.reached = asyncio.Event()
         self._released = asyncio.Event()
-        real = getattr(owner, name)
+        super().__init__(monkeypatch, owner, name)
 
-        async def holding(this: Any, *args: Any, **kwargs: Any) -> Any:
-            if not self.reached.is_set():
-                self.reached.set()
-                await self._released.wait()
-            return await real(this, *args, **kwargs)
-
-        monkeypatch.setattr(owner, name, holding)
+    async def _first(self) -> None:
+        self.reached.set()
+        await self._released.wait()
 
     def release(self) -> None:
         self._released.set()

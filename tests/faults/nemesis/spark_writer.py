@@ -154,6 +154,8 @@ class StreamWriter(Writer):
         self.staging = directory / f"{name}-staging"
         """Files are written here, then renamed into the inbox: Spark sees them whole."""
         self.checkpoint = directory / f"{name}-checkpoint"
+        for folder in (self.inbox, self.staging):
+            folder.mkdir(parents=True, exist_ok=True)
         self.dropped = 0
         """Files dropped so far: the next file is micro-batch `dropped` (one file per
         micro-batch, taken oldest first)."""
@@ -215,8 +217,6 @@ class StreamWriter(Writer):
         return committed.first
 
     async def once(self) -> None:
-        for folder in (self.inbox, self.staging):
-            folder.mkdir(parents=True, exist_ok=True)
         id, seq = self.next()
         batch = self.dropped
         since = self.history.tick()
