@@ -1,5 +1,5 @@
 """Scenarios of the PostgreSQL outbox (docs/postgres.md): the service commits to its own
-PostgreSQL (a `vms` row and an outbox row per transaction, tests/outbox/rig.py's `PgWriter`);
+PostgreSQL (a `vms` row and an outbox row per transaction, tests/publisher/outbox/rig.py's `PgWriter`);
 publisher processes relay the outbox into the bucket; listeners on them are checked by the same
 oracle. A change is acknowledged when its PostgreSQL transaction committed; its cursor is the
 one the relay recorded (changefeed.outbox_relayed), and a committed row that was never relayed
@@ -25,7 +25,7 @@ from changefeed_testing.postgres import PostgresServer
 from publisher.outbox.status import read_status
 from tests.faults.harness import Rig, Row, Size, Step
 from tests.faults.oracle import Attempt, Outcome
-from tests.outbox.rig import PgWriter, drained, fresh_database, outbox_section, until
+from tests.publisher.outbox.rig import PgWriter, drained, fresh_database, outbox_section, until
 from tests.servers import PublisherProcess, RedisServer, scaled
 
 

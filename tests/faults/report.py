@@ -122,7 +122,7 @@ listener resumes after the last change it delivered.
 
 The rows named `outbox: ...` run the PostgreSQL outbox ([postgres.md](postgres.md)): the writer
 is a service committing a `vms` row and `changefeed.put` in one PostgreSQL transaction
-(tests/outbox/rig.py), publisher processes relay the outbox, and a change is *acknowledged*
+(tests/publisher/outbox/rig.py), publisher processes relay the outbox, and a change is *acknowledged*
 when its transaction committed; its cursor is the one the relay recorded
 (`changefeed.outbox_relayed`), and a committed row never relayed counts as lost. A COMMIT cut
 off by the fault is an unknown outcome ("maybe"). "relaying publisher SIGKILL": two publishers
@@ -132,7 +132,7 @@ the service commits on while the bucket is down (the notes count its failed tran
 "Redis restarted empty": the relay re-seeds the store from the snapshot query; every listener
 gets a `Resync` (the writer pauses across the kill). "LISTEN cut": the relay's LISTEN session is
 terminated every 0.3 s: the poll relays. The relay killed between the bucket's commit and the
-rows' removal is tested in tests/outbox/test_relay.py (the bucket's key absorbs the re-sent
+rows' removal is tested in tests/publisher/outbox/test_relay.py (the bucket's key absorbs the re-sent
 batch).
 """
 

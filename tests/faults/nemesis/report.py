@@ -101,7 +101,7 @@ A micro-batch that fails ends the query, as Spark does; the writer starts it aga
 checkpoint, which runs the micro-batch again under its batch id (the sink's chunk keys publish
 it once); the change is acknowledged when the query's ledger records its micro-batch, whose
 first cursor is the change's. Its failure path has a test of its own on the suite's
-SparkSession (tests/spark/test_stream.py,
+SparkSession (tests/publisher/spark/test_stream.py,
 `test_the_nemesis_stream_writer_publishes_once_across_a_failed_micro_batch`). Runs with them at
 `bace333`, `--seed 5203 --seed 1 --duration 60 --spark` and `--seed 7 --duration 90 --spark`:
 ok, nothing lost, duplicated or reordered. Their commits acknowledged and of unknown outcome
@@ -119,7 +119,7 @@ Bugs the nemesis found, each fixed at its cause with a regression test of its ow
   witness is older than the current epoch's beginning (`{{name}}:epoch:at`: a bucket created
   again after Redis came back empty announced its loss by the epoch change already): every
   publisher closes its listeners with 4009, the loss is announced.
-  tests/publisher/test_bucket_witness.py
+  tests/publisher/bucket/test_bucket_witness.py
   `test_a_commit_with_a_witness_of_a_history_this_bucket_never_held_starts_a_new_epoch`.
 - **Kept connections stayed on a master of a split brain** (seed 12, 60 s: the feed reader,
   which moves between publisher 2, following the sentinels through its proxy, and publisher 0,
@@ -129,14 +129,14 @@ Bugs the nemesis found, each fixed at its cause with a regression test of its ow
   and closes only idle ones when the master moved. `SentinelPool` now asks every second while
   in use and closes every connection, in use too, once the sentinels name another master; the
   seed's next three runs were clean.
-  tests/publisher/test_bucket_sentinel.py
+  tests/publisher/bucket/test_bucket_sentinel.py
   `test_a_kept_connection_leaves_a_master_the_sentinels_replaced`.
 - **... and a connection in use still stayed there** (CI, seed 12, 60 s: the pull reader got
   713 items twice; one publisher answered `events` from the old master and the new one by turns
   for ten seconds, two epochs). redis-py's own look at the sentinels, made by every new
   connection, records the new master before the pool's look does, so the pool saw no change.
   Now every look, the pool's and each new connection's, closes every connection that leads to
-  another node than the master the sentinels name. tests/publisher/test_bucket_sentinel.py
+  another node than the master the sentinels name. tests/publisher/bucket/test_bucket_sentinel.py
   `test_a_new_connection_that_finds_a_new_master_closes_those_in_use`.
 - **A tail ended silently and its publisher stayed ready** (seed 5079, 60 s: a connection
   closed under its handshake by the look above raised uvloop's `RuntimeError`, which no handler
@@ -144,7 +144,7 @@ Bugs the nemesis found, each fixed at its cause with a regression test of its ow
   were sent nothing more). The tail now takes any error that is not Redis's as a fault of its
   own (logged with its traceback, counted in `changefeed_tail_unexpected_errors`, read again
   after a backoff), and the Sentinel pool reports that error as a lost connection.
-  tests/publisher/test_tail.py `test_an_unexpected_error_of_a_read_does_not_end_the_tail`.
+  tests/publisher/delivery/test_tail.py `test_an_unexpected_error_of_a_read_does_not_end_the_tail`.
 - **A durable consumer lost with Redis's state was made again without a word** (CI, seed
   5203, 60 s: Redis restored from a snapshot that did not hold the consumer; an instance's
   `ensure` created it anew from `start`, and the commit acknowledged just before the restore was
@@ -169,7 +169,7 @@ Bugs the nemesis found, each fixed at its cause with a regression test of its ow
   partition and a fingerprint of its resource id, looked up (`XRANGE id id`) in the Redis that
   runs the next commit, one per connection with acknowledgements not checked since; one the
   Redis lacks starts a new epoch, whatever the epochs and heads (`{{name}}:epochs` and
-  `{{name}}:epoch:from` are gone). tests/publisher/test_bucket_witness.py
+  `{{name}}:epoch:from` are gone). tests/publisher/bucket/test_bucket_witness.py
   `test_a_witness_the_winner_lacks_starts_a_new_epoch_whatever_its_epoch_and_head` and
   `test_a_client_acknowledged_by_both_sides_at_once_keeps_a_witness_of_each` (both fail before).
 - **A publisher whose tail had not read a new epoch registered listeners in the old one** (the
@@ -179,7 +179,7 @@ Bugs the nemesis found, each fixed at its cause with a regression test of its ow
   then was sent an old change it already had, from the tail's head behind its own cursor: a
   duplicate). A publisher now registers nobody while Redis holds an epoch its tail has not read:
   1013 `change bucket began a new epoch that this publisher has not read yet, try again later`
-  (SSE: 503 `EpochNotRead`). tests/publisher/test_resume.py
+  (SSE: 503 `EpochNotRead`). tests/publisher/delivery/test_resume.py
   `test_no_registration_while_redis_holds_an_epoch_the_tail_has_not_read` (fails before).
 - **A connection closed for leading to the old master went back to it** (the 30-minute soak
   above, seed 12, at 1027.9 to 1028.5 s: the `events` pull reader got one change twice across
@@ -191,14 +191,14 @@ Bugs the nemesis found, each fixed at its cause with a regression test of its ow
   demoted it 9.5 s later. For about a second publishers read the two epochs by turns, and the
   reader restarted from the old side's newest cursor, behind a change it had. Now the pool's
   connections (`FollowingConnection`) open again only to the master the sentinels name, and the
-  pool closes without waiting on a paused peer. tests/publisher/test_bucket_sentinel.py
+  pool closes without waiting on a paused peer. tests/publisher/bucket/test_bucket_sentinel.py
   `test_a_read_on_a_connection_closed_for_the_old_master_goes_to_the_new_one` (fails before).
 - **The Spark writers counted fewer tries than writes** (a bug of the nemesis, not the product;
   seed 7, 90 s, `--spark`: "received, never acknowledged"). A failover can lose a try's write and
   its chunk key, so the next try writes the change again under another cursor; Spark retried a
   failed task inside its job, unseen by the writer, and the streaming writer recorded a failed
   micro-batch only when it gave up. Now Spark tries a task once (`local[1]`) and each failed
-  micro-batch is a try of unknown outcome. tests/spark/test_stream.py
+  micro-batch is a try of unknown outcome. tests/publisher/spark/test_stream.py
   `test_the_nemesis_stream_writer_publishes_once_across_a_failed_micro_batch`.
 """
 
