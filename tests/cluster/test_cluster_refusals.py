@@ -1,6 +1,7 @@
 """What only a bucket in a real 3-master Redis Cluster does: the refusals of what it cannot give.
 Fan-out, resume, pages, SSE, trims and lost shards run on both layouts in
-tests/publisher/delivery/test_layouts_fanout.py, pulls in tests/publisher/pull/test_layouts_pull.py."""
+tests/publisher/delivery/test_layouts_fanout.py, pulls in
+tests/publisher/pull/test_layouts_pull.py."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """Scenarios of the PostgreSQL outbox (docs/postgres.md): the service commits to its own
-PostgreSQL (a `vms` row and an outbox row per transaction, tests/publisher/outbox/rig.py's `PgWriter`);
+PostgreSQL (a `vms` row and an outbox row per transaction,
+tests/publisher/outbox/rig.py's `PgWriter`);
 publisher processes relay the outbox into the bucket; listeners on them are checked by the same
 oracle. A change is acknowledged when its PostgreSQL transaction committed; its cursor is the
 one the relay recorded (changefeed.outbox_relayed), and a committed row that was never relayed

@@ -122,8 +122,8 @@ listener resumes after the last change it delivered.
 
 The rows named `outbox: ...` run the PostgreSQL outbox ([postgres.md](postgres.md)): the writer
 is a service committing a `vms` row and `changefeed.put` in one PostgreSQL transaction
-(tests/publisher/outbox/rig.py), publisher processes relay the outbox, and a change is *acknowledged*
-when its transaction committed; its cursor is the one the relay recorded
+(tests/publisher/outbox/rig.py), publisher processes relay the outbox, and a change is
+*acknowledged* when its transaction committed; its cursor is the one the relay recorded
 (`changefeed.outbox_relayed`), and a committed row never relayed counts as lost. A COMMIT cut
 off by the fault is an unknown outcome ("maybe"). "relaying publisher SIGKILL": two publishers
 share the outbox, the one holding the relay lock is killed (the notes give the takeover time).
@@ -132,8 +132,8 @@ the service commits on while the bucket is down (the notes count its failed tran
 "Redis restarted empty": the relay re-seeds the store from the snapshot query; every listener
 gets a `Resync` (the writer pauses across the kill). "LISTEN cut": the relay's LISTEN session is
 terminated every 0.3 s: the poll relays. The relay killed between the bucket's commit and the
-rows' removal is tested in tests/publisher/outbox/test_relay.py (the bucket's key absorbs the re-sent
-batch).
+rows' removal is tested in tests/publisher/outbox/test_relay.py (the bucket's key absorbs the
+re-sent batch).
 """
 
 

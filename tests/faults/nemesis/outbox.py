@@ -2,8 +2,8 @@
 installed and the outbox writer's table, the proxy the relays reach it through, where the relay
 is now, and the faults of PostgreSQL and of the link to it.
 
-- PostgreSQL: changefeed_testing.postgres, as tests/publisher/outbox uses it; database `nemesis`, the
-  outbox installed by `publisher.outbox.schema.install` (what `changefeed outbox install` runs).
+- PostgreSQL: changefeed_testing.postgres, as tests/publisher/outbox uses it; database `nemesis`,
+  the outbox installed by `publisher.outbox.schema.install` (what `changefeed outbox install` runs).
 - Two publishers relay (config.js `outbox`, `RELAYS`): one at a time holds the relay lock, the
   other takes over when it dies. Both reach PostgreSQL through one TCP proxy (`link`), so the
   `relay_partition` fault cuts the relays from it while the writer, which connects directly,

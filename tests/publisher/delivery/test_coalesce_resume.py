@@ -14,7 +14,14 @@ from publisher.bucket import parse_vector, partition_of
 from publisher.config.settings import Config
 from publisher.server.service import Service
 from tests.conftest import PublisherFactory
-from tests.publisher.delivery.test_coalesce_slow import BATCH, LIMITS, MAX_ITEMS, Reader, _commit, _conn
+from tests.publisher.delivery.test_coalesce_slow import (
+    BATCH,
+    LIMITS,
+    MAX_ITEMS,
+    Reader,
+    _commit,
+    _conn,
+)
 from tests.publisher.delivery.test_hub import RawListener
 from tests.wsclient import register, v1
 

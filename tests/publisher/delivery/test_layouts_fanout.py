@@ -19,9 +19,9 @@ from publisher.config.settings import Config, load_config
 from publisher.delivery.hub import TRIMMED
 from tests.conftest import PublisherFactory
 from tests.listener.app import bucket_of, publisher_process
+from tests.publisher.delivery.test_tail import _get_json, _until_closed, stopped
 from tests.publisher.layouts import PARTITIONS, by_commit_order, check_order, commit, own
 from tests.publisher.web.test_sse import stream
-from tests.publisher.delivery.test_tail import _get_json, _until_closed, stopped
 from tests.servers import write_config
 from tests.wsclient import refused, register, v1
 

@@ -1,5 +1,6 @@
 """A Spark application that publishes `rows` changes through `format("changefeed")`, run by
-tests/publisher/spark/test_cluster.py: `spark-submit ... cluster_job.py <redis url> <bucket> <rows> <tasks>`.
+tests/publisher/spark/test_cluster.py:
+`spark-submit ... cluster_job.py <redis url> <bucket> <rows> <tasks>`.
 
 Change n is of `vm` `vm-<n>`, sub-resource `nic`, its row stored as the state. The job prints
 `published <rows> on <master>` once the write has committed.

@@ -18,12 +18,12 @@ import pytest
 from changefeed.cursor import StreamId
 from changefeed_testing.running import RunningPublisher
 from listener import BootstrapDone, Change, Listener
-from tests.servers import RedisCluster, scaled
 from tests.publisher.spark.standalone import (
     StandaloneCluster,
     package_zip,
     python_without_project,
 )
+from tests.servers import RedisCluster, scaled
 
 ROWS = 100_000
 JOB = Path(__file__).with_name("cluster_job.py")

@@ -10,8 +10,8 @@ import redis
 from pyspark.sql import SparkSession
 
 from publisher.spark import CREATED, DELETED, DiffCounts, OptionError, publish_dataset_changes
-from tests.servers import RedisServer
 from tests.publisher.spark.test_sink import log_of
+from tests.servers import RedisServer
 
 SCHEMA = "key long, name string, size int, owner string"
 DATASET = {

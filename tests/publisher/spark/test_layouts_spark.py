@@ -16,8 +16,8 @@ from websockets.asyncio.client import connect
 from publisher.bucket import Change, open_bucket, parse_vector
 from publisher.config.settings import load_config
 from tests.conftest import PublisherFactory
-from tests.servers import RedisCluster, RedisServer, scaled, write_config
 from tests.publisher.spark.test_sink import vms, write
+from tests.servers import RedisCluster, RedisServer, scaled, write_config
 
 PARTITIONS = 4
 

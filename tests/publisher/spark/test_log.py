@@ -14,8 +14,8 @@ from pyspark.sql import DataFrameReader, SparkSession
 from changefeed.cursor import Cursor, StreamId
 from publisher.bucket import Change, ChangeBucket, connect
 from publisher.spark.log import split
-from tests.servers import RedisServer
 from tests.publisher.spark.test_stream import commit
+from tests.servers import RedisServer
 
 
 def test_a_batch_read_loads_the_retained_log(

@@ -20,8 +20,8 @@ from changefeed.errors import OptionError
 from publisher.bucket import Change, ChangeBucket, connect
 from publisher.spark import Figures, committed_batches
 from publisher.spark.progress import parse_entry
-from tests.servers import RedisServer
 from tests.publisher.spark.test_sink import log_of
+from tests.servers import RedisServer
 
 
 def drop_commit(checkpoint: Path, batch_id: int) -> None:
