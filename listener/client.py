@@ -32,7 +32,7 @@ from listener.buffer import Buffer, make_buffer
 from listener.config import ListenerConfig
 from listener.connection import DENIED, Connection, access_denied, fetch_page, translate_errors
 from listener.credentials import load_credentials
-from listener.events import BootstrapDone, BootstrapRecords, BootstrapStart, Change, Event
+from listener.events import BootstrapDone, BootstrapRecords, BootstrapStart, ChangeEvent, Event
 from listener.pager import Pager, PublisherPager
 from listener.state import ListenerCore, Phase
 
@@ -55,7 +55,7 @@ class Listener:
     is sent as `Authorization: Bearer` to the publisher; `ssl` (or a context trusting `cafile`)
     verifies an https/wss publisher. A 401 or 403 raises AccessDenied.
     `coalesce=True` asks the publisher, when this listener falls too far behind, to send one
-    coalesced item per changed id instead of closing it with 4008 (Change.coalesced). See
+    coalesced item per changed id instead of closing it with 4008 (ChangeEvent.coalesced). See
     docs/listener.md.
     """
 
@@ -103,7 +103,7 @@ class Listener:
         self._read_done = asyncio.Event()
         self._on_error: Handler | None = None
         self._delivered: str | None = None
-        """The cursor of the last Change (or complete bootstrap) handed to the application."""
+        """The cursor of the last ChangeEvent (or complete bootstrap) handed to the application."""
         self._advanced = asyncio.Event()
         """Set and replaced at each such delivery: what wait_for() waits on."""
         self._log = log.bind(instance=instance, service=service,
@@ -150,7 +150,7 @@ class Listener:
         self._read_done.clear()
         try:
             event = await self._events.__anext__()
-            cursor = (self._core.cursor if isinstance(event, Change)
+            cursor = (self._core.cursor if isinstance(event, ChangeEvent)
                       else event.cursor if isinstance(event, BootstrapDone) else None)
             if cursor is not None:
                 self._delivered = cursor
@@ -213,12 +213,12 @@ class Listener:
         """The callback style: runs until cancelled or a fatal error (which it raises).
 
         `on_bootstrap` gets Resync, BootstrapStart, BootstrapRecords and BootstrapDone events,
-        `on_change` each Change, `on_error` each failure the listener retries after. Handlers may
-        be plain functions or coroutine functions; the next event waits for the handler.
+        `on_change` each ChangeEvent, `on_error` each failure the listener retries after. Handlers
+        may be plain functions or coroutine functions; the next event waits for the handler.
         """
         self._on_error = on_error
         async for event in self:
-            handler = on_change if isinstance(event, Change) else on_bootstrap
+            handler = on_change if isinstance(event, ChangeEvent) else on_bootstrap
             if handler is not None:
                 await _call(handler, event)
 

@@ -30,10 +30,10 @@ from changefeed.errors import (
 from changefeed.watch import Watch
 from listener.client import Listener
 from listener.config import ListenerConfig
-from listener.events import Change, Event, Resync
+from listener.events import ChangeEvent, Event, Resync
 
 
-def format_change(event: Change, as_json: bool) -> str:
+def format_change(event: ChangeEvent, as_json: bool) -> str:
     """One output line for a change item."""
     if as_json:
         return orjson.dumps(event.item.to_wire()).decode()
@@ -73,7 +73,7 @@ async def run_snoop(
         if isinstance(event, Resync):
             note(f"snoop: resync: {event.reason}; changes may have been missed")
 
-    def on_change(event: Change) -> None:
+    def on_change(event: ChangeEvent) -> None:
         print(format_change(event, as_json), file=out, flush=True)
 
     listener = Listener(url, instance=instance, service="snoop",
