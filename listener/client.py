@@ -23,10 +23,10 @@ from urllib.parse import quote
 
 import aiohttp
 import orjson
-import structlog
 
 from changefeed.cursor import parse_cursor, reached
 from changefeed.errors import ChangefeedError, FetchFailed
+from changefeed.logs import get_logger
 from changefeed.watch import Watch
 from listener.buffer import Buffer, make_buffer
 from listener.config import ListenerConfig
@@ -36,7 +36,7 @@ from listener.events import BootstrapDone, BootstrapRecords, BootstrapStart, Cha
 from listener.pager import Pager, PublisherPager
 from listener.state import ListenerCore, Phase
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 Handler = Callable[[Any], Awaitable[None] | None]
 

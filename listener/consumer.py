@@ -22,7 +22,6 @@ from types import TracebackType
 from typing import Any
 
 import aiohttp
-import structlog
 
 from changefeed.backoff import Backoff
 from changefeed.errors import (
@@ -31,6 +30,7 @@ from changefeed.errors import (
     InvalidOption,
     PullFailed,
 )
+from changefeed.logs import get_logger
 from changefeed.longpoll import EventsQuery, EventsReply
 from changefeed.protocol import CHANGEFEEDS, ChangeItem
 from changefeed.retry import Retrier
@@ -45,7 +45,7 @@ from listener.credentials import load_credentials
 from listener.refusal import refusal
 from listener.state import publisher_urls
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 EVENTS = CHANGEFEEDS + "/events"
 

@@ -25,7 +25,6 @@ from typing import Any, TypeVar
 
 import aiohttp
 import orjson
-import structlog
 
 from changefeed.backoff import Backoff
 from changefeed.durable import (
@@ -50,6 +49,7 @@ from changefeed.errors import (
     InvalidOption,
     PullFailed,
 )
+from changefeed.logs import get_logger
 from changefeed.protocol import ChangeItem
 from changefeed.retry import Retrier
 from listener.consumer_options import DEFAULT_EXPIRES, MIN_EXPIRES, event_filter
@@ -57,7 +57,7 @@ from listener.credentials import load_credentials
 from listener.refusal import refusal
 from listener.state import publisher_urls
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 T = TypeVar("T")
 ErrorHandler = Callable[[ChangefeedError], None]
