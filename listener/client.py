@@ -22,7 +22,7 @@ import orjson
 
 from changefeed.cursor import parse_cursor, reached
 from changefeed.errors import ChangefeedError, FetchFailed
-from changefeed.logs import get_logger
+from changefeed.logs import Log, get_logger
 from changefeed.watch import Watch
 from listener.buffer import Buffer, make_buffer
 from listener.config import ListenerConfig
@@ -270,7 +270,7 @@ class Listener(Client):
                 await asyncio.sleep(delay)
 
     async def _bootstrap(
-        self, connection: Connection, resource: str, attempt_log: Any
+        self, connection: Connection, resource: str, attempt_log: Log
     ) -> AsyncGenerator[Event, None]:
         core = self._core
         yield BootstrapStart(resource)
