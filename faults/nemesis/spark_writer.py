@@ -18,7 +18,7 @@ acknowledged when the query's ledger (`{bucket}:spark:<query>`) records its micr
 entry's first cursor is the change's.
 
 Spark costs a core for seconds at its start and a moment per job, so the writers are opt-in (the
-suite's 60-second nemesis runs without them): `python -m tests.faults.nemesis --spark`.
+suite's 60-second nemesis runs without them): `python -m faults.nemesis --spark`.
 """
 
 from __future__ import annotations
@@ -33,14 +33,14 @@ from typing import Any
 import orjson
 
 from changefeed.errors import BucketUnavailable
+from changefeed_testing.servers import scaled
+from faults.harness import RESOURCE, SUBS
+from faults.nemesis.writers import RETRY_FOR, RETRY_PAUSE, Writer
+from faults.oracle import History
 from publisher import ChangeBucket
 from publisher.spark.progress import parse_entry
-from tests.faults.harness import RESOURCE, SUBS
-from tests.faults.nemesis.writers import RETRY_FOR, RETRY_PAUSE, Writer
-from tests.faults.oracle import History
-from tests.servers import scaled
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def session() -> Any:

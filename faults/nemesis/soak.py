@@ -27,9 +27,9 @@ import aiohttp
 import redis
 
 from changefeed_testing.proxy import SlowSocket
+from faults.harness import FAST, RESOURCE
+from faults.nemesis.system import System
 from listener import Listener, ListenerError
-from tests.faults.harness import FAST, RESOURCE
-from tests.faults.nemesis.system import System
 
 EVERY = 3.0
 """Seconds between samples."""

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import redis
 
-from tests.faults.harness import PATIENT, Rig, Row, Size, exercise, writing
-from tests.servers import PublisherProcess, RedisServer, scaled
+from changefeed_testing.servers import PublisherProcess, RedisServer, scaled
+from faults.harness import PATIENT, Rig, Row, Size, exercise, writing
 
 
 async def _one_publisher(rig: Rig, server: RedisServer) -> tuple[Path, PublisherProcess]:

@@ -1,4 +1,4 @@
-"""Scenarios on the network between listeners and a publisher, through `tests.faults.proxy`:
+"""Scenarios on the network between listeners and a publisher, through `changefeed_testing.proxy`:
 a blackhole (a partition that drops nothing but delivers nothing), a drip (a link of a few
 kilobytes per second), and a cut (every connection reset, new ones refused)."""
 
@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from changefeed_testing.proxy import Proxy
-from tests.faults.harness import Rig, Row, Size, exercise
+from faults.harness import Rig, Row, Size, exercise
 
 DRIP_BYTES_PER_SECOND = 2000
 

@@ -1,18 +1,18 @@
-"""`python -m tests.faults.nemesis --seed S --duration SECONDS`: seeded nemesis runs.
+"""`python -m faults.nemesis --seed S --duration SECONDS`: seeded nemesis runs.
 
-    python -m tests.faults.nemesis --seed 7 --duration 60          # one run, its verdict
-    python -m tests.faults.nemesis --seed 7 --duration 1800 --soak # churn + leak slopes; faults
+    python -m faults.nemesis --seed 7 --duration 60          # one run, its verdict
+    python -m faults.nemesis --seed 7 --duration 1800 --soak # churn + leak slopes; faults
                                                                    # in the second half only
-    python -m tests.faults.nemesis --seed 7 --duration 1800 --soak --no-faults  # churn only
-    python -m tests.faults.nemesis --seed 1 --seed 2 --duration 300 --docs
+    python -m faults.nemesis --seed 7 --duration 1800 --soak --no-faults  # churn only
+    python -m faults.nemesis --seed 1 --seed 2 --duration 300 --docs
                                                  # the runs docs/reliability.md shows
-    python -m tests.faults.nemesis --seed 12 --duration 1800 --soak --docs   # and its soak
-    python -m tests.faults.nemesis --seed 7 --duration 120 --spark  # with Spark writers too
+    python -m faults.nemesis --seed 12 --duration 1800 --soak --docs   # and its soak
+    python -m faults.nemesis --seed 7 --duration 120 --spark  # with Spark writers too
 
 The schedule is printed first: the same seed replays the same faults at the same times.
 Exit status 1 when the oracle finds a problem (the seed, the fault in progress and the first
 offending change with its trace are printed). Each run writes its whole history (every commit
-attempt, fault and delivery, one JSON object per line: tests/faults/nemesis/evidence.py) to
+attempt, fault and delivery, one JSON object per line: faults/nemesis/evidence.py) to
 `history.jsonl` in its directory. `--keep DIR` keeps that and every server's files and logs
 (publisher*.log, sentinel*.log, the AOFs, each node's final INFO) as the run's evidence.
 """
@@ -29,10 +29,10 @@ from pathlib import Path
 
 import structlog
 
-from tests.faults.__main__ import ROOT, commit, machine
-from tests.faults.nemesis.report import render, splice
-from tests.faults.nemesis.run import Result, nemesis
-from tests.faults.nemesis.schedule import make_schedule
+from faults.__main__ import ROOT, commit, machine
+from faults.nemesis.report import render, splice
+from faults.nemesis.run import Result, nemesis
+from faults.nemesis.schedule import make_schedule
 
 
 async def runs(seeds: list[int], duration: float, soak: bool, directory: Path, *,
@@ -55,7 +55,7 @@ async def runs(seeds: list[int], duration: float, soak: bool, directory: Path, *
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.faults.nemesis", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m faults.nemesis", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seed", type=int, action="append", help="repeatable; default 1")
     parser.add_argument("--duration", type=float, default=60.0, help="seconds of each run")
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
                                        calm=args.calm, spark=args.spark))
     if args.docs:
         path = ROOT / "docs" / "reliability.md"
-        command = "python -m tests.faults.nemesis " + " ".join(sys.argv[1:])
+        command = "python -m faults.nemesis " + " ".join(sys.argv[1:])
         document = path.read_text()
         section = render(results, command=command.strip(), machine=machine(), commit=commit(),
                          date=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),

@@ -1,7 +1,7 @@
 """The "nemesis" section of docs/reliability.md, from runs (pure: results in, Markdown out).
 
 The section sits between `BEGIN` and `END` markers: `splice` replaces it in the file and keeps
-everything else (the fault matrix that `python -m tests.faults` writes keeps it too).
+everything else (the fault matrix that `python -m faults` writes keeps it too).
 """
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ import statistics
 from collections import Counter
 from collections.abc import Callable, Sequence
 
-from tests.faults.nemesis.run import Result
-from tests.faults.nemesis.schedule import TEST_SEED as SEED
-from tests.faults.nemesis.schedule import overlapping
-from tests.faults.nemesis.verdict import GRACE, READY_WITHIN
+from faults.nemesis.run import Result
+from faults.nemesis.schedule import TEST_SEED as SEED
+from faults.nemesis.schedule import overlapping
+from faults.nemesis.verdict import GRACE, READY_WITHIN
 
-BEGIN = "<!-- nemesis: written by `python -m tests.faults.nemesis --docs`; begin -->"
+BEGIN = "<!-- nemesis: written by `python -m faults.nemesis --docs`; begin -->"
 END = "<!-- nemesis: end -->"
 
 PROSE = f"""\
@@ -24,7 +24,7 @@ with a replica and three sentinels, a PostgreSQL with the outbox that two of the
 relay, four writers, eight listeners of every kind: websocket
 `Listener`s with and without `coalesce`, SSE, the `events` pull consumer, two instances of a
 durable consumer, the ZeroEventHub feed reader) and injects the schedule its seed draws, printed
-first so a seed replays it. The oracle (tests/faults/oracle.py, tests/faults/nemesis/verdict.py)
+first so a seed replays it. The oracle (faults/oracle.py, faults/nemesis/verdict.py)
 then judges the whole history, per listener: every acknowledged change received, covered by a
 bootstrap, or lost *and announced* (a Resync after it was first sent: a commit retried under its
 key may have been written by its first try; for readers without a bootstrap: `resync`,
@@ -40,13 +40,13 @@ from a fault's heal until every listener delivered something again. The soak add
 (a listener joining every 0.5 s for 1 to 8 s, a third resuming, 1% slow, publisher 1 refusing
 past 12 listeners) and samples publisher RSS, open fds, asyncio tasks and the Redis master's
 memory every 3 s; a least-squares slope over the second half of a phase above its limit
-(tests/faults/nemesis/soak.py `LIMITS`: 1 MiB or 1.5% of RSS a minute, 6 fds, 12 tasks) is a
+(faults/nemesis/soak.py `LIMITS`: 1 MiB or 1.5% of RSS a minute, 6 fds, 12 tasks) is a
 leak. The soak bounds what is bounded by design to about 30 s of commits (`maxAge` 30, a window
 and a delivery trace of 500 items), so it is full before the judged half: with the trace's
 default of 10,000 items, publishers gained 0.5 MiB a minute for the ten minutes it took to fill
 (a 600-second soak without faults), which is no leak but would hide one.
 
-The faults (tests/faults/nemesis/schedule.py `KINDS`): SIGKILL and SIGSTOP of a publisher
+The faults (faults/nemesis/schedule.py `KINDS`): SIGKILL and SIGSTOP of a publisher
 (killed ones start again on their port), SIGKILL and SIGSTOP of the Redis master (whichever node
 the sentinels name then; a killed node comes back with its append-only file), `SENTINEL
 FAILOVER`, the master restarted empty or from an RDB snapshot taken when the fault began, the
@@ -91,7 +91,7 @@ scenario in the fault matrix.
 
 With `--spark` (opt-in: a Spark driver costs a core at its start and a moment per job, which
 the suite's 60-second run cannot spare on two cores), two Spark writers run beside them
-(tests/faults/nemesis/spark_writer.py), both with `replicas=1`, as a Spark task is a one-shot
+(faults/nemesis/spark_writer.py), both with `replicas=1`, as a Spark task is a one-shot
 client without a witness. `spark`: a batch job per change every 2 s, one row through
 `format("changefeed")` with `txnAppId` and `txnVersion` (a failed job runs again under the same
 version, which publishes nothing twice); its cursor comes from the txn record. `spark-stream`: a

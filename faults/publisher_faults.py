@@ -9,9 +9,9 @@ import signal
 import time
 from pathlib import Path
 
+from changefeed_testing.servers import PublisherProcess, scaled
+from faults.harness import PATIENT, Rig, Row, Size, Writer, exercise
 from publisher import ChangeBucket, Cursor
-from tests.faults.harness import PATIENT, Rig, Row, Size, Writer, exercise
-from tests.servers import PublisherProcess, scaled
 
 MAX_ITEMS = 100
 

@@ -16,8 +16,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from tests.faults.nemesis.system import Injected
-from tests.faults.oracle import History
+from faults.nemesis.system import Injected
+from faults.oracle import History
 
 FILE = "history.jsonl"
 

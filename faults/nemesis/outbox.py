@@ -11,7 +11,7 @@ is now, and the faults of PostgreSQL and of the link to it.
 - No snapshot query (`outbox.resources`): the resource `vm` is shared with the writers that
   commit to the bucket directly, and a re-seed from a table of the outbox writer's ids would
   delete theirs from the store. A bucket that lost its state is announced by its new epoch as
-  for every writer; the re-seed has its own scenario (tests/faults/outbox_faults.py).
+  for every writer; the re-seed has its own scenario (faults/outbox_faults.py).
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ import asyncpg
 
 from changefeed_testing.postgres import PostgresServer
 from changefeed_testing.proxy import Proxy
+from changefeed_testing.servers import PublisherProcess, scaled
 from publisher.outbox.database import ERRORS
 from publisher.outbox.schema import install
 from publisher.outbox.status import Status, read_status
-from tests.servers import PublisherProcess, scaled
 
 DATABASE = "nemesis"
 RELAYS = (1, 2)

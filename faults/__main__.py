@@ -1,8 +1,8 @@
-"""`python -m tests.faults`: run the full fault matrix and write docs/reliability.md.
+"""`python -m faults`: run the full fault matrix and write docs/reliability.md.
 
-    python -m tests.faults                     # every scenario, full size (a few minutes)
-    python -m tests.faults --quick             # the sizes the test suite uses
-    python -m tests.faults --only herd_of_resumes --only redis_sigstop --out /tmp/r.md
+    python -m faults                     # every scenario, full size (a few minutes)
+    python -m faults --quick             # the sizes the test suite uses
+    python -m faults --only herd_of_resumes --only redis_sigstop --out /tmp/r.md
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from pathlib import Path
 
 import structlog
 
-from tests.faults.harness import FULL, QUICK, Row, Size
-from tests.faults.report import render
-from tests.faults.scenarios import SCENARIOS
+from faults.harness import FULL, QUICK, Row, Size
+from faults.report import render
+from faults.scenarios import SCENARIOS
 
-ROOT = Path(__file__).parents[2]
+ROOT = Path(__file__).parents[1]
 
 
 async def run(names: list[str], size: Size, directory: Path) -> list[Row]:
@@ -50,7 +50,7 @@ def commit() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.faults", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m faults", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="the test suite's sizes")
     parser.add_argument("--only", action="append", choices=list(SCENARIOS), default=None)
@@ -62,8 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="faults-") as directory:
         rows = asyncio.run(run(names, size, Path(directory)))
-    command = "python -m tests.faults" + (" " + " ".join(sys.argv[1:]) if sys.argv[1:] else "")
-    from tests.faults.nemesis.report import kept  # the nemesis section stays as it was
+    command = "python -m faults" + (" " + " ".join(sys.argv[1:]) if sys.argv[1:] else "")
+    from faults.nemesis.report import kept  # the nemesis section stays as it was
 
     nemesis = kept(args.out.read_text()) if args.out.exists() else ""
     args.out.write_text(render(

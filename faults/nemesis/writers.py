@@ -16,7 +16,7 @@ failover), and records every outcome in the `History`.
   ids of their own: none may ever be delivered.
 
 A state is `{"uuid": id, "seq": n}`, `n` growing per writer, so a bootstrap that shows an id at
-`seq >= n` reflects commit `n` (tests/faults/oracle.py, *covered*).
+`seq >= n` reflects commit `n` (faults/oracle.py, *covered*).
 """
 
 from __future__ import annotations
@@ -34,11 +34,11 @@ import asyncpg
 import orjson
 
 from changefeed.errors import BucketUnavailable, OutboxRowDead, OutboxWaitTimeout
+from changefeed_testing.servers import scaled
+from faults.harness import RESOURCE, SUBS, outcome_unknown
+from faults.oracle import Attempt, History
 from publisher import Change, ChangeBucket, outbox
 from publisher.outbox.database import ERRORS as POSTGRES_ERRORS
-from tests.faults.harness import RESOURCE, SUBS, outcome_unknown
-from tests.faults.oracle import Attempt, History
-from tests.servers import scaled
 
 RETRY_FOR = 30.0
 """Seconds a writer keeps retrying one commit before it records it failed."""

@@ -4,7 +4,7 @@ listeners, and the result row.
 - `Rig` starts and always stops the real servers of one scenario (redis-servers, publisher
   processes, proxies) and the clients around them.
 - `Writer` commits changes of a pool of VMs, each state carrying a sequence number, and records
-  every outcome in the `History` (tests/faults/oracle.py).
+  every outcome in the `History` (faults/oracle.py).
 - `Recorder` runs a `listener.Listener` and records every event it delivers.
 - `Row` is one line of docs/reliability.md.
 """
@@ -20,6 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from changefeed_testing.proxy import Proxy
+from changefeed_testing.servers import (
+    PublisherProcess,
+    RedisServer,
+    free_port,
+    scaled,
+    write_config,
+)
+from faults.oracle import Attempt, History, ListenerLog, Verdict
 from listener import (
     Backoff,
     BootstrapDone,
@@ -34,8 +42,6 @@ from listener import (
 )
 from publisher import BucketUnavailable, ChangeBucket, connect, load_config
 from publisher import Change as Put
-from tests.faults.oracle import Attempt, History, ListenerLog, Verdict
-from tests.servers import PublisherProcess, RedisServer, free_port, scaled, write_config
 
 RESOURCE = "vm"
 SUBS = ["nic"]

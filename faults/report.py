@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tests.faults.harness import Row
+from faults.harness import Row
 
 HEADER = (
     "| scenario | changes committed | lost | duplicated | reordered | announced resyncs "
@@ -19,7 +19,7 @@ PROSE = """\
 Every scenario runs real `redis-server`s and real `changefeed serve` processes on free ports,
 a writer that records every cursor `commit` returned, and listeners (`listener.Listener`, or bare
 websockets for the herd) that record every event they deliver. The oracle
-(`tests/faults/oracle.py`) then classifies, per listener, every change whose commit was
+(`faults/oracle.py`) then classifies, per listener, every change whose commit was
 acknowledged:
 
 - **lost**: never delivered as a `Change`, not reflected in a bootstrap, and the listener was
@@ -165,7 +165,7 @@ def render(rows: Sequence[Row], *, command: str, machine: str, date: str, commit
            seconds: float) -> str:
     return (
         "# Reliability: the fault-injection matrix\n\n"
-        "<!-- written by `python -m tests.faults`; edit tests/faults/report.py, not this file"
+        "<!-- written by `python -m faults`; edit faults/report.py, not this file"
         " -->\n\n"
         f"Produced by `{command}` on {machine}, {date}, at commit `{commit}`, in "
         f"{seconds:.0f} s. The quick variants of the same scenarios run in the test suite "

@@ -19,7 +19,8 @@ import redis.asyncio as aioredis
 
 from changefeed.errors import BucketUnavailable
 from changefeed_testing.proxy import Proxy
-from tests.faults.harness import (
+from changefeed_testing.servers import RedisServer, SentinelServer, free_port, scaled, write_config
+from faults.harness import (
     RESOURCE,
     SUBS,
     Rig,
@@ -29,8 +30,7 @@ from tests.faults.harness import (
     exercise,
     outcome_unknown,
 )
-from tests.faults.oracle import Attempt
-from tests.servers import RedisServer, SentinelServer, free_port, scaled, write_config
+from faults.oracle import Attempt
 
 MASTER = "mymaster"
 RETRY_FOR = 20.0

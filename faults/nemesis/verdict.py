@@ -1,4 +1,4 @@
-"""The nemesis' verdict: the oracle of tests/faults/oracle.py over the whole history, plus what
+"""The nemesis' verdict: the oracle of faults/oracle.py over the whole history, plus what
 only a schedule of faults can judge. Pure: the history, the faults as they happened and the
 readiness times in, counts and problems out.
 
@@ -32,10 +32,9 @@ from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from publisher.outbox.status import Status
-from tests.faults.nemesis.schedule import Fault
-from tests.faults.nemesis.system import Injected
-from tests.faults.oracle import (
+from faults.nemesis.schedule import Fault
+from faults.nemesis.system import Injected
+from faults.oracle import (
     Attempt,
     Delivered,
     History,
@@ -47,6 +46,7 @@ from tests.faults.oracle import (
     position_of,
     strangers,
 )
+from publisher.outbox.status import Status
 
 GRACE = 30.0
 """Seconds after a history-destroying fault within which a Resync is still its consequence (a

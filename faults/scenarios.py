@@ -1,7 +1,7 @@
 """The fault matrix: every scenario by name, in the order docs/reliability.md lists them.
 
 A scenario is `async (size, directory) -> Row`: it starts its own servers under `directory`,
-injects its fault, and returns the oracle's verdict (tests/faults/oracle.py).
+injects its fault, and returns the oracle's verdict (faults/oracle.py).
 """
 
 from __future__ import annotations
@@ -9,30 +9,30 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from tests.faults.harness import Row, Size
-from tests.faults.herd import herd_of_resumes
-from tests.faults.network_faults import proxy_blackhole, proxy_cut, proxy_drip
-from tests.faults.outbox_faults import (
+from faults.harness import Row, Size
+from faults.herd import herd_of_resumes
+from faults.network_faults import proxy_blackhole, proxy_cut, proxy_drip
+from faults.outbox_faults import (
     outbox_listen_cut,
     outbox_postgres_kill,
     outbox_redis_empty,
     outbox_redis_kill_aof,
     outbox_relay_kill,
 )
-from tests.faults.publisher_faults import (
+from faults.publisher_faults import (
     publisher_kill_one_url,
     publisher_kill_two_urls,
     tail_behind_trim_one,
     tail_behind_trim_two,
 )
-from tests.faults.redis_faults import (
+from faults.redis_faults import (
     commit_reply_lost,
     redis_kill_aof,
     redis_kill_no_persistence,
     redis_rollback,
     redis_sigstop,
 )
-from tests.faults.sentinel_faults import (
+from faults.sentinel_faults import (
     redis_sentinel_failover,
     redis_sentinel_failover_lagging,
 )

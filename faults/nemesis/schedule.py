@@ -3,7 +3,7 @@
 A schedule is a list of `Fault`s, each a kind, a target and a window of the run (seconds from
 its start: `at`, held `hold` seconds). Faults on one target never overlap (a publisher cannot be
 killed twice); faults on different targets do, by design: that is where the single-fault suite
-(tests/faults/scenarios.py) cannot look.
+(faults/scenarios.py) cannot look.
 
 The kinds are `KINDS`; `destroys_history` says which may destroy acknowledged history (a
 Resync, `missed`, a 410 or a dead-letter record of reason `epoch` is justified only by one of
@@ -15,7 +15,7 @@ holds the relay lock when the fault begins), the outbox's PostgreSQL killed (cra
 paused (`postgres_kill`, `postgres_stop` on `postgres`), and the relays cut from it
 (`relay_partition` on `postgres-link`). None may destroy Redis history: the rows wait in
 PostgreSQL, and a Resync is never their consequence. The oracle needs no change for them: the
-outbox writer (tests/faults/nemesis/writers.py) is one more writer whose acknowledged commits
+outbox writer (faults/nemesis/writers.py) is one more writer whose acknowledged commits
 (transactions committed in PostgreSQL) must reach every listener.
 """
 

@@ -15,17 +15,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from listener import Listener, ListenerConfig
-from publisher import ChangeBucket, connect, load_config
-from tests.faults.harness import FAST, RESOURCE, Recorder
-from tests.faults.nemesis.evidence import write as write_history
-from tests.faults.nemesis.readers import DurableReader, FeedReader, PullReader, SseReader
-from tests.faults.nemesis.schedule import Fault, make_schedule, render
-from tests.faults.nemesis.soak import Samples, Slope, churn, refusals, sample, slopes
-from tests.faults.nemesis.spark_writer import SparkWriter, StreamWriter
-from tests.faults.nemesis.spark_writer import session as spark_session
-from tests.faults.nemesis.system import Injected, System
-from tests.faults.nemesis.verdict import (
+from changefeed_testing.servers import scaled
+from faults.harness import FAST, RESOURCE, Recorder
+from faults.nemesis.evidence import write as write_history
+from faults.nemesis.readers import DurableReader, FeedReader, PullReader, SseReader
+from faults.nemesis.schedule import Fault, make_schedule, render
+from faults.nemesis.soak import Samples, Slope, churn, refusals, sample, slopes
+from faults.nemesis.spark_writer import SparkWriter, StreamWriter
+from faults.nemesis.spark_writer import session as spark_session
+from faults.nemesis.system import Injected, System
+from faults.nemesis.verdict import (
     READY_WITHIN,
     Judgement,
     judge,
@@ -33,7 +32,7 @@ from tests.faults.nemesis.verdict import (
     recoveries,
     relayed_in_doubt,
 )
-from tests.faults.nemesis.writers import (
+from faults.nemesis.writers import (
     ApiWriter,
     BatchWriter,
     CliWriter,
@@ -41,8 +40,9 @@ from tests.faults.nemesis.writers import (
     OutboxWriter,
     Writer,
 )
-from tests.faults.oracle import Attempt, History
-from tests.servers import scaled
+from faults.oracle import Attempt, History
+from listener import Listener, ListenerConfig
+from publisher import ChangeBucket, connect, load_config
 
 SETTLE = 30.0
 """Seconds every listener has, after the last commit, to deliver it."""
@@ -186,7 +186,7 @@ class Run:
     never_relayed: list[Committed] = field(default_factory=list)
     spark: bool = False
     """Spark writers too, a batch job per change and a streaming query
-    (tests/faults/nemesis/spark_writer.py): opt-in, they cost a core."""
+    (faults/nemesis/spark_writer.py): opt-in, they cost a core."""
     session: Any = None
 
     async def start(self) -> None:
@@ -252,7 +252,7 @@ async def nemesis(seed: int, duration: float, directory: Path, *,
                   faults: Sequence[Fault] | None = None, soak: bool = False,
                   spark: bool = False) -> Result:
     """Run the schedule of `seed` (or `faults`) for `duration` seconds, then judge the history.
-    `soak`: with churn and resource sampling beside it (tests/faults/nemesis/soak.py); `spark`:
+    `soak`: with churn and resource sampling beside it (faults/nemesis/soak.py); `spark`:
     with Spark writers too."""
     schedule = list(faults) if faults is not None else make_schedule(seed, duration)
     print(render(seed, duration, schedule), flush=True)

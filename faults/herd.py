@@ -18,9 +18,9 @@ import orjson
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from tests.faults.harness import RESOURCE, Rig, Row, Size
-from tests.faults.oracle import Attempt, ListenerLog
-from tests.servers import scaled
+from changefeed_testing.servers import scaled
+from faults.harness import RESOURCE, Rig, Row, Size
+from faults.oracle import Attempt, ListenerLog
 
 BEFORE = 60
 SINCE = 10

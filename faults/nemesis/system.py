@@ -12,7 +12,7 @@
   readiness checks and its PostgreSQL reach it over a second pair that stays up. Elsewhere the
   partition is the proxy's blackhole (bytes neither delivered nor refused).
 - A TCP proxy in front of publisher 0 (the `link_*` faults) that some listeners go through.
-- The PostgreSQL outbox (tests/faults/nemesis/outbox.py): a private PostgreSQL that publishers 1
+- The PostgreSQL outbox (faults/nemesis/outbox.py): a private PostgreSQL that publishers 1
   and 2 relay from, through a proxy of its own (the `relay_partition` fault blackholes it).
 
 Publisher 2 alone is in a namespace, and reaches Redis through the proxy rather than through
@@ -39,10 +39,7 @@ import redis.asyncio as aioredis
 
 from changefeed_testing.netns import Namespace
 from changefeed_testing.proxy import Proxy
-from tests.faults.nemesis.outbox import RELAYS, OutboxSystem
-from tests.faults.nemesis.schedule import SENTINEL_DOWN_AFTER, Fault
-from tests.faults.sentinel_faults import MASTER, sentinel_ready
-from tests.servers import (
+from changefeed_testing.servers import (
     PublisherProcess,
     RedisServer,
     SentinelServer,
@@ -50,6 +47,9 @@ from tests.servers import (
     scaled,
     write_config,
 )
+from faults.nemesis.outbox import RELAYS, OutboxSystem
+from faults.nemesis.schedule import SENTINEL_DOWN_AFTER, Fault
+from faults.sentinel_faults import MASTER, sentinel_ready
 
 DRIP_BYTES_PER_SECOND = 2000
 KILLS = ("publisher_kill", "relay_kill")

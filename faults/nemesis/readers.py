@@ -1,11 +1,11 @@
 """The nemesis' listeners of the other kinds, each recording what it delivers in a `ListenerLog`
-(tests/faults/oracle.py): server-sent events, the `events` pull consumer, a durable consumer
+(faults/oracle.py): server-sent events, the `events` pull consumer, a durable consumer
 (two instances sharing its work), and the ZeroEventHub feed reader. None bootstraps: a loss they
 are told of (`resync`, `missed`, a 410, a dead-letter record of reason `epoch` or `trimmed`) is
 recorded as a Resync once the reader has its new starting point, so every acknowledged change
 before it counts as announced and every one after it is owed.
 
-The websocket `Listener`s are `tests.faults.harness.Recorder`s.
+The websocket `Listener`s are `faults.harness.Recorder`s.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from typing import Any
 import aiohttp
 import orjson
 
+from changefeed_testing.servers import scaled
+from faults.harness import RESOURCE
+from faults.oracle import Attempt, ListenerLog
 from listener import ConsumerRecreated, ItemsMissed, ListenerError, PullConsumer
 from listener.durable import DurableConsumer
-from tests.faults.harness import RESOURCE
-from tests.faults.oracle import Attempt, ListenerLog
-from tests.servers import scaled
 
 PAUSE = 0.2
 """Seconds a reader waits before it tries again after a failure (its backoff)."""

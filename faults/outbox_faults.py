@@ -23,11 +23,11 @@ from pathlib import Path
 import asyncpg
 
 from changefeed_testing.postgres import PostgresServer
+from changefeed_testing.servers import PublisherProcess, RedisServer, scaled
+from faults.harness import Rig, Row, Size, Step
+from faults.oracle import Attempt, Outcome
 from publisher.outbox.status import read_status
-from tests.faults.harness import Rig, Row, Size, Step
-from tests.faults.oracle import Attempt, Outcome
 from tests.publisher.outbox.rig import PgWriter, drained, fresh_database, outbox_section, until
-from tests.servers import PublisherProcess, RedisServer, scaled
 
 
 async def _postgres(rig: Rig) -> tuple[PostgresServer, str]:
