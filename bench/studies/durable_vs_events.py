@@ -1,6 +1,6 @@
 """What a durable consumer costs next to the plain `events` pull (issue 17, item 4).
 
-    python -m bench.durable_vs_events [--items 5000] [--batch 100] [--rounds 3]
+    python -m bench.studies.durable_vs_events [--items 5000] [--batch 100] [--rounds 3]
 
 A real publisher (`changefeed serve`, its own process) on a real redis-server; `items` changes
 committed first, then each reader drains that backlog through the publisher, in the same run:
@@ -28,10 +28,10 @@ from pathlib import Path
 
 import structlog
 
+from changefeed_testing.servers import PublisherProcess, RedisServer, write_config
 from listener import DurableConsumer, PullConsumer
 from publisher.bucket import Change, ChangeBucket, connect
 from publisher.config.settings import load_config
-from tests.servers import PublisherProcess, RedisServer, write_config
 
 
 async def events(url: str, items: int, batch: int) -> int:
@@ -101,7 +101,7 @@ async def main(items: int, batch: int, rounds: int) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(prog="python -m bench.durable_vs_events")
+    parser = argparse.ArgumentParser(prog="python -m bench.studies.durable_vs_events")
     parser.add_argument("--items", type=int, default=5000)
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=3)

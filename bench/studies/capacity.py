@@ -1,6 +1,6 @@
 """What one Redis shard costs per change: the inputs of docs/scaling.md's arithmetic.
 
-`python -m bench.capacity` measures, on one private redis-server (no persistence), with the
+`python -m bench.studies.capacity` measures, on one private redis-server (no persistence), with the
 project's own `ChangeBucket`:
 
     log bytes per change        used_memory grown by LOG_CHANGES publishes (no state), per change:

@@ -10,8 +10,8 @@ bench.clients; a tenth of them time each item from the stamp in its id, bench.it
 relay's throughput: `--rows` outbox rows committed in transactions of 1,000, timed from the
 first COMMIT until the outbox is empty.
 
-    python -m bench.outbox                                     # 200/s, 100 listeners, 20 s each
-    python -m bench.outbox --rate 50 --duration 3 --rows 20000 # a small run
+    python -m bench.studies.outbox                             # 200/s, 100 listeners, 20 s each
+    python -m bench.studies.outbox --rate 50 --duration 3 --rows 20000  # a small run
 
 Every server is private and started here: redis-server, PostgreSQL (initdb), one publisher.
 """
@@ -178,7 +178,7 @@ def table(results: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.outbox",
+    parser = argparse.ArgumentParser(prog="python -m bench.studies.outbox",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--rate", type=float, default=200.0)
     parser.add_argument("--listeners", type=int, default=100)

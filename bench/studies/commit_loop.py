@@ -1,7 +1,7 @@
 """A loop of awaited single commits (or redis-py XADDs) on a private Redis, to profile the writer:
 
-    py-spy record -r 500 -f raw -o commit.txt -- python -m bench.commit_loop commit 20000
-    python -m bench.commit_loop xadd 20000
+    py-spy record -r 500 -f raw -o commit.txt -- python -m bench.studies.commit_loop commit 20000
+    python -m bench.studies.commit_loop xadd 20000
 
 It prints the CPU and wall time per call, and Redis's CPU per call (its command statistics).
 P3 measures the same two loops' rates side by side;

@@ -1,6 +1,6 @@
 """What an SSE subscriber costs next to a websocket one (issue 17, item 3).
 
-    python -m bench.sse_vs_ws [--listeners 100] [--items 2000]
+    python -m bench.studies.sse_vs_ws [--listeners 100] [--items 2000]
 
 Two measurements, each websocket first, then SSE, in the same process:
 
@@ -28,12 +28,12 @@ import orjson
 
 from changefeed.cursor import ZERO, StreamId
 from changefeed.protocol import ChangeKind, Registration
+from changefeed_testing.servers import RedisServer, eventually, write_config
 from publisher.bucket import Change, LogEntry
 from publisher.config.settings import load_config
 from publisher.delivery.hub import Hub, Subscriber
 from publisher.delivery.window import Window
 from publisher.server.service import Service
-from tests.servers import RedisServer, eventually, write_config
 
 
 class CountingTransport:

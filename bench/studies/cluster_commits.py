@@ -1,6 +1,6 @@
 """Commits into a bucket in a Redis Cluster against the same commits into one Redis, same run.
 
-    python -m bench.cluster_commits [--rounds 3]
+    python -m bench.studies.cluster_commits [--rounds 3]
 
 Starts one redis-server and a 3-master Redis Cluster (the test fixtures' servers, loopback TCP,
 no persistence) and measures, taking turns, ROUNDS times each:

@@ -1,6 +1,6 @@
 """Where a publisher's memory per idle listener goes: `tracemalloc` inside a real publisher.
 
-    python -m bench.heap --listeners 1000          # Python heap per listener, by file and line
+    python -m bench.studies.heap --listeners 1000   # Python heap per listener, by file and line
 
 It starts a private Redis and `changefeed serve`, starts tracemalloc in it (the allocating line),
 takes a snapshot, opens the listeners from client processes (`bench.clients`), waits, takes
@@ -29,7 +29,6 @@ from types import FrameType
 from bench.clients import ClientPool, WorkerSpec, split
 from bench.scenario import listeners
 from bench.servers import (
-    READY_TIMEOUT,
     Server,
     _env,
     publisher_url,
@@ -37,6 +36,7 @@ from bench.servers import (
     redis_url,
     write_config,
 )
+from changefeed_testing.process import READY_TIMEOUT
 from changefeed_testing.servers import PublisherProcess
 
 FRAMES = 1
@@ -84,7 +84,8 @@ async def measure(count: int, work: Path) -> dict[str, object]:
         url = redis_url(work / "redis")
         config = write_config(work / "config.js", url)
         env = {**_env(), SNAPSHOT: str(work / "heap.snapshot")}
-        argv = [sys.executable, "-m", "bench.heap", "--child", "serve", "--config", str(config)]
+        argv = [sys.executable, "-m", "bench.studies.heap", "--child", "serve", "--config",
+                str(config)]
         with Server("publisher", argv, work / "publisher.log", PublisherProcess._LISTENING, None,
                     env) as server:
             port = int(publisher_url(server).rsplit(":", 1)[1].rstrip("/"))
