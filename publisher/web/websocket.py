@@ -215,7 +215,7 @@ def shed_request(request: web.Request) -> None:
     the listener stays: its HTTP/1.1 parser (from the upgrade on, the bytes go to the websocket
     reader; aiohttp only consults the parser again when an upgrade was declined) and the
     cached properties of the request (url, host, remote...: computed again if asked).
-    Measured with `python -m bench.heap` (docs/benchmarks.md, P5)."""
+    Measured with `python -m bench.studies.heap` (docs/benchmarks.md, P5)."""
     protocol = request.protocol
     if getattr(protocol, "_payload_parser", None) is not None and hasattr(protocol, "_parser"):
         protocol._parser = None
