@@ -12,11 +12,16 @@
  * listener.register();
  * ```
  *
- * A reconnect that resumes emits no `bootstrap`; one that cannot (the publisher answers
- * `resumed: false`) emits `bootstrap` again, as every reconnect did before. The differences
- * from Joyent's are in the package README.
+ * Its events are Joyent's: `bootstrap` per resource of a registration reply, `readable`,
+ * `connection-reset` when the websocket ends without a close frame, then `connection-end` each
+ * time the websocket ends, `error` with `Backoff failed` once `backoff.retries` are spent, and
+ * nothing after close(). A failed attempt to connect is only logged, as Joyent's failed
+ * `GET /changefeeds` was. What it adds: a reconnect that resumes emits no `bootstrap`; one that
+ * cannot (the publisher answers `resumed: false`) emits `bootstrap` again, as every reconnect did
+ * in Joyent's. The differences from Joyent's are in the package README.
  */
 import { Readable } from "node:stream";
+import { ConnectionLost, ProtocolError, RetriesExhausted } from "../errors.js";
 import { Listener, type NodeListenerOptions } from "../index.js";
 import { type Logger } from "../listener.js";
 import { type ChangeKind, type ChangeItem, type Resource } from "../protocol.js";
@@ -83,7 +88,8 @@ export class CompatListener extends Readable {
     readonly resources: ChangeKind[];
     private readonly options: CompatOptions;
     private listener: Listener | null = null;
-    private connected = false;
+    /** The websocket is open: its end is a `connection-end`. */
+    private open = false;
     // Not `closed`: on Node 18 and later Readable.prototype.closed is a getter, and Joyent's
     // `this.closed = true` was silently ignored (its close() did not stop the reconnects).
     #stopped = false;
@@ -105,9 +111,14 @@ export class CompatListener extends Readable {
         return this.listener?.cursor ?? null;
     }
 
-    /** Connect, register, and keep reconnecting (resuming) until close(). */
+    /** Connect, register, and keep reconnecting (resuming) until close(), the retries spent or a
+     * refusal (`error`); register() again then starts again. */
     register(): void {
-        if (this.listener || this.#stopped) return;
+        if (this.#stopped) return;
+        if (this.listener) {
+            this.listener.start(); // again after an `error` that stopped it; else nothing
+            return;
+        }
         const options = this.options;
         const backoff = options.backoff ?? {};
         const maxTimeout = backoff.maxTimeout !== undefined && Number.isFinite(backoff.maxTimeout)
@@ -118,9 +129,12 @@ export class CompatListener extends Readable {
             service: this.service,
             resources: Object.fromEntries(this.resources.map((kind) => [kind.resource, kind.subResources])),
             bootstrap: false,
+            // Joyent's backoff starts again at every registration reply, and has no jitter.
+            healthyAfter: 0,
             backoff: {
                 initial: minTimeout / 1000,
                 maximum: maxTimeout / 1000,
+                jitter: 0,
                 ...(backoff.retries !== undefined && Number.isFinite(backoff.retries) ? { retries: backoff.retries } : {}),
             },
         };
@@ -129,16 +143,16 @@ export class CompatListener extends Readable {
         if (options.tls) listenerOptions.tls = options.tls;
         const listener = new Listener([this.url, ...(options.urls ?? [])], listenerOptions);
         this.listener = listener;
+        listener.on("open", () => { this.open = true; });
         listener.on("registered", (info) => {
-            this.connected = true;
-            if (info.resumed) return;
+            if (info.resumed || this.#stopped) return;
             for (const entry of info.resources) this.emit("bootstrap", entryOf(entry));
         });
         listener.on("change", (event) => {
             if (!this.#stopped) this.push(event.item satisfies ChangeItem);
         });
-        listener.on("error", (error) => this.ended(error));
-        listener.on("fatal", (error) => this.ended(error));
+        listener.on("error", (error) => this.ended(error, false));
+        listener.on("fatal", (error) => this.ended(error, true));
         listener.start();
     }
 
@@ -158,18 +172,22 @@ export class CompatListener extends Readable {
         this.close();
     }
 
-    private ended(error: Error): void {
-        if (this.connected && !this.#stopped) this.emit("connection-end");
-        this.connected = false;
-        this.fail(error);
-    }
-
-    private fail(error: Error): void {
+    /** An attempt or a connection ended with `error`; `fatal`: the listener stopped. */
+    private ended(error: Error, fatal: boolean): void {
         if (this.#stopped) return;
-        // Joyent's emitted 'error' for every failed attempt; an application without an 'error'
-        // handler would crash on the first publisher restart: then it is only logged.
-        if (this.listenerCount("error") > 0) this.emit("error", error);
-        else this.options.log?.warn?.({ error: error.message }, "changefeed listener error");
+        const cause = error instanceof RetriesExhausted ? error.lastError : error;
+        const wasOpen = this.open;
+        this.open = false;
+        this.options.log?.warn?.({ error: error.message }, wasOpen ? "cf: connection ended" : "cf: connecting failed");
+        // Joyent's reported an item it could not read, then went on.
+        if (wasOpen && cause instanceof ProtocolError && !fatal) this.emit("error", cause);
+        if (wasOpen) {
+            if (cause instanceof ConnectionLost && cause.closeCode === 1006) this.emit("connection-reset");
+            this.emit("connection-end");
+        }
+        if (!fatal || this.#stopped) return;
+        // Joyent's backoff 'fail'; a refusal that retrying cannot mend is reported as itself.
+        this.emit("error", error instanceof RetriesExhausted ? new Error("Backoff failed") : error);
     }
 }
 
