@@ -134,7 +134,7 @@ test("close() on Node 20 stops every reconnection (Joyent's bug: `this.closed = 
     assert.ok(!events.some((e) => e.event === "error" && /gave up|Backoff failed/.test(e.message)));
 });
 
-test("close() while connected: no connection-end, nothing at all afterwards", async () => {
+test("close() while connected: its connection-end before close() returns, nothing at all afterwards", async () => {
     const publisher = await fixture.publisher();
     const listener = changefeed.createListener({
         log: logger(), url: publisher.url, instance: "compat-close-open", service: "compat",
@@ -143,11 +143,15 @@ test("close() while connected: no connection-end, nothing at all afterwards", as
     const events = record(listener);
     listener.register();
     await events.until((e) => e.of("bootstrap").length === 1, "bootstrap");
+    // Joyent's own listener test counts this connection-end, in a handler of the items read
+    // before close().
+    listener.close();
+    assert.deepEqual(events.names(), ["bootstrap", "connection-end"]);
     listener.close();
     await fixture.commit(["vm", "after-close", ["nic"]]);
     await fixture.call({ op: "kill", id: publisher.id });
     await sleep(300); // what Joyent's would have emitted by now: connection-end, Backoff failed
-    assert.deepEqual(events.names(), ["bootstrap"]);
+    assert.deepEqual(events.names(), ["bootstrap", "connection-end"]);
 });
 
 test("backoff.retries spent: connection-reset, connection-end, then one error 'Backoff failed', then nothing", async () => {
@@ -195,7 +199,11 @@ test("a publisher that stops: its close frame (1001) is a connection-end without
         await fixture.call({ op: "start", id: publisher.id });
         const [cursor] = await fixture.commit(["vm", "after-stop", ["nic"]]);
         await events.until((e) => cursorsOf(e).includes(cursor), "the change after the restart");
-        assert.deepEqual(events.names(), ["bootstrap", "connection-end", "change"]);
+        // The stop's close frame: an end without a reset. (A reconnection may reach the stopping
+        // publisher before it stops listening: its own end follows.)
+        assert.deepEqual(events.names().slice(0, 2), ["bootstrap", "connection-end"]);
+        assert.deepEqual(events.names().filter((name) => name !== "connection-end" && name !== "connection-reset"),
+            ["bootstrap", "change"]);
     } finally {
         listener.close();
     }

@@ -14,8 +14,8 @@
  *
  * Its events are Joyent's: `bootstrap` per resource of a registration reply, `readable`,
  * `connection-reset` when the websocket ends without a close frame, then `connection-end` each
- * time the websocket ends, `error` with `Backoff failed` once `backoff.retries` are spent, and
- * nothing after close(). A failed attempt to connect is only logged, as Joyent's failed
+ * time the websocket ends (close() included, before it returns), `error` with `Backoff failed`
+ * once `backoff.retries` are spent, and nothing after close(). A failed attempt to connect is only logged, as Joyent's failed
  * `GET /changefeeds` was. What it adds: a reconnect that resumes emits no `bootstrap`; one that
  * cannot (the publisher answers `resumed: false`) emits `bootstrap` again, as every reconnect did
  * in Joyent's. The differences from Joyent's are in the package README.
@@ -160,8 +160,13 @@ export class CompatListener extends Readable {
         // Items are pushed as they arrive (as Joyent's did).
     }
 
-    /** Stop for good: close the socket, cancel every reconnection. */
+    /** Stop for good: close the socket (its `connection-end`, when it was open, is emitted
+     * before close() returns: Joyent's tests count it), cancel every reconnection; no event
+     * afterwards. */
     close(): void {
+        if (this.#stopped) return;
+        if (this.open) this.emit("connection-end");
+        this.open = false;
         this.#stopped = true;
         const listener = this.listener;
         if (listener) void listener.close();
