@@ -12,13 +12,14 @@
  * listener.register();
  * ```
  *
- * Its events are Joyent's: `bootstrap` per resource of a registration reply, `readable`,
+ * Its events are Joyent's: `bootstrap` per resource of every registration reply, `readable`,
  * `connection-reset` when the websocket ends without a close frame, then `connection-end` each
  * time the websocket ends (close() included, before it returns), `error` with `Backoff failed`
- * once `backoff.retries` are spent, and nothing after close(). A failed attempt to connect is only logged, as Joyent's failed
- * `GET /changefeeds` was. What it adds: a reconnect that resumes emits no `bootstrap`; one that
- * cannot (the publisher answers `resumed: false`) emits `bootstrap` again, as every reconnect did
- * in Joyent's. The differences from Joyent's are in the package README.
+ * once `backoff.retries` are spent, and nothing after close(). A failed attempt to connect is
+ * only logged, as Joyent's failed `GET /changefeeds` was. What it adds: every reconnect resumes
+ * after the last item pushed, so the changes of the gap are pushed too (Joyent's lost them);
+ * `bootstrapWhenResumed: false` leaves out the `bootstrap` of a reconnect that resumed. The
+ * differences from Joyent's are in the package README.
  */
 import { Readable } from "node:stream";
 import { ConnectionLost, ProtocolError, RetriesExhausted } from "../errors.js";
@@ -50,6 +51,10 @@ export interface CompatOptions {
     /** Joyent's `changeKinds` spelling of `resources`. */
     changeKinds?: Array<{ resource: string; subResources: string[] }>;
     backoff?: CompatBackoff;
+    /** Extensions: false: no `bootstrap` on a reconnect that resumed (the view is whole: every
+     * change since is pushed); only when the publisher cannot resume. Default true: Joyent's
+     * `bootstrap` at every registration. */
+    bootstrapWhenResumed?: boolean;
     /** Extensions: a bearer token, TLS options, more publisher URLs to fail over to. */
     token?: string;
     tls?: TlsOptions;
@@ -145,7 +150,7 @@ export class CompatListener extends Readable {
         this.listener = listener;
         listener.on("open", () => { this.open = true; });
         listener.on("registered", (info) => {
-            if (info.resumed || this.#stopped) return;
+            if (this.#stopped || (info.resumed && options.bootstrapWhenResumed === false)) return;
             for (const entry of info.resources) this.emit("bootstrap", entryOf(entry));
         });
         listener.on("change", (event) => {
