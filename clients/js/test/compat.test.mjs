@@ -238,6 +238,37 @@ test("a refused registration (1008) ends the connection and is one error; regist
     }
 });
 
+test("one read() per 'readable' (Joyent's tests) reads every item, even items that came in one chunk", async () => {
+    const { url } = await fixture.publisher();
+    const listener = changefeed.createListener({
+        log: logger(), url, instance: "compat-readable", service: "compat",
+        changeKind: { resource: "vm", subResources: ["nic"] },
+    });
+    const read = [];
+    let bootstrapped;
+    const bootstrap = new Promise((resolve) => { bootstrapped = resolve; });
+    let wake = () => undefined;
+    listener.on("bootstrap", () => bootstrapped());
+    listener.on("readable", () => {
+        const item = listener.read();
+        if (item !== null) read.push(item.cursor);
+        wake();
+    });
+    listener.register();
+    try {
+        await bootstrap;
+        const cursors = await fixture.commit(...Array.from({ length: 20 }, (_, i) => ["vm", `r${i}`, ["nic"]]));
+        await new Promise((resolve, reject) => {
+            const timer = setTimeout(() => reject(new Error(`read ${read.length} of 20`)), 20000);
+            wake = () => { if (read.length === 20) { clearTimeout(timer); resolve(); } };
+            wake();
+        });
+        assert.deepEqual(read, cursors);
+    } finally {
+        listener.close();
+    }
+});
+
 test("Joyent's option checks: changeKind or resources, instance and service", () => {
     assert.throws(() => changefeed.createListener({ url: "http://x", service: "s", changeKind: { resource: "vm", subResources: [] } }), /instance/);
     assert.throws(() => changefeed.createListener({ url: "http://x", instance: "i", service: "s" }), /changeKind/);

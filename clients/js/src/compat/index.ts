@@ -93,6 +93,9 @@ export class CompatListener extends Readable {
     readonly resources: ChangeKind[];
     private readonly options: CompatOptions;
     private listener: Listener | null = null;
+    private pending: ChangeItem[] = [];
+    /** _read() asked for an item and none was pending: push the next at once. */
+    private wanted = false;
     /** The websocket is open: its end is a `connection-end`. */
     private open = false;
     // Not `closed`: on Node 18 and later Readable.prototype.closed is a getter, and Joyent's
@@ -100,7 +103,10 @@ export class CompatListener extends Readable {
     #stopped = false;
 
     constructor(options: CompatOptions) {
-        super({ objectMode: true });
+        // One item buffered at a time, the others wait in `pending` until read() asks (_read):
+        // each item gets a 'readable' of its own, as Joyent's tests, which read() one item per
+        // 'readable', expect (items arriving in one tick would share one 'readable').
+        super({ objectMode: true, highWaterMark: 1 });
         if (!options || typeof options !== "object") throw new TypeError("options (object) is required");
         if (typeof options.instance !== "string") throw new TypeError("options.instance (string) is required");
         if (typeof options.service !== "string") throw new TypeError("options.service (string) is required");
@@ -154,7 +160,13 @@ export class CompatListener extends Readable {
             for (const entry of info.resources) this.emit("bootstrap", entryOf(entry));
         });
         listener.on("change", (event) => {
-            if (!this.#stopped) this.push(event.item satisfies ChangeItem);
+            if (this.#stopped) return;
+            if (!this.wanted) {
+                this.pending.push(event.item);
+                return;
+            }
+            this.wanted = false;
+            this.push(event.item);
         });
         listener.on("error", (error) => this.ended(error, false));
         listener.on("fatal", (error) => this.ended(error, true));
@@ -162,7 +174,14 @@ export class CompatListener extends Readable {
     }
 
     override _read(): void {
-        // Items are pushed as they arrive (as Joyent's did).
+        if (this.pending.length === 0) {
+            this.wanted = true;
+            return;
+        }
+        // Not within read(): an item pushed there gets no 'readable' of its own.
+        process.nextTick(() => {
+            if (!this.#stopped) this.push(this.pending.shift());
+        });
     }
 
     /** Stop for good: close the socket (its `connection-end`, when it was open, is emitted
