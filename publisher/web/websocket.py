@@ -62,7 +62,7 @@ def describe(config: Config, accept_version: str | None = None) -> web.Response:
     """GET /changefeeds without an upgrade: the resources served and the bucket's partitions,
     or an older shape that `Accept-Version` asks for (publisher.web.discovery)."""
     try:
-        shape = shape_for(accept_version)
+        shape = shape_for(accept_version, config.discovery.default_version)
     except VersionRefused as exc:
         raise bad_request("BadAcceptVersion", str(exc)) from None
     return json_response(resources_body(config, shape))
