@@ -1,0 +1,62 @@
+"""The PostgreSQL drivers are an extra (`changefeed[postgres]`): without them the publisher
+still starts, and a config.js naming `outbox` or `capture` says which extra to install
+(publisher.config.extras). Each test runs in a subprocess whose drivers are made unimportable
+(a None entry in sys.modules, as for a package that is not installed)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.servers import write_config
+
+SCRIPT = """
+import sys
+for name in {missing!r}:
+    sys.modules[name] = None
+from changefeed.errors import ConfigError
+import publisher.server.service  # the publisher imports without the drivers
+from publisher.config.settings import load_config
+try:
+    load_config({path!r})
+except ConfigError as exc:
+    print("ConfigError", exc.key, exc.expected)
+else:
+    print("loaded")
+"""
+OUTBOX = {"postgres": "postgresql://svc@db/svc"}
+CAPTURE = {"postgres": "postgresql://svc@db/svc",
+           "tables": {"public.vms": {"resource": "vm", "id": "uuid"}}}
+
+
+def run(tmp_path: Path, missing: list[str], **sections: object) -> str:
+    path = write_config(tmp_path / "config.js", "redis://127.0.0.1:1/0", **sections)
+    code = SCRIPT.format(missing=missing, path=str(path))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=False, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+@pytest.mark.parametrize("section", ["outbox", "capture"])
+@pytest.mark.parametrize("missing", ["asyncpg", "psycopg2"])
+def test_a_section_without_the_extra_names_it(
+    tmp_path: Path, section: str, missing: str
+) -> None:
+    said = run(tmp_path, [missing], **{section: OUTBOX if section == "outbox" else CAPTURE})
+    assert said == (
+        f"ConfigError {section} the 'postgres' extra installed: "
+        f"pip install 'changefeed[postgres]' ({missing} is missing)"
+    )
+
+
+def test_without_the_drivers_a_plain_config_loads(tmp_path: Path) -> None:
+    assert run(tmp_path, ["asyncpg", "psycopg2"]) == "loaded"
+
+
+@pytest.mark.parametrize("section", ["outbox", "capture"])
+def test_with_the_extra_the_section_loads(tmp_path: Path, section: str) -> None:
+    assert run(tmp_path, [], **{section: OUTBOX if section == "outbox" else CAPTURE}) == "loaded"
