@@ -72,14 +72,17 @@ def capture_section(url: str, **extra: Any) -> dict[str, Any]:
     return section
 
 
-def prepare(url: str, *statements: str) -> Capture:
+def prepare(url: str, *statements: str, tables: dict[str, Any] | None = None) -> Capture:
     """The vms table (and `statements`), and the publication `changefeed capture install`
-    makes; returns the capture's config (slot named after the database)."""
+    makes; returns the capture's config (slot named after the database; `tables` instead of
+    the vms table's mapping)."""
     sql(url, VMS, *statements)
     name = url.rsplit("/", 1)[1]
-    capture = parse_capture({"capture": capture_section(url, slot=f"s_{name}",
-                                                        publication=f"p_{name}")},
-                            {"vm": ["nic", "alias", "state"]}, "test", Path.cwd())
+    section = capture_section(url, slot=f"s_{name}", publication=f"p_{name}")
+    if tables is not None:
+        section["tables"] = tables
+    capture = parse_capture({"capture": section}, {"vm": ["nic", "alias", "state"]}, "test",
+                            Path.cwd())
     assert capture is not None
     conn = database.connect(url)
     try:
@@ -89,8 +92,12 @@ def prepare(url: str, *statements: str) -> Capture:
     return capture
 
 
-def section_of(capture: Capture, url: str) -> dict[str, Any]:
-    return capture_section(url, slot=capture.slot, publication=capture.publication)
+def section_of(capture: Capture, url: str, tables: dict[str, Any] | None = None
+               ) -> dict[str, Any]:
+    section = capture_section(url, slot=capture.slot, publication=capture.publication)
+    if tables is not None:
+        section["tables"] = tables
+    return section
 
 
 @dataclass(slots=True)
