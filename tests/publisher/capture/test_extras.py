@@ -60,3 +60,12 @@ def test_without_the_drivers_a_plain_config_loads(tmp_path: Path) -> None:
 @pytest.mark.parametrize("section", ["outbox", "capture"])
 def test_with_the_extra_the_section_loads(tmp_path: Path, section: str) -> None:
     assert run(tmp_path, [], **{section: OUTBOX if section == "outbox" else CAPTURE}) == "loaded"
+
+
+def test_without_the_drivers_the_command_line_starts() -> None:
+    code = ("import sys\nfor name in ('asyncpg', 'psycopg2'):\n    sys.modules[name] = None\n"
+            "from changefeed_cli import main\nmain(['capture', '--help'])")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=False, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "install" in done.stdout and "status" in done.stdout

@@ -1,0 +1,124 @@
+"""The capture's throughput and the cost of a transaction at once (docs/capture.md#measured):
+
+    rows/s     row changes streamed from PostgreSQL into the bucket with transactions of 1 and
+               of 1,000 rows (COMMIT of the first until the capture applied the last), against
+               `commit_many`'s own rate for the same changes (the bucket alone)
+    one call   the single script call a transaction of 1,000 and of 100,000 rows becomes: how
+               long Redis is busy with it (no other client is served meanwhile)
+
+    python -m bench.capture                       # 20,000 rows each way
+    python -m bench.capture --rows 5000 --big 20000   # a small run
+
+Every server is private and started here: redis-server, PostgreSQL (initdb, wal_level logical);
+the capture runs in this process (a CaptureRunner on its own bucket client).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+from changefeed.protocol import Resource
+from changefeed_testing.postgres import PostgresServer
+from changefeed_testing.servers import RedisServer
+from publisher.bucket import Change, ChangeBucket, connect
+from publisher.capture import database
+from publisher.capture.install import install
+from publisher.capture.runner import CaptureRunner
+from publisher.config.capture import parse_capture
+
+RESOURCES = [Resource("vm", ("nic", "alias", "state"), "/vms")]
+TABLE = "CREATE TABLE vms (uuid text PRIMARY KEY, seq int NOT NULL, alias text, nics jsonb)"
+STATE = {"uuid": "", "seq": 0, "alias": "web-frontend-01", "nics": [{"mac": "90:b8:d0:00:00:01"}]}
+
+
+async def streamed(url: str, runner: CaptureRunner, rows: int, per_txn: int) -> float:
+    """Row changes/s: `rows` inserted in transactions of `per_txn`, until all are applied."""
+    conn = await asyncpg.connect(url)
+    start_rows = runner.stats.rows
+    started = time.perf_counter()
+    try:
+        for first in range(0, rows, per_txn):
+            async with conn.transaction():
+                await conn.executemany(
+                    "INSERT INTO vms (uuid, seq, alias, nics) VALUES ($1, $2, $3, $4)",
+                    [(f"vm-{per_txn}-{n}", n, STATE["alias"], json.dumps(STATE["nics"]))
+                     for n in range(first, min(rows, first + per_txn))])
+    finally:
+        await conn.close()
+    while runner.stats.rows - start_rows < rows:  # noqa: ASYNC110 - the stats are polled
+        await asyncio.sleep(0.005)
+    return rows / (time.perf_counter() - started)
+
+
+async def commit_many_rate(bucket: ChangeBucket, rows: int) -> float:
+    changes = [Change.put("vm", f"cm-{n}", ["nic", "alias", "state"],
+                          {**STATE, "uuid": f"cm-{n}", "seq": n}) for n in range(rows)]
+    started = time.perf_counter()
+    await bucket.commit_many(changes)
+    return rows / (time.perf_counter() - started)
+
+
+async def one_call(bucket: ChangeBucket, rows: int) -> float:
+    """Seconds of the one script call a transaction of `rows` puts becomes."""
+    changes = [Change.put("vm", f"one-{rows}-{n}", ["state"], {**STATE, "uuid": str(n)})
+               for n in range(rows)]
+    started = time.perf_counter()
+    await bucket.commit_batches([(changes, f"bench-{rows}")])
+    return time.perf_counter() - started
+
+
+async def run(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
+    redis = RedisServer(directory / "redis", persist=False).start()
+    postgres = PostgresServer({"wal_level": "logical"}).start()
+    bucket = ChangeBucket(connect(redis.url), "bench", RESOURCES)
+    try:
+        url = postgres.url()
+        conn = database.connect(url)
+        database.query(conn, TABLE)
+        capture = parse_capture({"capture": {"postgres": url, "tables": {
+            "vms": {"resource": "vm", "id": "uuid",
+                    "subResources": {"nic": ["nics"], "alias": ["alias"], "state": ["seq"]}}}}},
+            {"vm": ["nic", "alias", "state"]}, "bench", directory)
+        assert capture is not None
+        install(conn, capture)
+        conn.close()
+        runner = CaptureRunner(bucket, capture, {r.resource: r for r in RESOURCES}, url, "bench")
+        runner.start()
+        while runner.stats.copies == 0:  # noqa: ASYNC110 - the stats are polled
+            await asyncio.sleep(0.01)
+        out: dict[str, Any] = {
+            "rows_per_s_txn_1": round(await streamed(url, runner, args.rows // 10, 1)),
+            "rows_per_s_txn_1000": round(await streamed(url, runner, args.rows, 1000)),
+            "commit_many_rows_per_s": round(await commit_many_rate(bucket, args.rows)),
+            "one_call_ms_1000": round(await one_call(bucket, 1000) * 1000, 1),
+            f"one_call_ms_{args.big}": round(await one_call(bucket, args.big) * 1000, 1),
+        }
+        out["txn_1000_vs_commit_many"] = round(
+            out["rows_per_s_txn_1000"] / out["commit_many_rows_per_s"], 3)
+        await runner.stop()
+        return out
+    finally:
+        await bucket.aclose()
+        postgres.remove()
+        redis.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=20000)
+    parser.add_argument("--big", type=int, default=100000)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as directory:
+        print(json.dumps(asyncio.run(run(args, Path(directory))), indent=2))
+
+
+if __name__ == "__main__":
+    main()
