@@ -10,9 +10,9 @@
 A slot whose mark is missing, or names another epoch than the bucket's, has no copy in this
 bucket that its stream continues: the capture makes a new slot and copies the tables again. The
 keys are bucket-wide (hash tag ``{name}``): the same on a single Redis and a Redis Cluster. Self-
-contained: it uses the bucket's client, its key names and its one error translation; `committed`
-reads the idempotency hash of an ordered bucket (so that a transaction the slot sends again is
-known applied before it is planned against the state it left).
+contained: it uses the bucket's client, its key names and its one error translation;
+`before_commit` reads the idempotency hash of an ordered bucket (so that a transaction the slot
+sends again is known applied before it is planned against the state it left).
 """
 
 from __future__ import annotations
@@ -77,11 +77,16 @@ class CaptureMarks:
         async with translate_redis_errors("capture mark"):
             await self.redis.delete(self._prefix + slot)
 
-    async def committed(self, key: str) -> bool:
-        """Whether a commit under idempotency `key` is in this (ordered) bucket: the one
-        shard's idempotency hash holds it (publisher.bucket.keys, `{name}:idem`)."""
-        async with translate_redis_errors("capture idempotency key"):
-            return bool(await self.redis.hexists(self._idempotency, key))
+    async def before_commit(self, slot: str, key: str) -> tuple[bool, bool]:
+        """Whether `slot`'s mark is still there (else Redis lost it: copy again), and whether a
+        commit under idempotency `key` is in this (ordered) bucket (the one shard's idempotency
+        hash, `{name}:idem`, holds it): one round trip."""
+        async with translate_redis_errors("capture mark"), \
+                self.redis.pipeline(transaction=False) as pipe:
+            pipe.exists(self._prefix + slot)
+            pipe.hexists(self._idempotency, key)
+            marked, known = await pipe.execute()
+        return bool(marked), bool(known)
 
     async def set_aside(self, slot: str, rows: list[bytes]) -> None:
         """Keep `rows` (JSON each) as the newest set-aside rows of `slot`."""

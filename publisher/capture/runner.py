@@ -165,8 +165,13 @@ class CaptureRunner:
     async def apply(self, txn: Transaction, mark: Mark) -> bool:
         """Commit `txn` atomically under its key; False when the bucket lost its state."""
         key = f"capture:{self.config.slot}:{mark.lsn}:{txn.lsn}"
-        if not self.bucket.sharded and await self._retry(
-                partial(self.marks.committed, key), "idempotency key"):
+        marked, known = await self._retry(
+            partial(self.marks.before_commit, self.config.slot, key), "capture mark")
+        if not marked:
+            log.error("capture: the bucket lost the capture's mark (Redis lost its data?); "
+                      "copying the tables again", slot=self.config.slot)
+            return False
+        if known and not self.bucket.sharded:
             log.info("capture: a transaction sent again was applied already", key=key)
             return True
         stored = await self._stored(txn)

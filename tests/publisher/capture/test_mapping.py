@@ -1,6 +1,7 @@
 """What the capture makes of a table's changes on a real server: a Moray-shaped table, DDL on a
 mapped table (its rows set aside with the reason; unmapped columns free), an idle slot whose
-position moves on, and the lag in /metrics and /changefeeds/stats."""
+position moves on, the lag in /metrics and /changefeeds/stats, and a slot invalidated by
+max_slot_wal_keep_size while the publisher was stopped."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import Callable
 
 import aiohttp
 import orjson
+import psycopg2
 
 from publisher.bucket import LogEntry
 from publisher.bucket.capture_marks import CaptureMarks
@@ -134,3 +136,69 @@ async def test_an_idle_slot_moves_on_and_the_lag_is_shown(
         assert "changefeed_capture_streaming 1.0" in metrics
         assert body["capture"]["streaming"] is True
         assert isinstance(body["capture"]["lagBytes"], int)
+
+
+async def test_a_slot_invalidated_while_the_publisher_was_stopped_means_a_new_copy(
+    database: str, redis_server: RedisServer, make_config: Callable[..., Config],
+    start_publisher: PublisherFactory,
+) -> None:
+    capture = prepare(database, "CREATE TABLE other (n int, pad text)")
+    sql(database, "INSERT INTO vms (uuid, seq) VALUES ('i1', 1)")
+    config = make_config(redis_server.url, capture=section_of(capture, database))
+    async with start_publisher(config) as service:
+        first = await copied(service, capture.slot)
+    sql(database, "INSERT INTO vms (uuid, seq) VALUES ('i2', 1)")  # the slot keeps it, then not
+    admin = database.rsplit("/", 1)[0] + "/postgres"
+    try:  # a small max_slot_wal_keep_size, and more WAL than it: the next checkpoint drops it
+        autocommit(admin, "ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'")
+        autocommit(admin, "SELECT pg_reload_conf()")
+        for _ in range(3):
+            sql(database, "INSERT INTO other SELECT n, repeat('x', 500) FROM "
+                "generate_series(1, 20000) n", "SELECT pg_switch_wal()")
+            autocommit(database, "CHECKPOINT")
+        (status,) = sql(database, "SELECT wal_status FROM pg_replication_slots WHERE "
+                        "slot_name = %s", args=(capture.slot,))[0]
+        assert status == "lost"
+    finally:
+        autocommit(admin, "ALTER SYSTEM RESET max_slot_wal_keep_size")
+        autocommit(admin, "SELECT pg_reload_conf()")
+    async with start_publisher(config) as service:
+        marks = CaptureMarks(service.bucket.redis, service.bucket.name)
+        assert service.capture is not None
+        stats = service.capture.stats
+        await until(lambda: stats.copies == 1 and stats.streaming, "copied again")
+        renewed = await marks.read(capture.slot)
+        assert renewed is not None and renewed.epoch != first.epoch and renewed.lsn > first.lsn
+        assert await service.bucket.get("vm", "i2") is not None  # in the new copy
+
+
+def autocommit(url: str, statement: str) -> None:
+    """Run `statement` outside a transaction (ALTER SYSTEM, CHECKPOINT)."""
+    conn = psycopg2.connect(url)
+    try:
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute(statement)
+    finally:
+        conn.close()
+
+
+async def test_redis_emptied_means_a_new_copy_and_a_resync(
+    database: str, redis_server: RedisServer, make_config: Callable[..., Config],
+    start_publisher: PublisherFactory,
+) -> None:
+    capture = prepare(database, "ALTER TABLE vms ALTER COLUMN big SET STORAGE EXTERNAL")
+    sql(database, "INSERT INTO vms (uuid, seq, big) VALUES ('e1', 1, repeat('y', 9000))")
+    config = make_config(redis_server.url, capture=section_of(capture, database))
+    async with start_publisher(config) as service:
+        first = await copied(service, capture.slot)
+        assert service.capture is not None
+        stats = service.capture.stats
+        await service.bucket.redis.flushall()  # as a Redis restarted without its data
+        sql(database, "UPDATE vms SET seq = 2 WHERE uuid = 'e1'")  # big: an unchanged TOAST
+        await until(lambda: stats.copies == 2, "copied again")
+        renewed = await CaptureMarks(service.bucket.redis, "test").read(capture.slot)
+        assert renewed is not None and renewed.epoch != first.epoch
+        state = orjson.loads(await service.bucket.get("vm", "e1") or b"")
+        assert (state["seq"], len(state["big"])) == (2, 9000)
+        assert stats.set_aside == 0  # nothing planned against the emptied store
