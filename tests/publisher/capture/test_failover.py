@@ -1,13 +1,14 @@
 """The capture across publisher deaths: the streaming `changefeed serve` SIGKILLed mid-stream
 (its standby takes over; it comes back as a standby), every committed change still delivered
 once, in commit order, to a real listener; a slot dropped by hand is found at once: a new slot,
-a new copy, a new epoch, a Resync for every listener."""
+a new copy, a new epoch, a Resync for every listener; Redis down while PostgreSQL commits on loses
+nothing."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import aiohttp
@@ -18,6 +19,8 @@ from changefeed_testing.servers import PublisherProcess, free_port
 from publisher.bucket import ChangeBucket, connect
 from publisher.bucket.capture_marks import CaptureMarks, Mark
 from publisher.capture import pgoutput as po
+from publisher.config.settings import Config
+from tests.conftest import PublisherFactory
 from tests.outbox.rig import recorder, until
 from tests.publisher.capture.rig import Writer, account, prepare, section_of, sql, stream_entries
 from tests.servers import RedisServer, scaled, write_config
@@ -159,3 +162,32 @@ async def test_a_slot_dropped_by_hand_means_a_new_copy_and_a_resync(
     finally:
         await writer.close()
         publisher.stop()
+
+
+async def test_redis_down_while_postgresql_commits_loses_nothing(
+    database: str, tcp_redis_server: RedisServer, make_config: Callable[..., Config],
+    start_publisher: PublisherFactory,
+) -> None:
+    capture = prepare(database)
+    config = make_config(tcp_redis_server.url, capture=section_of(capture, database))
+    writer = Writer(database)
+    async with start_publisher(config) as service:
+        mark = await mark_of(service.bucket, capture.slot)
+        stop = asyncio.Event()
+        writing = asyncio.create_task(writer.run(stop))
+        await until(lambda: len(writer.committed) > 50, "the writer wrote")
+        tcp_redis_server.kill()
+        count = len(writer.committed)
+        await until(lambda: len(writer.committed) > count + 150, "PostgreSQL committed on")
+        tcp_redis_server.start()  # its append-only file has every acknowledged commit
+        await until(lambda: len(writer.committed) > count + 200, "the writer wrote")
+        stop.set()
+        await writing
+        last = writer.committed[-1].hi
+        await until(lambda: confirmed(database, capture.slot) >= last, "the slot confirmed",
+                    within=30)
+        assert service.capture is not None and service.capture.stats.bucket_errors > 0
+        assert await mark_of(service.bucket, capture.slot) == mark
+        entries = await stream_entries(service.bucket, mark.head)
+        assert account(writer.committed, entries, mark.lsn) == []
+    await writer.close()
