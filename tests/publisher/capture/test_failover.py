@@ -2,7 +2,7 @@
 (its standby takes over; it comes back as a standby), every committed change still delivered
 once, in commit order, to a real listener; a slot dropped by hand is found at once: a new slot,
 a new copy, a new epoch, a Resync for every listener; Redis down while PostgreSQL commits on loses
-nothing."""
+nothing, and so does PostgreSQL SIGKILLed and restarted."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import aiohttp
 import pytest
 
 from changefeed.protocol import Resource
+from changefeed_testing.postgres import PostgresServer
 from changefeed_testing.servers import PublisherProcess, free_port
 from publisher.bucket import ChangeBucket, connect
 from publisher.bucket.capture_marks import CaptureMarks, Mark
@@ -22,7 +23,16 @@ from publisher.capture import pgoutput as po
 from publisher.config.settings import Config
 from tests.conftest import PublisherFactory
 from tests.outbox.rig import recorder, until
-from tests.publisher.capture.rig import Writer, account, prepare, section_of, sql, stream_entries
+from tests.publisher.capture.rig import (
+    LOGICAL,
+    Writer,
+    account,
+    fresh_database,
+    prepare,
+    section_of,
+    sql,
+    stream_entries,
+)
 from tests.servers import RedisServer, scaled, write_config
 
 RESOURCES = [Resource("vm", ("nic", "alias", "state"), "/vms"),
@@ -191,3 +201,36 @@ async def test_redis_down_while_postgresql_commits_loses_nothing(
         entries = await stream_entries(service.bucket, mark.head)
         assert account(writer.committed, entries, mark.lsn) == []
     await writer.close()
+
+
+async def test_postgresql_sigkilled_and_restarted_loses_nothing(
+    redis_server: RedisServer, make_config: Callable[..., Config],
+    start_publisher: PublisherFactory,
+) -> None:
+    server = PostgresServer(LOGICAL).start()  # its own: this test kills it
+    try:
+        database = fresh_database(server.url())
+        capture = prepare(database)
+        config = make_config(redis_server.url, capture=section_of(capture, database))
+        writer = Writer(database)
+        async with start_publisher(config) as service:
+            mark = await mark_of(service.bucket, capture.slot)
+            for n in range(50):
+                await writer.commit([f"vm-{n % 10}"])
+            await writer.commit([f"big-{i}" for i in range(500)])
+            server.kill()  # every backend at once: crash recovery at the start
+            await writer.close()
+            writer.conn = None
+            server.start()
+            for n in range(50):
+                await writer.commit([f"vm-{n % 10}"])
+            last = writer.committed[-1].hi
+            await until(lambda: confirmed(database, capture.slot) >= last, "the slot confirmed",
+                        within=30)
+            assert service.capture is not None and service.capture.stats.postgres_errors > 0
+            assert await mark_of(service.bucket, capture.slot) == mark
+            entries = await stream_entries(service.bucket, mark.head)
+            assert account(writer.committed, entries, mark.lsn) == []
+        await writer.close()
+    finally:
+        server.remove()
