@@ -77,16 +77,17 @@ class CaptureMarks:
         async with translate_redis_errors("capture mark"):
             await self.redis.delete(self._prefix + slot)
 
-    async def before_commit(self, slot: str, key: str) -> tuple[bool, bool]:
-        """Whether `slot`'s mark is still there (else Redis lost it: copy again), and whether a
-        commit under idempotency `key` is in this (ordered) bucket (the one shard's idempotency
-        hash, `{name}:idem`, holds it): one round trip."""
+    async def before_commit(self, slot: str, keys: list[str]) -> tuple[bool, list[bool]]:
+        """Whether `slot`'s mark is still there (else Redis lost it: copy again), and for each
+        idempotency key of `keys` whether a commit under it is in this (ordered) bucket (the
+        one shard's idempotency hash, `{name}:idem`, holds it): one round trip."""
         async with translate_redis_errors("capture mark"), \
                 self.redis.pipeline(transaction=False) as pipe:
             pipe.exists(self._prefix + slot)
-            pipe.hexists(self._idempotency, key)
-            marked, known = await pipe.execute()
-        return bool(marked), bool(known)
+            for key in keys:
+                pipe.hexists(self._idempotency, key)
+            marked, *known = await pipe.execute()
+        return bool(marked), [bool(k) for k in known]
 
     async def set_aside(self, slot: str, rows: list[bytes]) -> None:
         """Keep `rows` (JSON each) as the newest set-aside rows of `slot`."""

@@ -20,7 +20,7 @@ renamed) or whose type changed, a `_value` that is not a JSON object, an id too 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -187,14 +187,14 @@ def announced(table: Table, every: Sequence[str], old: Any, new: Any) -> list[st
 
 
 def plan(
-    rows: Sequence[RowChange], stored: Mapping[tuple[str, str], Any],
+    rows: Sequence[RowChange], current: MutableMapping[tuple[str, str], Any],
     sub_resources: Mapping[str, Sequence[str]], lsn: int = 0,
 ) -> Planned:
-    """The changes of a transaction's `rows`, in order; `stored` holds the bucket's state of
-    each (resource, id) the rows touch (None: none). A row's change sees the states the rows
-    before it in the transaction left."""
+    """The changes of a transaction's `rows`, in order; `current` holds the bucket's state of
+    each (resource, id) the rows touch (None: none), and is left holding the states the rows
+    made (the next transaction of a group is planned on it). A row's change sees the states the
+    rows before it left."""
     out = Planned()
-    current = dict(stored)
     for row in rows:
         table, every = row.table, sub_resources[row.table.resource]
         key = (table.resource, row.id)

@@ -1,15 +1,15 @@
 """`CaptureRunner`: the capture as a background task of the publisher, and the bucket side of
 its sessions (publisher.capture.session, in a thread).
 
-Each PostgreSQL transaction is one atomic commit of the bucket (`commit_batches` with one batch:
-one script call, whatever its size; on a Redis Cluster, `commit_many`: atomic per partition),
-under the idempotency key `capture:<slot>:<copy lsn>:<commit lsn>`. A transaction the slot sends
-again after a restart (the bucket acknowledged it, the slot's confirmed position had not moved
-yet) finds its key known and writes nothing: the bucket answers with the first commit's
-positions, or, when the sub-resources computed now differ from those of the first commit (the
-stored state is the transaction's own result by then), refuses the key as reused, which says the
-same: applied already. A commit that comes back in another epoch than the copy's means the bucket
-lost what it held: a new slot, a new copy, a new epoch (every listener is told to resync).
+Each PostgreSQL transaction is one atomic commit of the bucket (a batch of `commit_batches`: one
+script call, whatever its size; a group of consecutive transactions goes in one round trip; on a
+Redis Cluster, `commit_many`: atomic per partition), under the idempotency key
+`capture:<slot>:<copy lsn>:<commit lsn>`. A transaction the slot sends again after a restart
+(the bucket acknowledged it, the slot's confirmed position had not moved yet) is found applied by
+its key before it is planned (`CaptureMarks.before_commit`) and writes nothing; should a race
+get past that, the bucket refuses the key as reused with other changes, which says the same. A
+commit that comes back in another epoch than the copy's, or a mark gone from the bucket, means
+the bucket lost what it held: a new slot, a new copy, a new epoch (every listener resyncs).
 """
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ class CaptureRunner:
 
     async def copy_rows(self, rows: list[RowChange]) -> set[tuple[str, str]]:
         """Put the copied `rows` (the copy is not atomic: its new epoch ends it)."""
-        planned = plan(rows, {}, self.sub_resources)
+        planned = plan(rows, {}, self.sub_resources)  # the copy: no stored state counts
         changes = self._valid(planned.changes, planned.set_aside, 0)
         for start in range(0, len(changes), BATCH):
             chunk = changes[start : start + BATCH]
@@ -162,35 +162,45 @@ class CaptureRunner:
                     lsn=po.format_lsn(lsn))
         return mark
 
-    async def apply(self, txn: Transaction, mark: Mark) -> bool:
-        """Commit `txn` atomically under its key; False when the bucket lost its state."""
-        key = f"capture:{self.config.slot}:{mark.lsn}:{txn.lsn}"
+    async def apply(self, txns: list[Transaction], mark: Mark) -> bool:
+        """Commit each of `txns` (consecutive, in commit order) atomically under its key, all in
+        one round trip; False when the bucket lost its state (copy again)."""
+        keys = [f"capture:{self.config.slot}:{mark.lsn}:{txn.lsn}" for txn in txns]
         marked, known = await self._retry(
-            partial(self.marks.before_commit, self.config.slot, key), "capture mark")
+            partial(self.marks.before_commit, self.config.slot, keys), "capture mark")
         if not marked:
             log.error("capture: the bucket lost the capture's mark (Redis lost its data?); "
                       "copying the tables again", slot=self.config.slot)
             return False
-        if known and not self.bucket.sharded:
-            log.info("capture: a transaction sent again was applied already", key=key)
-            return True
-        stored = await self._stored(txn)
-        planned = plan(await self._truncates(txn, stored) + txn.rows, stored, self.sub_resources,
-                       txn.lsn)
-        set_aside = txn.set_aside + planned.set_aside
-        changes = self._valid(planned.changes, set_aside, txn.lsn)
-        epoch = await self._commit(changes, key) if changes else mark.epoch
+        todo = [(txn, key) for txn, key, was in zip(txns, keys, known, strict=True)
+                if not (was and not self.bucket.sharded)]
+        if len(todo) < len(txns):
+            log.info("capture: transactions sent again were applied already",
+                     count=len(txns) - len(todo))
+        stored = await self._stored([txn for txn, _ in todo])
+        batches: list[tuple[list[Change], str]] = []
+        set_aside: list[SetAside] = []
+        for txn, key in todo:
+            planned = plan(await self._truncates(txn, stored) + txn.rows, stored,
+                           self.sub_resources, txn.lsn)
+            aside = txn.set_aside + planned.set_aside
+            changes = self._valid(planned.changes, aside, txn.lsn)
+            set_aside += aside
+            if changes:
+                batches.append((changes, key))
+        epochs = await self._commit(batches)
         await self._set_aside(set_aside)
-        if epoch is not None and epoch != mark.epoch:
+        if any(epoch is not None and epoch != mark.epoch for epoch in epochs):
             log.error("capture: the bucket lost its state (a commit came back in another "
                       "epoch); copying the tables again", slot=self.config.slot)
             await self._retry(partial(self.marks.forget, self.config.slot), "capture mark")
             return False
-        self.stats.transactions += 1
-        self.stats.rows += len(changes)
-        assert txn.commit is not None
-        self.stats.lag_seconds = max(0.0, time.time() - txn.commit.commit_time / 1e6 - PG_EPOCH)
-        self.stats.confirmed_lsn = txn.end_lsn
+        last = txns[-1]
+        self.stats.transactions += len(todo)
+        self.stats.rows += sum(len(changes) for changes, _ in batches)
+        assert last.commit is not None
+        self.stats.lag_seconds = max(0.0, time.time() - last.commit.commit_time / 1e6 - PG_EPOCH)
+        self.stats.confirmed_lsn = last.end_lsn
         return True
 
     def ddl(self, report: str) -> None:
@@ -203,13 +213,14 @@ class CaptureRunner:
 
     # --- helpers -------------------------------------------------------------------------
 
-    async def _stored(self, txn: Transaction) -> dict[tuple[str, str], Any]:
-        """The bucket's state of every (resource, id) the transaction's rows touch."""
+    async def _stored(self, txns: list[Transaction]) -> dict[tuple[str, str], Any]:
+        """The bucket's state of every (resource, id) the transactions' rows touch."""
         wanted: dict[str, set[str]] = {}
-        for row in txn.rows:
-            wanted.setdefault(row.table.resource, set()).add(row.id)
-            if row.old_id is not None:
-                wanted[row.table.resource].add(row.old_id)
+        for txn in txns:
+            for row in txn.rows:
+                wanted.setdefault(row.table.resource, set()).add(row.id)
+                if row.old_id is not None:
+                    wanted[row.table.resource].add(row.old_id)
         stored: dict[tuple[str, str], Any] = {}
         for resource, ids in wanted.items():
             ordered = sorted(ids)
@@ -248,16 +259,30 @@ class CaptureRunner:
             out.append(change)
         return out
 
-    async def _commit(self, changes: list[Change], key: str) -> str | None:
-        """Commit `changes` as one atomic commit under `key`: the epoch it landed in, or None
-        when the key was known with other changes (applied already)."""
+    async def _commit(self, batches: list[tuple[list[Change], str]]) -> list[str | None]:
+        """Commit each batch atomically under its key, in order (one script call each, in one
+        round trip): the epoch each landed in, None for one whose key was known with other
+        changes (applied already)."""
+        if not batches:
+            return []
+        if not self.bucket.sharded:
+            try:
+                done = await self._retry(partial(self.bucket.commit_batches, batches), "commit")
+            except ChangeError as exc:
+                if "idempotency key" not in str(exc):
+                    raise
+            else:
+                return [committed.epoch for committed in done]
+        return [await self._commit_one(changes, key) for changes, key in batches]
+
+    async def _commit_one(self, changes: list[Change], key: str) -> str | None:
         try:
             if self.bucket.sharded:
                 commit = partial(self.bucket.commit_many, changes, key=key)
                 cursors = await self._retry(commit, "commit")
                 return cursors[0].split(".", 1)[0]
-            (committed,) = await self._retry(partial(self.bucket.commit_batches, [(changes, key)]),
-                                             "commit")
+            (committed,) = await self._retry(
+                partial(self.bucket.commit_batches, [(changes, key)]), "commit")
         except ChangeError as exc:
             if "idempotency key" not in str(exc):
                 raise

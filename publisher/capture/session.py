@@ -4,8 +4,9 @@ the slot and of the copy its stream continues, then stream the slot into the buc
 psycopg2's replication connection is blocking; the session runs in a thread and hands each
 committed transaction to the event loop (`Sink`, carried out by publisher.capture.runner),
 waiting for the bucket's answer before it confirms the transaction's end to PostgreSQL. So the
-slot's confirmed position never passes a transaction the bucket has not acknowledged, and the
-session holds one transaction at a time.
+slot's confirmed position never passes a transaction the bucket has not acknowledged. The
+complete transactions that arrived while the bucket answered go together (`GROUP`), each still
+its own atomic commit; the session holds at most that group.
 
 One publisher streams a slot at a time: the session that holds the advisory lock of the slot
 (on its plain connection; a standby tries for it every `takeoverInterval` seconds, and gets it
@@ -42,6 +43,11 @@ LOCK_CLASS = 0x63617074  # "capt"
 """The first key of the capture's advisory lock; the second is a hash of the slot's name."""
 COPY_BATCH = 1000
 """Rows of a table read (and committed) per round of the copy."""
+GROUP = 100
+"""Complete transactions handed to the bucket at most at once (each its own atomic commit, all
+in one round trip): those that arrived while the bucket answered the ones before."""
+GROUP_ROWS = 2000
+"""Rows of a group at most (a larger transaction goes alone)."""
 PG_EPOCH = 946684800
 """PostgreSQL's timestamps count microseconds from 2000-01-01 UTC: that in Unix seconds."""
 
@@ -64,7 +70,7 @@ class Sink(Protocol):
     async def mark(self) -> Mark | None: ...
     async def copy_rows(self, rows: list[RowChange]) -> set[tuple[str, str]]: ...
     async def finish_copy(self, seen: set[tuple[str, str]], lsn: int, reason: str) -> Mark: ...
-    async def apply(self, txn: Transaction, mark: Mark) -> bool: ...
+    async def apply(self, txns: list[Transaction], mark: Mark) -> bool: ...
     def ddl(self, report: str) -> None: ...
     def lag(self, lag_bytes: int | None, confirmed: int) -> None: ...
 
@@ -231,17 +237,22 @@ class Session:
         self.cursor = cur
         log.info("capture: streaming", slot=self.capture.slot, publisher=self.name)
         confirmed, looked = 0, 0.0
+        pending: list[Transaction] = []
         while not self.stop.is_set():
+            if time.monotonic() - looked >= self.capture.status_interval:
+                looked = time.monotonic()
+                self.sink.lag(self._lag(lock), confirmed)
             with translate_postgres_errors("capture stream"):
                 message = cur.read_message()
             if message is None:
+                if pending:  # what has arrived, committed in one round trip
+                    confirmed = self._apply(cur, pending, mark, confirmed)
+                    pending = []
+                    continue
                 if not assembler.in_transaction and cur.wal_end > confirmed:
                     confirmed = cur.wal_end  # nothing pending: the idle slot moves on
                     with translate_postgres_errors("capture feedback"):
                         cur.send_feedback(flush_lsn=confirmed)
-                if time.monotonic() - looked >= self.capture.status_interval:
-                    looked = time.monotonic()
-                    self.sink.lag(self._lag(lock), confirmed)
                 select.select([repl], [], [], min(0.2, self.capture.status_interval))
                 continue
             txn = assembler.feed(po.decode(message.payload))
@@ -249,12 +260,25 @@ class Session:
                 self.sink.ddl(assembler.reports.pop(0))
             if txn is None:
                 continue
-            if not (txn.empty and not txn.set_aside) and not self.call(
-                    self.sink.apply(txn, mark)):
-                raise Recopy()
-            confirmed = max(confirmed, txn.end_lsn)
-            with translate_postgres_errors("capture feedback"):  # now: less to send again
-                cur.send_feedback(flush_lsn=confirmed, force=True)
+            if txn.truncated and pending:  # a TRUNCATE reads the store: what is before it first
+                confirmed = self._apply(cur, pending, mark, confirmed)
+                pending = []
+            pending.append(txn)
+            if txn.truncated or len(pending) >= GROUP or sum(len(t.rows) for t in pending) >= \
+                    GROUP_ROWS:
+                confirmed = self._apply(cur, pending, mark, confirmed)
+                pending = []
+
+    def _apply(self, cur: Any, txns: list[Transaction], mark: Mark, confirmed: int) -> int:
+        """Hand the complete transactions `txns` to the bucket, then confirm the last one's end
+        to PostgreSQL; the position confirmed."""
+        work = [txn for txn in txns if not (txn.empty and not txn.set_aside)]
+        if work and not self.call(self.sink.apply(work, mark)):
+            raise Recopy()
+        confirmed = max(confirmed, txns[-1].end_lsn)
+        with translate_postgres_errors("capture feedback"):  # now: less to send again
+            cur.send_feedback(flush_lsn=confirmed, force=True)
+        return confirmed
 
     def _lag(self, lock: Any) -> int | None:
         """Bytes between the server's WAL end and the slot's confirmed position."""
