@@ -3,6 +3,8 @@
     rows/s     row changes streamed from PostgreSQL into the bucket with transactions of 1 and
                of 1,000 rows (written while no capture runs; from a capture's start until it
                applied the last), against `commit_many`'s own rate (the bucket alone)
+    latency    COMMIT of a 1-row transaction -> applied in the bucket (p50, p99), one at a time,
+               against a direct bucket commit's round trip (`ChangeBucket.commit`)
     one call   the single script call a transaction of 1,000 and of 100,000 rows becomes: how
                long Redis is busy with it (no other client is served meanwhile)
 
@@ -63,6 +65,36 @@ async def streamed(url: str, start: Any, rows: int, per_txn: int) -> float:
         await runner.stop()
 
 
+async def latency(url: str, bucket: ChangeBucket, start: Any, count: int) -> dict[str, float]:
+    """COMMIT -> applied in the bucket, ms (p50, p99), one 1-row transaction at a time (the
+    capture's stats polled every 0.2 ms), against a direct `ChangeBucket.commit`'s round trip."""
+    runner = start()
+    conn = await asyncpg.connect(url)
+    captured, direct = [], []
+    try:
+        while runner.stats.copies == 0 and not runner.stats.streaming:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+        for n in range(count):
+            before = runner.stats.transactions
+            await conn.execute("INSERT INTO vms (uuid, seq) VALUES ($1, $2)", f"lat-{n}", n)
+            committed = time.perf_counter()
+            while runner.stats.transactions == before:  # noqa: ASYNC110 - polled
+                await asyncio.sleep(0.0002)
+            captured.append(time.perf_counter() - committed)
+            started = time.perf_counter()
+            await bucket.commit("vm", f"direct-{n}", ["state"], {"uuid": f"direct-{n}"})
+            direct.append(time.perf_counter() - started)
+    finally:
+        await conn.close()
+        await runner.stop()
+
+    def q(values: list[float], at: float) -> float:
+        return round(sorted(values)[min(len(values) - 1, int(len(values) * at))] * 1000, 3)
+
+    return {"capture_p50_ms": q(captured, 0.5), "capture_p99_ms": q(captured, 0.99),
+            "direct_p50_ms": q(direct, 0.5), "direct_p99_ms": q(direct, 0.99)}
+
+
 async def commit_many_rate(bucket: ChangeBucket, rows: int) -> float:
     changes = [Change.put("vm", f"cm-{n}", ["nic", "alias", "state"],
                           {**STATE, "uuid": f"cm-{n}", "seq": n}) for n in range(rows)]
@@ -105,7 +137,8 @@ async def run(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
         while first.stats.copies == 0:  # noqa: ASYNC110 - the stats are polled
             await asyncio.sleep(0.01)
         await first.stop()
-        out: dict[str, Any] = {
+        out: dict[str, Any] = await latency(url, bucket, start, args.latency)
+        out |= {
             "rows_per_s_txn_1": round(await streamed(url, start, args.rows // 10, 1)),
             "rows_per_s_txn_1000": round(await streamed(url, start, args.rows, 1000)),
             "commit_many_rows_per_s": round(await commit_many_rate(bucket, args.rows)),
@@ -125,6 +158,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=20000)
     parser.add_argument("--big", type=int, default=100000)
+    parser.add_argument("--latency", type=int, default=300, help="1-row transactions timed")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as directory:
         print(json.dumps(asyncio.run(run(args, Path(directory))), indent=2))
