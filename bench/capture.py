@@ -145,6 +145,9 @@ async def run(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
             "one_call_ms_1000": round(await one_call(bucket, 1000) * 1000, 1),
             f"one_call_ms_{args.big}": round(await one_call(bucket, args.big) * 1000, 1),
         }
+        if args.huge:
+            out[f"seconds_txn_{args.huge}"] = round(
+                args.huge / await streamed(url, start, args.huge, args.huge), 2)
         out["txn_1000_vs_commit_many"] = round(
             out["rows_per_s_txn_1000"] / out["commit_many_rows_per_s"], 3)
         return out
@@ -159,6 +162,8 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=20000)
     parser.add_argument("--big", type=int, default=100000)
     parser.add_argument("--latency", type=int, default=300, help="1-row transactions timed")
+    parser.add_argument("--huge", type=int, default=0,
+                        help="also stream one transaction of this many rows, end to end")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as directory:
         print(json.dumps(asyncio.run(run(args, Path(directory))), indent=2))
