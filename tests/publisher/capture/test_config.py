@@ -83,3 +83,13 @@ def test_a_wrong_key_is_named(tmp_path: Path, section: Any, key: str, expected: 
         parse(tmp_path, section)
     assert caught.value.key == key
     assert expected in caught.value.expected
+
+
+def test_capture_cannot_change_while_the_publisher_runs(tmp_path: Path) -> None:
+    from publisher.config.reload import fixed_changes, keep_fixed
+
+    section = {"postgres": URL, "tables": {"vms": {"resource": "vm", "id": "uuid"}}}
+    old = parse(tmp_path, section)
+    new = parse(tmp_path, {**section, "slot": "other"})
+    assert fixed_changes(old, new) == ["capture"]
+    assert keep_fixed(old, new).capture == old.capture
