@@ -1,5 +1,5 @@
 """The `changefeed` command: one click group over the publisher's commands (serve, publish,
-stats, trace, outbox), the listener's (snoop) and the testing kit's (conformance).
+stats, trace, outbox, capture), the listener's (snoop) and the testing kit's (conformance).
 
 With the testing kit, the only code that imports both sides; `python -m changefeed_cli` runs it
 too. Every option can also be set by an environment variable: `CHANGEFEED_<OPTION>` for the
@@ -15,6 +15,7 @@ import click
 
 from changefeed_testing.conformance.cli import conformance
 from listener.snoop import snoop
+from publisher.cli.capture import capture
 from publisher.cli.commands import publish, serve, stats
 from publisher.cli.outbox import outbox
 from publisher.cli.trace import trace
@@ -56,7 +57,7 @@ def main(ctx: click.Context, log_format: str, log_level: str | None) -> None:
     )
 
 
-for command in (serve, publish, stats, trace, outbox, snoop, conformance):
+for command in (serve, publish, stats, trace, outbox, capture, snoop, conformance):
     main.add_command(command)
 
 

@@ -35,6 +35,7 @@
     │   ├── OutboxRowDead          an outbox row was moved to changefeed.outbox_dead (.row_id,
     │   │                          .reason)
     │   └── OutboxWaitTimeout      an outbox row was not relayed in time (.row_id, .pending)
+    ├── CaptureError               the capture's logical replication failed, or its set-up (.cause)
     └── ListenerError              raised by the listener library
         ├── RegistrationRejected   the publisher refused the registration (.url, .close_code,
         │                          .reason); raised, not retried
@@ -62,10 +63,9 @@
                                    reported, then it pulls again (.url, .seconds)
 
 Errors of dependencies are translated into these in exactly one place per dependency and side:
-redis-py in `publisher.bucket` (and `listener.buffer` for the listener's own Redis buffer),
-asyncpg in `publisher.outbox.database`, websockets and aiohttp's client in `listener.connection`
-and `listener.consumer`. Whether a listener failure is retried is decided by
-`changefeed.retry.is_retryable`.
+redis-py in `publisher.bucket` (and `listener.buffer`), asyncpg in `publisher.outbox.database`,
+psycopg2 in `publisher.capture.database`, websockets and aiohttp's client in `listener.connection`
+and `listener.consumer`. `changefeed.retry.is_retryable` decides if a listener failure is retried.
 """
 
 from __future__ import annotations
@@ -234,6 +234,14 @@ class NoSuchConsumer(ChangefeedError):
 class OutboxError(ChangefeedError):
     """The PostgreSQL outbox could not be read, written or installed (`cause`: the driver's
     error, if one)."""
+
+    def __init__(self, message: str, cause: BaseException | None = None) -> None:
+        super().__init__(message)
+        self.cause = cause
+
+
+class CaptureError(ChangefeedError):
+    """The capture could not read or set up PostgreSQL's logical replication (`cause`)."""
 
     def __init__(self, message: str, cause: BaseException | None = None) -> None:
         super().__init__(message)

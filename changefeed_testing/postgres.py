@@ -2,7 +2,8 @@
 port of loopback and a unix socket there, ready when it logs that it accepts connections.
 
 Never the machine's shared cluster. PostgreSQL refuses to run as root: as root the server runs
-as the `postgres` user (its directory handed to it). The binaries are found with `pg_config
+as the `postgres` user (its directory handed to it). `settings` adds server settings (the
+capture's tests ask for `wal_level = logical`). The binaries are found with `pg_config
 --bindir`, else in Debian's versioned folders, else on PATH.
 """
 
@@ -16,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 from changefeed_testing.servers import free_port, scaled, terminate, wait_for_line
@@ -45,7 +47,9 @@ class PostgresServer:
     SIGKILLs it (its whole process group: no shutdown checkpoint), `start()` again recovers it
     on the same port and data."""
 
-    def __init__(self) -> None:
+    def __init__(self, settings: Mapping[str, str] | None = None) -> None:
+        self.settings = dict(settings or {})
+        """Server settings beyond ours (`-c name=value`), e.g. {"wal_level": "logical"}."""
         self.bindir = postgres_bindir()
         self.directory = Path(tempfile.mkdtemp(prefix="cf-pg-"))
         self.data = self.directory / "data"
@@ -84,6 +88,7 @@ class PostgresServer:
             "-c", "fsync=off", "-c", "full_page_writes=off", "-c", "max_connections=200",
             "-c", "shared_buffers=32MB", "-c", "log_min_messages=warning",
             "-c", "logging_collector=off",
+            *(arg for name, value in self.settings.items() for arg in ("-c", f"{name}={value}")),
         )
         if wait_for_line(self.process, self.lines, 30, lambda line: READY in line):
             return self

@@ -10,6 +10,7 @@ of lower levels, never one above or beside it.
     bucket (Redis only) < config < security < delivery < pull < web < server < cli
     spark: beside security, above config (a Spark job needs the bucket and config.js, no server)
     outbox: beside pull (the relay commits to the bucket; the service starts it)
+    capture: beside pull and outbox (the capture commits to the bucket; the service starts it)
 
 `changefeed` (the shared core) imports neither side; `listener` imports only the core.
 """
@@ -32,6 +33,7 @@ LEVELS = {
     "delivery": 3,
     "pull": 4,
     "outbox": 4,
+    "capture": 4,
     "web": 5,
     "server": 6,
     "cli": 7,

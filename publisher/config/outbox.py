@@ -17,10 +17,12 @@ from urllib.parse import urlsplit
 
 from changefeed import configjs as cj
 from changefeed.errors import ConfigError
+from publisher.config.extras import POSTGRES, require
 
 KEY = "outbox"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_SOURCES = ("postgres", "postgresEnv", "postgresFile")
+SOURCES = ("postgres", "postgresEnv", "postgresFile")
+"""The keys that say where a section's PostgreSQL URL is (one of them)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,36 +50,64 @@ class Outbox:
     def url(self, environ: Mapping[str, str] | None = None) -> str:
         """The PostgreSQL URL, read from the environment or the file when config.js names one.
         Raises ConfigError (the URL never shown) when it is missing or unreadable."""
-        if self.postgres is not None:
-            return self.postgres
-        if self.postgres_env is not None:
-            value = (os.environ if environ is None else environ).get(self.postgres_env)
-            if not value:
-                raise ConfigError(
-                    f"{KEY}.postgresEnv", self.postgres_env, "a variable set in the environment"
-                )
-            return postgres_url(f"${self.postgres_env}", value.strip())
-        assert self.postgres_file is not None
-        try:
-            text = self.postgres_file.read_text().strip()
-        except OSError as exc:
-            raise ConfigError(
-                f"{KEY}.postgresFile", str(self.postgres_file), f"a readable file ({exc.strerror})"
-            ) from None
-        return postgres_url(str(self.postgres_file), text)
+        return source_url(KEY, self.postgres, self.postgres_env, self.postgres_file, environ)
 
     @property
     def display_url(self) -> str:
         """Where the URL comes from, for logs (a written URL with its password masked)."""
-        if self.postgres is not None:
-            return cj.masked_url(self.postgres)
-        if self.postgres_env is not None:
-            return f"${self.postgres_env}"
-        return str(self.postgres_file)
+        return display_source(self.postgres, self.postgres_env, self.postgres_file)
 
     @property
     def snapshot(self) -> dict[str, str]:
         return dict(self.snapshots)
+
+
+def source_url(
+    key: str, postgres: str | None, env: str | None, file: Path | None,
+    environ: Mapping[str, str] | None = None,
+) -> str:
+    """The URL of section `key`'s postgres (written), postgresEnv or postgresFile (read now)."""
+    if postgres is not None:
+        return postgres
+    if env is not None:
+        value = (os.environ if environ is None else environ).get(env)
+        if not value:
+            raise ConfigError(f"{key}.postgresEnv", env, "a variable set in the environment")
+        return postgres_url(f"${env}", value.strip())
+    assert file is not None
+    try:
+        text = file.read_text().strip()
+    except OSError as exc:
+        raise ConfigError(
+            f"{key}.postgresFile", str(file), f"a readable file ({exc.strerror})"
+        ) from None
+    return postgres_url(str(file), text)
+
+
+def display_source(postgres: str | None, env: str | None, file: Path | None) -> str:
+    """Where a section's URL comes from, for logs (a written URL with its password masked)."""
+    if postgres is not None:
+        return cj.masked_url(postgres)
+    if env is not None:
+        return f"${env}"
+    return str(file)
+
+
+def parse_source(section: Mapping[str, Any], key: str, base: Path) -> dict[str, Any]:
+    """The fields (postgres, postgres_env, postgres_file) of section `key`'s one URL source."""
+    given = [source for source in SOURCES if section.get(source) is not None]
+    if len(given) != 1:
+        raise ConfigError(key, "{...}", "exactly one of postgres, postgresEnv, postgresFile")
+    source = given[0]
+    value = section[source]
+    if source == "postgres":
+        return {"postgres": postgres_url(f"{key}.postgres", value)}
+    if source == "postgresEnv":
+        if not isinstance(value, str) or not _ENV_NAME.match(value):
+            raise ConfigError(f"{key}.postgresEnv", value, "the name of an environment variable")
+        return {"postgres_env": value}
+    path = Path(cj.string(f"{key}.postgresFile", value))
+    return {"postgres_file": path if path.is_absolute() else base / path}
 
 
 def postgres_url(key: str, value: Any) -> str:
@@ -101,24 +131,11 @@ def parse_outbox(obj: Mapping[str, Any], resources: set[str], base: Path) -> Out
     raw = obj.get(KEY)
     if raw is None:
         return None
+    require(KEY, POSTGRES)
     section = cj.section(raw, KEY)
-    cj.only(section, KEY + ".", {*_SOURCES, "resources", "pollInterval", "batch",
+    cj.only(section, KEY + ".", {*SOURCES, "resources", "pollInterval", "batch",
                                  "takeoverInterval", "keepRelayed", "maxDeadRows"})
-    given = [source for source in _SOURCES if section.get(source) is not None]
-    if len(given) != 1:
-        raise ConfigError(KEY, "{...}", "exactly one of postgres, postgresEnv, postgresFile")
-    source = given[0]
-    value = section[source]
-    fields: dict[str, Any] = {}
-    if source == "postgres":
-        fields["postgres"] = postgres_url(f"{KEY}.postgres", value)
-    elif source == "postgresEnv":
-        if not isinstance(value, str) or not _ENV_NAME.match(value):
-            raise ConfigError(f"{KEY}.postgresEnv", value, "the name of an environment variable")
-        fields["postgres_env"] = value
-    else:
-        path = Path(cj.string(f"{KEY}.postgresFile", value))
-        fields["postgres_file"] = path if path.is_absolute() else base / path
+    fields = parse_source(section, KEY, base)
     fields["snapshots"] = _snapshots(section.get("resources", {}), resources)
     for key, attr, check in (
         ("pollInterval", "poll_interval", cj.positive),

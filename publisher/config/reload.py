@@ -42,6 +42,8 @@ def fixed_changes(old: Config, new: Config) -> list[str]:
     changed += _fields("feed", old.feed, new.feed)
     if old.outbox != new.outbox:
         changed.append("outbox")
+    if old.capture != new.capture:
+        changed.append("capture")
     return changed
 
 
@@ -60,6 +62,7 @@ def keep_fixed(old: Config, new: Config) -> Config:
         bucket=old.bucket,
         feed=old.feed,
         outbox=old.outbox,
+        capture=old.capture,
         server=server,
         limits=limits,
     )

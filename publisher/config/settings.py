@@ -21,6 +21,7 @@ from changefeed.protocol import Resource
 from publisher.bucket.cluster_url import cluster_section
 from publisher.bucket.sentinel import redis_url as any_redis_url
 from publisher.bucket.sentinel import sentinel_section
+from publisher.config.capture import Capture, parse_capture
 from publisher.config.checks import (
     BUCKET_KEYS,
     DISCOVERY_KEYS,
@@ -207,6 +208,8 @@ class Config:
     """`logLevel`; None: the command line's (`--log-level`, default info)."""
     outbox: Outbox | None = None
     """The PostgreSQL outbox this publisher relays (publisher.config.outbox); None: none."""
+    capture: Capture | None = None
+    """The PostgreSQL tables this publisher captures (publisher.config.capture); None: none."""
 
     @property
     def resource_map(self) -> dict[str, Resource]:
@@ -279,6 +282,8 @@ def parse_config(text: str, base: Path | None = None, source: str | None = None)
             base or Path.cwd(),
         ),
         outbox=parse_outbox(obj, {r.resource for r in resources}, base or Path.cwd()),
+        capture=parse_capture(obj, {r.resource: r.sub_resources for r in resources},
+                              bucket.name, base or Path.cwd()),
         **_operations(obj),
     )
 
@@ -295,7 +300,7 @@ def _top_level(text: str, source: str | None) -> dict[str, Any]:
         "",
         {"resources", "maxAge", "maxItems", "bucket", "server", "limits", "feed", "durable",
          "stateDir",
-         "gcInterval", "outbox", *SECURITY_KEYS, *_OPERATIONS_KEYS},
+         "gcInterval", "outbox", "capture", *SECURITY_KEYS, *_OPERATIONS_KEYS},
     )
     return obj
 

@@ -1,5 +1,9 @@
 """The relay's connections to PostgreSQL (asyncpg), and the one place where asyncpg's errors
-become ours (`translate_postgres_errors`)."""
+become ours (`translate_postgres_errors`).
+
+asyncpg comes with the `postgres` extra: without it this module still imports (the publisher
+imports it whatever config.js says), and config.js's `outbox` is refused at load
+(publisher.config.extras)."""
 
 from __future__ import annotations
 
@@ -8,9 +12,13 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-import asyncpg
-
 from changefeed.errors import OutboxError
+from publisher.config.extras import POSTGRES, require
+
+try:
+    import asyncpg
+except ImportError:  # the postgres extra is not installed
+    asyncpg = None
 
 CONNECT_TIMEOUT = 5.0
 """Seconds a connection attempt may take."""
@@ -28,12 +36,14 @@ LISTENING = "changefeed-listen"
 HOUSEKEEPING = "changefeed-housekeeping"
 """The application_name prefix of the relaying publisher's housekeeping session."""
 
-ERRORS: tuple[type[BaseException], ...] = (
-    OSError,
-    asyncio.TimeoutError,
-    asyncpg.PostgresError,
-    asyncpg.InterfaceError,
-    asyncpg.exceptions._base.InternalClientError,  # a connection left mid-operation by a fault
+ERRORS: tuple[type[BaseException], ...] = (OSError, asyncio.TimeoutError) + (
+    ()
+    if asyncpg is None
+    else (
+        asyncpg.PostgresError,
+        asyncpg.InterfaceError,
+        asyncpg.exceptions._base.InternalClientError,  # a connection left mid-operation
+    )
 )
 """What a PostgreSQL connection or statement may raise: the server or the network failed."""
 
@@ -49,6 +59,7 @@ async def translate_postgres_errors(what: str) -> AsyncIterator[None]:
 
 async def connect(url: str, name: str | None = None, role: str = APPLICATION) -> Any:
     """An asyncpg connection to `url`, its session named `<role> <name>`."""
+    require("outbox", POSTGRES)
     settings = dict(KEEPALIVES)
     settings["application_name"] = f"{role} {name}"[:63] if name else role
     async with translate_postgres_errors("connect to the outbox's PostgreSQL"):

@@ -15,6 +15,7 @@ import socket
 import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING
 
 import structlog
 from aiohttp import web
@@ -49,6 +50,7 @@ from publisher.web.admission import (
 from publisher.web.app_keys import (
     ACCESS,
     BUCKET,
+    CAPTURE,
     CONFIG,
     HUB,
     LIFECYCLE,
@@ -68,6 +70,9 @@ from publisher.web.metrics import Metrics
 from publisher.web.poll_routes import add_poll_routes
 from publisher.web.revocation import expire_forever, revoke
 from publisher.web.trace_route import add_trace_route
+
+if TYPE_CHECKING:
+    from publisher.capture.runner import CaptureRunner  # imported when config.js has capture
 
 log = structlog.get_logger(__name__)
 
@@ -161,6 +166,15 @@ class Service:
             self.relay = self.app[OUTBOX] = Relay(
                 self.bucket, config.outbox, self.resources, config.outbox.url(), self.id
             )
+        self.capture: CaptureRunner | None = None
+        """The capture (config.js `capture`), started with the background
+        tasks; imported only then (its driver is the postgres extra's)."""
+        if config.capture is not None:
+            from publisher.capture.runner import CaptureRunner
+
+            self.capture = CaptureRunner(self.bucket, config.capture, self.resources,
+                                         config.capture.url(), self.id)
+            self.app[CAPTURE] = self.capture.stats
         self._add_routes()
         self.advertiser = Advertiser(self.app, self.metrics.activity)
         self.app.cleanup_ctx.append(self._background)
@@ -353,6 +367,8 @@ class Service:
         ]
         if self.relay is not None:
             tasks.append(self.relay.start())
+        if self.capture is not None:
+            tasks.append(self.capture.start())
         yield
         self.tail.stop()
         for task in tasks[1:]:

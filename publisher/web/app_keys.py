@@ -15,6 +15,7 @@ from aiohttp import web
 
 from changefeed.protocol import Resource
 from publisher.bucket import ChangeBucket
+from publisher.capture.stats import CaptureStats
 from publisher.config.settings import Config
 from publisher.delivery.hub import Hub
 from publisher.delivery.tail import Tail
@@ -54,11 +55,13 @@ ACCESS = web.AppKey("access", Access)
 LIVE = web.AppKey("live", Live)
 OUTBOX = web.AppKey("outbox", Relay)
 """The outbox relay, when config.js has `outbox` (absent otherwise)."""
+CAPTURE = web.AppKey("capture", CaptureStats)
+"""The capture's stats, when config.js has `capture` (absent otherwise)."""
 BOOTSTRAPS = web.AppKey("bootstraps", dict[web.AbstractResource, Resource])
 """The config resource of each bootstrap route (its page's and its objects'), by the aiohttp
 resource of the route: how the module-level handlers of `bootstrap_routes.py` know theirs."""
 
 __all__ = [
-    "ACCESS", "BOOTSTRAPS", "BUCKET", "CONFIG", "HUB", "LIFECYCLE", "LIVE", "OUTBOX", "TAIL",
-    "Lifecycle", "Live",
+    "ACCESS", "BOOTSTRAPS", "BUCKET", "CAPTURE", "CONFIG", "HUB", "LIFECYCLE", "LIVE", "OUTBOX",
+    "TAIL", "Lifecycle", "Live",
 ]

@@ -27,7 +27,7 @@ from aiohttp import web
 from changefeed.errors import BucketUnavailable
 from publisher.delivery.hub import Hub
 from publisher.web.access import identity_of
-from publisher.web.app_keys import ACCESS, BUCKET, HUB, LIFECYCLE, LIVE, OUTBOX, TAIL
+from publisher.web.app_keys import ACCESS, BUCKET, CAPTURE, HUB, LIFECYCLE, LIVE, OUTBOX, TAIL
 from publisher.web.health import tail_reasons
 from publisher.web.http import json_response
 from publisher.web.metrics import Activity, package_version
@@ -40,6 +40,9 @@ def local_stats(app: web.Application) -> dict[str, Any]:
     hub, publisher_id = app[HUB], app[LIFECYCLE].publisher_id
     relay = app.get(OUTBOX)
     outbox = {} if relay is None else {"outbox": relay.stats.report()}
+    capture = app.get(CAPTURE)
+    if capture is not None:
+        outbox["capture"] = capture.report()
     return {
         "listeners": len(hub.connections),
         "registrations": hub.stats(publisher_id),

@@ -25,9 +25,10 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
 from changefeed.protocol import CloseCode
+from publisher.capture.stats import metric_families as capture_metrics
 from publisher.outbox.metrics import metric_families as outbox_metrics
 from publisher.web.admission import Admission
-from publisher.web.app_keys import HUB, LIFECYCLE, OUTBOX, TAIL
+from publisher.web.app_keys import CAPTURE, HUB, LIFECYCLE, OUTBOX, TAIL
 from publisher.web.health import tail_reasons
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -275,6 +276,9 @@ class _Collector(Collector):
         relay = self.app.get(OUTBOX)
         if relay is not None:
             yield from outbox_metrics(relay.stats)
+        capture = self.app.get(CAPTURE)
+        if capture is not None:
+            yield from capture_metrics(capture)
 
 
 class Metrics:
