@@ -16,12 +16,12 @@ import asyncpg
 import psycopg2
 
 from changefeed.cursor import Cursor, StreamId
+from faults.oracle import Attempt, History, Outcome
 from publisher.bucket import ChangeBucket, LogEntry
 from publisher.capture import database
 from publisher.capture import pgoutput as po
 from publisher.capture.install import install
 from publisher.config.capture import Capture, parse_capture
-from faults.oracle import Attempt, History, Outcome
 
 LOGICAL = {
     "wal_level": "logical", "max_replication_slots": "20", "max_wal_senders": "20",

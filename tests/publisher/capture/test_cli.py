@@ -13,9 +13,9 @@ from changefeed_cli import main
 from changefeed_testing.postgres import PostgresServer
 from publisher.config.settings import Config
 from tests.conftest import PublisherFactory
-from tests.publisher.outbox.rig import until
 from tests.publisher.capture.rig import VMS, capture_section, sql
 from tests.publisher.capture.test_stream import copied
+from tests.publisher.outbox.rig import until
 from tests.servers import RedisServer, write_config
 
 

@@ -22,7 +22,6 @@ from publisher.bucket.capture_marks import CaptureMarks, Mark
 from publisher.capture import pgoutput as po
 from publisher.config.settings import Config
 from tests.conftest import PublisherFactory
-from tests.publisher.outbox.rig import recorder, until
 from tests.publisher.capture.rig import (
     LOGICAL,
     Writer,
@@ -33,6 +32,7 @@ from tests.publisher.capture.rig import (
     sql,
     stream_entries,
 )
+from tests.publisher.outbox.rig import recorder, until
 from tests.servers import RedisServer, scaled, write_config
 
 RESOURCES = [Resource("vm", ("nic", "alias", "state"), "/vms"),

@@ -18,10 +18,10 @@ from publisher.capture.pgoutput import parse_lsn
 from publisher.config.settings import Config
 from publisher.server.service import Service
 from tests.conftest import PublisherFactory
-from tests.publisher.outbox.rig import until
 from tests.publisher.capture.rig import prepare, section_of, sql, stream_entries
 from tests.publisher.capture.test_failover import confirmed
 from tests.publisher.capture.test_stream import copied
+from tests.publisher.outbox.rig import until
 from tests.servers import RedisServer
 
 MORAY = ("CREATE TABLE vmapi_vms (_key text PRIMARY KEY, _value text NOT NULL, _etag char(8), "

@@ -14,7 +14,6 @@ from publisher.bucket.capture_marks import CaptureMarks, Mark
 from publisher.config.settings import Config
 from publisher.server.service import Service
 from tests.conftest import PublisherFactory
-from tests.publisher.outbox.rig import recorder, until
 from tests.publisher.capture.rig import (
     Writer,
     account,
@@ -24,6 +23,7 @@ from tests.publisher.capture.rig import (
     sql,
     stream_entries,
 )
+from tests.publisher.outbox.rig import recorder, until
 from tests.servers import RedisServer
 
 
