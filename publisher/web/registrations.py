@@ -31,14 +31,7 @@ from changefeed.errors import (
 )
 from changefeed.protocol import CloseCode, Registration, Resource, parse_registration
 from publisher.bucket import Vector
-from publisher.web.http import (
-    EPOCH_NOT_READ,
-    OVERLOADED,
-    RETRY_EPOCH_NOT_READ,
-    RETRY_OVERLOADED,
-    RETRY_UNAVAILABLE,
-    UNAVAILABLE,
-)
+from publisher.web.http import BUCKET_ANSWERS
 
 
 class Why(StrEnum):
@@ -74,6 +67,13 @@ class Rule:
     """The reason text, when it is always the same (else the refusal's own)."""
 
 
+def _bucket(close_code: CloseCode, error: type[BucketUnavailable]) -> Rule:
+    """The rule of a bucket error: its close code, and its HTTP answer as every route gives it
+    (`publisher.web.http.BUCKET_ANSWERS`)."""
+    answer = BUCKET_ANSWERS[error]
+    return Rule(close_code, answer.status, answer.code, answer.retry_after, answer.message)
+
+
 C = CloseCode
 RULES: Mapping[Why, Rule] = {
     Why.NO_REGISTRATION: Rule(C.POLICY_VIOLATION, 408, "RegistrationTimeout"),
@@ -83,14 +83,11 @@ RULES: Mapping[Why, Rule] = {
     Why.FORBIDDEN: Rule(C.POLICY_VIOLATION, 403, "Forbidden"),
     Why.TOO_MANY_REGISTRATIONS: Rule(C.TRY_AGAIN_LATER, 503, "TryAgainLater", 1),
     Why.TOO_MANY_LISTENERS: Rule(C.TRY_AGAIN_LATER, 503, "TryAgainLater", 1),
-    Why.TAIL_NOT_READING: Rule(C.TRY_AGAIN_LATER, 503, "BucketUnavailable", RETRY_UNAVAILABLE,
-                               UNAVAILABLE),
+    Why.TAIL_NOT_READING: _bucket(C.TRY_AGAIN_LATER, BucketUnavailable),
     Why.INVALID_CURSOR: Rule(C.POLICY_VIOLATION, 400, "InvalidCursor"),
-    Why.OVERLOADED: Rule(C.OVERLOADED, 503, "Overloaded", RETRY_OVERLOADED, OVERLOADED),
-    Why.EPOCH_NOT_READ: Rule(C.TRY_AGAIN_LATER, 503, "EpochNotRead", RETRY_EPOCH_NOT_READ,
-                             EPOCH_NOT_READ),
-    Why.BUCKET_UNAVAILABLE: Rule(C.TRY_AGAIN_LATER, 503, "BucketUnavailable",
-                                 RETRY_UNAVAILABLE, UNAVAILABLE),
+    Why.OVERLOADED: _bucket(C.OVERLOADED, BucketBusy),
+    Why.EPOCH_NOT_READ: _bucket(C.TRY_AGAIN_LATER, EpochNotRead),
+    Why.BUCKET_UNAVAILABLE: _bucket(C.TRY_AGAIN_LATER, BucketUnavailable),
 }
 """Every refusal of a registration: its close code, HTTP status, JSON code and retry delay."""
 del C
