@@ -58,7 +58,7 @@ def edge(metrics: Metrics, access: Access) -> Middleware:
             raise
         finally:
             if request.get(UPGRADED) is not None:
-                status = 101  # answered 101 before its handler ended, however it did
+                status = 101  # answered 101, then its handler was cancelled (connection lost)
             metrics.count(request, status)
 
     return middleware

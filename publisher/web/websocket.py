@@ -51,8 +51,9 @@ log = structlog.get_logger(__name__)
 _CLOSED = (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED)
 """What `receive()` returns once the socket is closing (where `async for` would stop)."""
 UPGRADED = web.RequestKey("upgraded", web.WebSocketResponse)
-"""The websocket of an upgraded request (its answer was 101), for the middleware to count a
-connection lost without a close frame as what it was (publisher.web.edge)."""
+"""The websocket of an upgraded request whose handler was cancelled (its connection lost): for
+the middleware to count it as the 101 it was (publisher.web.edge). Set only then: a key in the
+request's state costs every idle listener a dict's table."""
 
 
 def describe(config: Config, accept_version: str | None = None) -> web.Response:
@@ -98,6 +99,7 @@ async def handle_changefeeds(request: web.Request) -> web.StreamResponse:
         reason, code = _why_cancelled(ws, lifecycle, guard)
         if code == CloseCode.ABNORMAL_CLOSURE:
             lifecycle.abnormal_closures += 1
+        request[UPGRADED] = ws
         raise
     finally:
         hub.remove(conn)
@@ -148,7 +150,6 @@ async def _upgrade(
         if guard is not None:
             guard.expect_requests()
         raise
-    request[UPGRADED] = ws
     return ws, guard
 
 
@@ -169,6 +170,7 @@ async def _registered(
             _refused_frame(lifecycle, CloseCode.PROTOCOL_ERROR, guard.violation, remote)
         elif not lifecycle.stopping.is_set():
             lifecycle.abnormal_closures += 1
+        request[UPGRADED] = ws
         raise
     finally:
         lifecycle.unregistered.discard(ws)
