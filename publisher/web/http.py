@@ -10,8 +10,8 @@ error of a handler into a JSON body `{"code", "message"}` (for the middleware, p
 | any other `ChangefeedError`   | 500 `InternalError` (a Redis error reply: the deployment)  |
 
 The three bucket rows are `BUCKET_ANSWERS`, which registrations share
-(publisher.web.registrations). Bad input never produces a 500: handlers answer it with `json_error(400, ...)` or raise
-`bad_request`. docs/http.md documents the formats.
+(publisher.web.registrations). Bad input never produces a 500: handlers answer it with
+`json_error(400, ...)` or raise `bad_request`. docs/http.md documents the formats.
 """
 
 from __future__ import annotations
