@@ -162,7 +162,7 @@ def refusal_of(exc: ChangefeedError) -> Refused:
     return refused(why)
 
 
-AccessCheck = Callable[[Registration], "Refused | None"]
+AccessCheck = Callable[[Registration], Refused | None]
 """The access checks of the registration's identity and client (`Access.registration_refusal`
 bound to them): a refusal, or None."""
 
