@@ -34,18 +34,24 @@ MAX_REASON_BYTES = 123
 
 
 class CloseCode(IntEnum):
-    """Websocket close codes the publisher sends (documented in docs/protocol.md)."""
+    """Every websocket close code of the change feed: those the publisher sends, and those a
+    listener sees without a close frame (documented in docs/protocol.md, checked by a test).
+    The one home of close codes: the publisher and the listener name them by this enum."""
 
     NORMAL = 1000
-    GOING_AWAY = 1001  # publisher shutting down
+    GOING_AWAY = 1001  # publisher shutting down, or a missing pong
+    PROTOCOL_ERROR = 1002  # a frame that breaks RFC 6455 (an unmasked one)
     UNSUPPORTED_DATA = 1003  # a binary frame where text was expected
+    NO_STATUS = 1005  # not on the wire: a close frame without a code
+    ABNORMAL_CLOSURE = 1006  # not on the wire: the connection ended without a close frame
+    INVALID_DATA = 1007  # a text frame that is not UTF-8
     POLICY_VIOLATION = 1008  # invalid registration; the reason says what was wrong
     MESSAGE_TOO_BIG = 1009  # a frame over the registration size limit
     INTERNAL_ERROR = 1011  # an unexpected publisher fault; reconnect
     TRY_AGAIN_LATER = 1013  # the bucket (Redis) is unreachable; reconnect with backoff
     SLOW_CONSUMER = 4008  # fell behind the publisher's window; reconnect with `since`
-    OVERLOADED = 4029  # the publisher had no Redis connection free in time; reconnect with backoff
     BUCKET_RESET = 4009  # the bucket was recreated (new epoch); reconnect and bootstrap
+    OVERLOADED = 4029  # the publisher had no Redis connection free in time; reconnect with backoff
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,7 +28,7 @@ from changefeed.errors import (
     FetchFailed,
 )
 from changefeed.logs import get_logger
-from changefeed.protocol import HEARTBEAT, ChangeItem
+from changefeed.protocol import HEARTBEAT, ChangeItem, CloseCode
 from listener.buffer import Buffer
 from listener.config import ListenerConfig
 from listener.pager import Page, Pager
@@ -58,7 +58,7 @@ async def translate_errors(url: str, via: Via) -> AsyncIterator[None]:
     try:
         yield
     except websockets.exceptions.ConnectionClosed as exc:
-        code = exc.rcvd.code if exc.rcvd is not None else 1006
+        code = exc.rcvd.code if exc.rcvd is not None else int(CloseCode.ABNORMAL_CLOSURE)
         reason = exc.rcvd.reason if exc.rcvd is not None else ""
         raise ConnectionLost(url, f"websocket closed ({exc})", code, reason) from exc
     except websockets.exceptions.InvalidStatus as exc:

@@ -50,7 +50,8 @@ from changefeed.retry import Retrier
 from changefeed.watch import EVERYTHING, Watch, parse_watch
 from listener.events import BootstrapDone, ChangeEvent, Resync
 
-REJECTIONS = frozenset({1002, CloseCode.UNSUPPORTED_DATA, 1007, CloseCode.POLICY_VIOLATION,
+REJECTIONS = frozenset({CloseCode.PROTOCOL_ERROR, CloseCode.UNSUPPORTED_DATA,
+                        CloseCode.INVALID_DATA, CloseCode.POLICY_VIOLATION,
                         CloseCode.MESSAGE_TOO_BIG})
 """Close codes that answer a registration by refusing it: retrying would be refused again
 (docs/protocol.md, "Close codes"), except for the two 1008 reasons below."""

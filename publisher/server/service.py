@@ -2,7 +2,8 @@
 assembled on one aiohttp application.
 
 The shared objects go on the application under `publisher.web.app_keys`, where the handlers find
-them; this module imports the handler modules only to add their routes.
+them; this module imports the handler modules only to add their routes: `ROUTE_MODULES` lists
+every module of `publisher.web` that declares routes (its module-level `routes`).
 """
 
 from __future__ import annotations
@@ -38,6 +39,17 @@ from publisher.security import tls
 from publisher.security.auth import now
 from publisher.security.clientaddr import Trusted
 from publisher.server.supervise import supervise
+from publisher.web import (
+    bootstrap_routes,
+    dashboard,
+    durable_routes,
+    health,
+    metrics,
+    poll_routes,
+    sse,
+    trace_route,
+    websocket,
+)
 from publisher.web.access import Access, check_reload
 from publisher.web.admission import (
     MAX_LINGERING,
@@ -49,9 +61,9 @@ from publisher.web.admission import (
 )
 from publisher.web.app_keys import (
     ACCESS,
+    BOOTSTRAPS,
     BUCKET,
     CAPTURE,
-    CONFIG,
     HUB,
     LIFECYCLE,
     LIVE,
@@ -60,16 +72,12 @@ from publisher.web.app_keys import (
     Lifecycle,
     Live,
 )
-from publisher.web.bootstrap_routes import add_routes
-from publisher.web.dashboard import add_dashboard_route
-from publisher.web.durable_routes import DURABLES, add_durable_routes
+from publisher.web.bootstrap_routes import bootstraps_of, resource_routes
+from publisher.web.durable_routes import DURABLES
 from publisher.web.edge import edge
 from publisher.web.fleet import Advertiser
-from publisher.web.health import add_health_routes
-from publisher.web.metrics import Metrics
-from publisher.web.poll_routes import add_poll_routes
+from publisher.web.metrics import METRICS, Metrics
 from publisher.web.revocation import expire_forever, revoke
-from publisher.web.trace_route import add_trace_route
 
 if TYPE_CHECKING:
     from publisher.capture.runner import CaptureRunner  # imported when config.js has capture
@@ -80,6 +88,13 @@ BACKLOG = 128
 """Connections the kernel queues for accept()."""
 READY_TIMEOUT = 10.0
 """How long start() waits for the first read of the bucket before serving anyway."""
+ROUTE_MODULES = (
+    websocket, bootstrap_routes, sse, poll_routes, durable_routes, health, metrics, dashboard,
+    trace_route,
+)
+"""Every module of `publisher.web` that declares routes (a module-level `routes`), in the order
+the application adds them; the bootstrap routes of the config's resources come last
+(`resource_routes`). The one place that lists them (docs/architecture.md, "Routes")."""
 
 
 def _security(config: Config) -> tuple[Access, ssl.SSLContext | None]:
@@ -153,12 +168,13 @@ class Service:
         self.hub.observe_latency = self.metrics.latency.observe
         self._trace(config)
         self.app[ACCESS] = self.access
-        self.app[CONFIG] = config
         self.app[LIVE] = self.live
         self.app[BUCKET] = self.bucket
         self.app[HUB] = self.hub
         self.app[TAIL] = self.tail
         self.app[LIFECYCLE] = self.lifecycle
+        self.app[METRICS] = self.metrics
+        self.app[BOOTSTRAPS] = bootstraps_of(config.resources)
         self.app[DURABLES] = Durables(self.bucket, self.hub, config.durable, self.resources)
         self.relay: Relay | None = None
         """The outbox relay (config.js `outbox`), started with the background tasks."""
@@ -181,13 +197,9 @@ class Service:
         self.app.on_shutdown.append(self._close_listeners)
 
     def _add_routes(self) -> None:
-        add_routes(self.app)
-        add_poll_routes(self.app)
-        add_durable_routes(self.app)
-        add_health_routes(self.app)
-        self.metrics.add_route(self.app)
-        add_dashboard_route(self.app)
-        add_trace_route(self.app)
+        for module in ROUTE_MODULES:
+            self.app.router.add_routes(module.routes)
+        self.app.router.add_routes(resource_routes(self.config.resources))
 
     @property
     def unregistered(self) -> set[web.WebSocketResponse]:

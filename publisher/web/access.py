@@ -16,7 +16,8 @@ and code per interval, counted in `/changefeeds/stats`):
 4. the route's scope (`scope_needed`): 403 `Forbidden`.
 
 `registration_refusal` checks a listener's registration: its resources against the identity's
-`listen:` scopes (1008), the client's registration rate and the global listener cap (1013).
+`listen:` scopes, the client's registration rate and the global listener cap (the refusals of
+`publisher.web.registrations`, whose table gives their close codes and HTTP statuses).
 
 The `Access` object lives as long as the service; `replace(security)` swaps in a reloaded
 config's tokens, origins and limits (established connections keep their identity).
@@ -35,7 +36,7 @@ import structlog
 from aiohttp import web
 
 from changefeed.errors import ConfigError
-from changefeed.protocol import CloseCode, Registration
+from changefeed.protocol import Registration
 from publisher.config.logs import Throttle
 from publisher.config.scopes import may_listen, refused_resources
 from publisher.config.security import ClientLimits, Security
@@ -46,6 +47,8 @@ from publisher.security.jwt import looks_like_jwt
 from publisher.security.origin import cors_headers, host_refused, origin_refused, preflight_headers
 from publisher.security.ratelimit import TokenBuckets, retry_after
 from publisher.web.http import json_error
+from publisher.web.registrations import Refused, Why
+from publisher.web.registrations import refused as refused_registration
 
 log = structlog.get_logger(__name__)
 
@@ -340,12 +343,12 @@ class Access:
 
     def registration_refusal(
         self, identity: Identity, registration: Registration, remote: str, listeners: int
-    ) -> tuple[int, str] | None:
-        """The close code and reason refusing `registration`, or None to accept it."""
+    ) -> Refused | None:
+        """The refusal of `registration` (publisher.web.registrations), or None to accept it."""
         refused = refused_resources(identity.scopes, [k.resource for k in registration.kinds])
         if refused:
             return self._refuse_registration(
-                remote, "registrationForbidden", CloseCode.POLICY_VIOLATION,
+                remote, Why.FORBIDDEN,
                 f"not authorized to listen for {', '.join(refused)}: identity {identity.name!r} "
                 f"lacks listen:{refused[0]}",
             )
@@ -353,27 +356,26 @@ class Access:
             wait = self._registrations.take(remote)
             if wait:
                 return self._refuse_registration(
-                    remote, "tooManyRegistrations", CloseCode.TRY_AGAIN_LATER,
+                    remote, Why.TOO_MANY_REGISTRATIONS,
                     f"too many registrations from {remote} (clientLimits.registrationsPerSecond);"
                     f" retry after {retry_after(wait)} s",
                 )
         most = self._limits.max_listeners
         if most is not None and listeners >= most:
             return self._refuse_registration(
-                remote, "tooManyListeners", CloseCode.TRY_AGAIN_LATER,
+                remote, Why.TOO_MANY_LISTENERS,
                 f"publisher full: {most} listeners (clientLimits.maxListeners); try again later",
             )
         return None
 
-    def _refuse_registration(
-        self, remote: str, code: str, close_code: int, reason: str
-    ) -> tuple[int, str]:
-        self.refused[code] += 1
-        suppressed = self._log.allow(f"{remote} {code}")
+    def _refuse_registration(self, remote: str, why: Why, reason: str) -> Refused:
+        refusal = refused_registration(why, reason)
+        self.refused[why.value] += 1
+        suppressed = self._log.allow(f"{remote} {why.value}")
         if suppressed is not None:
-            log.warning("registration refused", code=close_code, reason=reason, remote=remote,
-                        suppressed=suppressed)
-        return close_code, reason
+            log.warning("registration refused", code=int(refusal.close_code), reason=reason,
+                        remote=remote, suppressed=suppressed)
+        return refusal
 
 
 def check_reload(old: Security, new: Security) -> None:

@@ -5,7 +5,8 @@
   and the refusal logged once per client address per interval. The cap is kept below the
   process's open-file limit, so accepting never fails for want of a file descriptor.
 - Upgraded (websocket) connections have their frames checked for masks (`publisher.web.frames`):
-  an unmasked frame is answered with close code 1002 and the connection closed.
+  an unmasked frame is answered with close code 1002 (`CloseCode.PROTOCOL_ERROR`) and the
+  connection closed.
 
 `Guard` is the asyncio protocol of every accepted connection: it admits it or refuses it, then
 passes every event on to aiohttp's own protocol (a `RequestHandler`) unchanged.
@@ -22,7 +23,7 @@ from typing import Any, cast
 import orjson
 import structlog
 
-from changefeed.protocol import close_frame
+from changefeed.protocol import CloseCode, close_frame
 from publisher.config.logs import Throttle
 from publisher.web.frames import ClientFrames
 
@@ -38,7 +39,6 @@ RESERVED_FILES = 32
 Redis's pipes, lingering refusals."""
 RETRY_AFTER = 1
 UNMASKED = "client frames must be masked (RFC 6455 5.1)"
-PROTOCOL_ERROR = 1002
 
 
 def file_limit() -> int:
@@ -201,7 +201,7 @@ class Guard(asyncio.Protocol):
         self.violation = UNMASKED
         transport = self._transport
         if transport is not None and not transport.is_closing():
-            transport.write(close_frame(PROTOCOL_ERROR, UNMASKED))
+            transport.write(close_frame(CloseCode.PROTOCOL_ERROR, UNMASKED))
             transport.close()
 
     def eof_received(self) -> bool | None:

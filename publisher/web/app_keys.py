@@ -36,17 +36,19 @@ class Lifecycle:
     """SIGTERM was received: `/readyz` answers 503 while listeners are still served."""
     refused: Counter[int] = field(default_factory=Counter)
     """Websocket registrations refused since start, by the close code they were sent."""
+    abnormal_closures: int = 0
+    """Websockets whose connection ended without a close frame (1006), since start."""
 
 
 @dataclass(slots=True)
 class Live:
-    """The config as last (re)loaded, for what may change while the process runs (SIGHUP):
-    handlers read the limits here, not from `CONFIG` (the config the process started with)."""
+    """The config as last (re)loaded (SIGHUP): the one config every handler reads. What may
+    not change while serving (the resources, the Redis...) keeps its start-up value in it
+    (publisher.config.reload)."""
 
     config: Config
 
 
-CONFIG = web.AppKey("config", Config)
 BUCKET = web.AppKey("bucket", ChangeBucket)
 HUB = web.AppKey("hub", Hub)
 TAIL = web.AppKey("tail", Tail)
@@ -57,11 +59,12 @@ OUTBOX = web.AppKey("outbox", Relay)
 """The outbox relay, when config.js has `outbox` (absent otherwise)."""
 CAPTURE = web.AppKey("capture", CaptureStats)
 """The capture's stats, when config.js has `capture` (absent otherwise)."""
-BOOTSTRAPS = web.AppKey("bootstraps", dict[web.AbstractResource, Resource])
-"""The config resource of each bootstrap route (its page's and its objects'), by the aiohttp
-resource of the route: how the module-level handlers of `bootstrap_routes.py` know theirs."""
+BOOTSTRAPS = web.AppKey("bootstraps", dict[str, Resource])
+"""The config resource of each bootstrap route (its page's and its objects'), by the route's
+pattern (aiohttp's `canonical`): how the module-level handlers of `bootstrap_routes.py` know
+theirs."""
 
 __all__ = [
-    "ACCESS", "BOOTSTRAPS", "BUCKET", "CAPTURE", "CONFIG", "HUB", "LIFECYCLE", "LIVE", "OUTBOX",
-    "TAIL", "Lifecycle", "Live",
+    "ACCESS", "BOOTSTRAPS", "BUCKET", "CAPTURE", "HUB", "LIFECYCLE", "LIVE", "OUTBOX", "TAIL",
+    "Lifecycle", "Live",
 ]

@@ -1,34 +1,32 @@
-"""The bootstrap routes (each resource's pages and objects), and /changefeeds, /changefeeds/stats.
+"""The bootstrap routes (each resource's pages and objects), and /changefeeds/stats.
 
-The module is named for the wire's `bootstrapRoute`: "routes" in `publisher.web` are HTTP routes
-only (`poll_routes`, `durable_routes`, `trace_route`); the hub's index of subscribers is another
-thing.
+The module is named for the wire's `bootstrapRoute`. Its `routes` are the fixed one (the
+stats); `resource_routes(resources)` are those of config.js's resources.
 
 Every error is a JSON body `{"code", "message"}` with a 4xx status (503 when Redis is down,
 through `publisher.web.http.error_as_json`); bad input never produces a 500. docs/http.md documents
 the formats. The handlers are module-level: they find the config, bucket and hub under the
 application's keys (`publisher.web.app_keys`), and a bootstrap route's resource under `BOOTSTRAPS`,
-by the aiohttp resource the request matched.
+by the pattern of the route the request matched (`bootstraps_of`).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from urllib.parse import quote, urlencode
 
 import orjson
 from aiohttp import web
 
 from changefeed.errors import CursorError
-from changefeed.protocol import CHANGEFEEDS, Resource
+from changefeed.protocol import Resource
 from changefeed.watch import Watch, parse_watch
 from publisher.bucket import decode_marker, encode_marker
-from publisher.web.app_keys import BOOTSTRAPS, BUCKET, CONFIG, HUB, LIVE
+from publisher.web.app_keys import BOOTSTRAPS, BUCKET, HUB, LIVE
 from publisher.web.fleet import stats_of_scope
 from publisher.web.http import bad_request, json_error
-from publisher.web.sse import add_sse_routes
 from publisher.web.watch_pages import page_watched
-from publisher.web.websocket import handle_changefeeds
 
 
 def _limit(request: web.Request, default: int, maximum: int) -> int:
@@ -113,11 +111,11 @@ async def handle_stats(request: web.Request) -> web.Response:
 
 
 def _resource_of(request: web.Request) -> Resource:
-    """The resource whose bootstrap route `request` matched (kept by `add_routes` under
-    `BOOTSTRAPS`, by aiohttp resource: a route's GET and HEAD share it)."""
+    """The resource whose bootstrap route `request` matched (kept under `BOOTSTRAPS` by the
+    route's pattern: a route's GET and HEAD share it)."""
     matched = request.match_info.route.resource
-    assert matched is not None  # a route of add_routes, not one of aiohttp's own (404, 405)
-    return request.app[BOOTSTRAPS][matched]
+    assert matched is not None  # a route of resource_routes, not one of aiohttp's own (404)
+    return request.app[BOOTSTRAPS][matched.canonical]
 
 
 async def handle_page(request: web.Request) -> web.Response:
@@ -174,16 +172,26 @@ async def handle_one(request: web.Request) -> web.Response:
     return web.Response(body=state, content_type="application/json")
 
 
-def add_routes(app: web.Application) -> None:
-    """Add the routes of `app[CONFIG]` (its resources decide the bootstrap routes)."""
-    # GET /changefeeds, plain (the resources) or an upgrade (a listener): one handler, so that
-    # a listener's connection holds no coroutine frame of a dispatcher in front of it.
-    app.router.add_get(CHANGEFEEDS, handle_changefeeds)
-    app.router.add_get("/changefeeds/stats", handle_stats)
-    add_sse_routes(app)
-    bootstraps = app[BOOTSTRAPS] = {}
-    for resource in app[CONFIG].resources:
-        page = app.router.add_get(resource.bootstrap_route, handle_page)
-        one = app.router.add_get(resource.bootstrap_route + "/{id:.+}", handle_one)
-        assert page.resource is not None and one.resource is not None
-        bootstraps[page.resource] = bootstraps[one.resource] = resource
+routes = [web.get("/changefeeds/stats", handle_stats)]
+
+ONE = "/{id:.+}"
+"""The pattern of one object's route, under its resource's bootstrap route."""
+
+
+def resource_routes(resources: Iterable[Resource]) -> list[web.RouteDef]:
+    """The bootstrap routes of `resources`: a page of each, and one object of each."""
+    return [
+        route
+        for resource in resources
+        for route in (web.get(resource.bootstrap_route, handle_page),
+                      web.get(resource.bootstrap_route + ONE, handle_one))
+    ]
+
+
+def bootstraps_of(resources: Iterable[Resource]) -> dict[str, Resource]:
+    """What goes under `BOOTSTRAPS`: each resource by the patterns of its bootstrap routes (as
+    aiohttp writes them: `canonical`)."""
+    found: dict[str, Resource] = {}
+    for resource in resources:
+        found[resource.bootstrap_route] = found[resource.bootstrap_route + "/{id}"] = resource
+    return found

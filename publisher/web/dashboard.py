@@ -29,8 +29,7 @@ async def dashboard(request: web.Request) -> web.Response:
     )
 
 
-def add_dashboard_route(app: web.Application) -> None:
-    app.router.add_get("/changefeeds/dashboard", dashboard)
+routes = [web.get("/changefeeds/dashboard", dashboard)]
 
 
-__all__ = ["add_dashboard_route"]
+__all__ = ["routes"]

@@ -41,7 +41,7 @@ from changefeed.errors import (
 from changefeed.longpoll import parse_int
 from publisher.pull.durable import Durables
 from publisher.web.access import Handler, requires
-from publisher.web.app_keys import CONFIG, LIVE
+from publisher.web.app_keys import LIVE
 from publisher.web.http import (
     RETRY_UNAVAILABLE,
     json_error,
@@ -81,14 +81,14 @@ def _checked(request: web.Request, *, stored_ok: bool = False) -> str:
             400, "InvalidParameter",
             f"consumer name {name[:60]!r} must be 1 to 50 letters, digits, '_', '.' or '-'",
         ))
-    if name not in request.app[CONFIG].durable.consumers and not stored_ok:
+    if name not in request.app[LIVE].config.durable.consumers and not stored_ok:
         raise _Refused(_unknown(name))
     return name
 
 
 async def _body_of(request: web.Request) -> Any:
     """The request's JSON body (None when empty), refused when it is not JSON."""
-    body = await read_body(request, request.app[CONFIG].server.body_timeout)
+    body = await read_body(request, request.app[LIVE].config.server.body_timeout)
     if isinstance(body, web.Response):
         raise _Refused(body)
     if not body.strip():
@@ -114,7 +114,7 @@ def consumer_route(*, stored_ok: bool = False) -> Callable[[_Run], Handler]:
             except ParamError as exc:
                 return json_error(400, "InvalidParameter", str(exc))
             except NoSuchConsumer as exc:
-                if exc.name not in request.app[CONFIG].durable.consumers:
+                if exc.name not in request.app[LIVE].config.durable.consumers:
                     return _unknown(exc.name)
                 return json_error(404, "ConsumerNotFound", str(exc))
 
@@ -127,15 +127,16 @@ def consumer_route(*, stored_ok: bool = False) -> Callable[[_Run], Handler]:
 async def listing(request: web.Request) -> web.Response:
     """`GET /changefeeds/durable`: the consumers config.js names, and those stored in Redis."""
     stored = await request.app[DURABLES].store.names()
-    configured = request.app[CONFIG].durable.consumers
+    configured = request.app[LIVE].config.durable.consumers
     return json_response({"configured": sorted(configured), "stored": stored})
 
 
 @consumer_route()
 async def create(request: web.Request, durables: Durables, name: str) -> web.Response:
-    durable = request.app[LIVE].config.durable
+    config = request.app[LIVE].config
+    durable = config.durable
     consumer = parse_config(
-        await _body_of(request), request.app[CONFIG].resource_map,
+        await _body_of(request), config.resource_map,
         max_ack_wait=durable.max_ack_wait, max_ack_pending=durable.max_ack_pending,
     )
     try:
@@ -207,16 +208,16 @@ async def settle(request: web.Request, durables: Durables, name: str) -> web.Res
     return json_response(reply.to_wire())
 
 
-def add_durable_routes(app: web.Application) -> None:
-    """Add the durable consumer routes; `app[DURABLES]` must be set."""
-    app.router.add_get(DURABLE, listing)
-    app.router.add_put(DURABLE + "/{name}", create)
-    app.router.add_get(DURABLE + "/{name}", info)
-    app.router.add_delete(DURABLE + "/{name}", delete)
-    app.router.add_post(DURABLE + "/{name}/fetch", fetch)
-    app.router.add_get(DURABLE + "/{name}/dead", dead)
-    for action in Action:
-        app.router.add_post(f"{DURABLE}/{{name}}/{action.value}", settle)
+routes = [
+    web.get(DURABLE, listing),
+    web.put(DURABLE + "/{name}", create),
+    web.get(DURABLE + "/{name}", info),
+    web.delete(DURABLE + "/{name}", delete),
+    web.post(DURABLE + "/{name}/fetch", fetch),
+    web.get(DURABLE + "/{name}/dead", dead),
+    *(web.post(f"{DURABLE}/{{name}}/{action.value}", settle) for action in Action),
+]
+"""The durable consumer routes; their handlers find the consumers under `app[DURABLES]`."""
 
 
 def _unknown(name: str) -> web.Response:
@@ -232,4 +233,4 @@ def _record_id(text: str) -> bool:
     return bool(dash) and ms.isascii() and ms.isdigit() and seq.isascii() and seq.isdigit()
 
 
-__all__ = ["DURABLES", "MAX_DEAD_PAGE", "add_durable_routes"]
+__all__ = ["DURABLES", "MAX_DEAD_PAGE", "routes"]

@@ -7,7 +7,9 @@ In this order, for every request:
 2. the handler; an error it raises becomes a JSON answer (`publisher.web.http.error_as_json`), or
    is raised on when it already is one;
 3. `Metrics.count` (publisher.web.metrics): the request by route pattern and status, refusals and
-   errors too (an exception that is no HTTP error counts as 500).
+   errors too (an exception that is no HTTP error counts as 500; an upgraded websocket counts
+   as its 101 however it ended, even cancelled when its connection was lost without a close
+   frame: `changefeed_websocket_abnormal_closures_total` counts those).
 
 One layer, not a middleware per concern: a websocket's handler runs for the life of its
 connection, and every middleware layer between aiohttp and it would hold a coroutine frame for
@@ -23,6 +25,7 @@ from changefeed.errors import ChangefeedError
 from publisher.web.access import CORS, Access
 from publisher.web.http import error_as_json
 from publisher.web.metrics import Metrics
+from publisher.web.websocket import UPGRADED
 
 
 def edge(metrics: Metrics, access: Access) -> Middleware:
@@ -54,6 +57,8 @@ def edge(metrics: Metrics, access: Access) -> Middleware:
             status = exc.status
             raise
         finally:
+            if request.get(UPGRADED) is not None:
+                status = 101  # answered 101, then its handler was cancelled (connection lost)
             metrics.count(request, status)
 
     return middleware

@@ -76,9 +76,7 @@ async def readyz(request: web.Request) -> web.Response:
     return json_response(body, 503 if reasons else 200, headers)
 
 
-def add_health_routes(app: web.Application) -> None:
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
+routes = [web.get("/healthz", healthz), web.get("/readyz", readyz)]
 
 
-__all__ = ["add_health_routes", "tail_reasons"]
+__all__ = ["routes", "tail_reasons"]

@@ -9,13 +9,16 @@ error of a handler into a JSON body `{"code", "message"}` (for the middleware, p
 | `BucketUnavailable`           | 503 `BucketUnavailable`, `Retry-After` (Redis unreachable) |
 | any other `ChangefeedError`   | 500 `InternalError` (a Redis error reply: the deployment)  |
 
-Bad input never produces a 500: handlers answer it with `json_error(400, ...)` or raise
-`bad_request`. docs/http.md documents the formats.
+The three bucket rows are `BUCKET_ANSWERS`, which registrations share
+(publisher.web.registrations). Bad input never produces a 500: handlers answer it with
+`json_error(400, ...)` or raise `bad_request`. docs/http.md documents the formats.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -39,6 +42,30 @@ RETRY_EPOCH_NOT_READ = 1
 """Seconds a client is asked to wait (`Retry-After`) while the tail takes up a new epoch."""
 
 _overload_log = Throttle(10.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """The HTTP answer to an error of the bucket: status, JSON code and message, Retry-After."""
+
+    status: int
+    code: str
+    message: str
+    retry_after: int
+
+
+BUCKET_ANSWERS: Mapping[type[BucketUnavailable], Answer] = {
+    BucketBusy: Answer(503, "Overloaded", OVERLOADED, RETRY_OVERLOADED),
+    EpochNotRead: Answer(503, "EpochNotRead", EPOCH_NOT_READ, RETRY_EPOCH_NOT_READ),
+    BucketUnavailable: Answer(503, "BucketUnavailable", UNAVAILABLE, RETRY_UNAVAILABLE),
+}
+"""The one table of the bucket's errors over HTTP, for every route (and, with their close
+codes, for registrations: publisher.web.registrations)."""
+
+
+def bucket_answer(exc: BucketUnavailable) -> Answer:
+    """The answer to `exc`: its nearest class in `BUCKET_ANSWERS`."""
+    return next(BUCKET_ANSWERS[kind] for kind in type(exc).__mro__ if kind in BUCKET_ANSWERS)
 
 
 def json_response(
@@ -86,15 +113,17 @@ def error_as_json(
             405: f"method {request.method} not allowed on {request.path}",
         }.get(exc.status, exc.text or exc.reason)
         return json_error(exc.status, code, message)
-    if isinstance(exc, BucketBusy):
-        overloaded(request.path, exc)
-        return json_error(503, "Overloaded", OVERLOADED, retry_after(RETRY_OVERLOADED))
-    if isinstance(exc, EpochNotRead):
-        log.info("request refused: a new epoch not read yet", path=request.path, error=str(exc))
-        return json_error(503, "EpochNotRead", EPOCH_NOT_READ, retry_after(RETRY_EPOCH_NOT_READ))
     if isinstance(exc, BucketUnavailable):
-        log.warning("request failed: bucket unavailable", path=request.path, error=str(exc))
-        return json_error(503, "BucketUnavailable", UNAVAILABLE, retry_after(RETRY_UNAVAILABLE))
+        if isinstance(exc, BucketBusy):
+            overloaded(request.path, exc)
+        elif isinstance(exc, EpochNotRead):
+            log.info("request refused: a new epoch not read yet", path=request.path,
+                     error=str(exc))
+        else:
+            log.warning("request failed: bucket unavailable", path=request.path, error=str(exc))
+        answer = bucket_answer(exc)
+        return json_error(answer.status, answer.code, answer.message,
+                          retry_after(answer.retry_after))
     log.error("request failed", path=request.path, error=str(exc))
     return json_error(500, "InternalError", str(exc))
 
@@ -119,9 +148,12 @@ def retry_after(seconds: int) -> dict[str, str]:
 
 
 __all__ = [
+    "BUCKET_ANSWERS",
     "OVERLOADED",
     "UNAVAILABLE",
+    "Answer",
     "bad_request",
+    "bucket_answer",
     "error_as_json",
     "json_error",
     "json_response",

@@ -35,9 +35,10 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2
 """Seconds from a commit to its write to listeners: milliseconds when all is well, seconds when
 the tail fell behind."""
 
-REFUSAL_REASONS = {
-    1002: "protocol_error",
+REFUSAL_REASONS: dict[int, str] = {
+    CloseCode.PROTOCOL_ERROR: "protocol_error",
     CloseCode.UNSUPPORTED_DATA: "unsupported_data",
+    CloseCode.INVALID_DATA: "invalid_data",
     CloseCode.POLICY_VIOLATION: "invalid_registration",
     CloseCode.MESSAGE_TOO_BIG: "too_big",
     CloseCode.TRY_AGAIN_LATER: "bucket_unavailable",
@@ -126,6 +127,12 @@ class _Collector(Collector):
         for reason, count in sorted(reasons.items()):
             refused.add_metric([reason], count)
         yield refused
+        yield CounterMetricFamily(
+            "changefeed_websocket_abnormal_closures",
+            "Websockets whose connection ended without a close frame (1006; counted 101 in "
+            "changefeed_http_requests_total).",
+            value=lifecycle.abnormal_closures,
+        )
         connections_refused = CounterMetricFamily(
             "changefeed_connections_refused", "TCP connections refused at admission, by limit.",
             labels=["limit"],
@@ -321,8 +328,16 @@ class Metrics:
         response.headers["X-Scrape-Seconds"] = f"{time.perf_counter() - started:.4f}"
         return response
 
-    def add_route(self, app: web.Application) -> None:
-        app.router.add_get("/metrics", self.handle)
+
+METRICS = web.AppKey("metrics", Metrics)
 
 
-__all__ = ["LATENCY_BUCKETS", "Activity", "Metrics", "package_version"]
+async def handle_metrics(request: web.Request) -> web.Response:
+    """`GET /metrics`: the registry of the application's `Metrics`."""
+    return await request.app[METRICS].handle(request)
+
+
+routes = [web.get("/metrics", handle_metrics)]
+
+
+__all__ = ["LATENCY_BUCKETS", "METRICS", "Activity", "Metrics", "package_version", "routes"]

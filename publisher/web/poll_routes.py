@@ -26,7 +26,7 @@ from publisher.config.logs import Throttle
 from publisher.pull import polls
 from publisher.security.clientaddr import client_address
 from publisher.web.access import identity_of
-from publisher.web.app_keys import BUCKET, CONFIG, HUB, LIVE
+from publisher.web.app_keys import BUCKET, HUB, LIVE
 from publisher.web.http import (
     OVERLOADED,
     RETRY_OVERLOADED,
@@ -61,7 +61,7 @@ async def events_get(request: web.Request) -> web.Response:
     try:
         query = longpoll.from_query(
             request.query, lambda name: request.query.getall(name, []),
-            request.app[CONFIG].resource_map, request.app[LIVE].config.limits,
+            request.app[LIVE].config.resource_map, request.app[LIVE].config.limits,
         )
     except ParamError as exc:
         return json_error(400, "InvalidParameter", str(exc))
@@ -102,7 +102,7 @@ def _events_call(body: bytes) -> tuple[Any, Any] | web.Response:
 
 async def rpc(request: web.Request) -> web.Response:
     """`POST /changefeeds/rpc`: JSON-RPC 2.0, method `events` (the long poll's params)."""
-    body = await read_body(request, request.app[CONFIG].server.body_timeout)
+    body = await read_body(request, request.app[LIVE].config.server.body_timeout)
     if isinstance(body, web.Response):
         return body
     call = _events_call(body)
@@ -110,8 +110,8 @@ async def rpc(request: web.Request) -> web.Response:
         return call
     id, params = call
     try:
-        limits = request.app[LIVE].config.limits
-        query = longpoll.from_params(params, request.app[CONFIG].resource_map, limits)
+        config = request.app[LIVE].config
+        query = longpoll.from_params(params, config.resource_map, config.limits)
     except ParamError as exc:
         return rpc_error(id, INVALID_PARAMS, f"invalid params: {exc}", 400)
     try:
@@ -129,11 +129,10 @@ async def rpc(request: web.Request) -> web.Response:
 
 async def feed_get(request: web.Request) -> web.Response:
     """`GET /changefeeds/feed/v1`: the ZeroEventHub feed (NDJSON lines)."""
-    config = request.app[CONFIG]
+    config = request.app[LIVE].config
     try:
         query = feed.parse_request(
-            request.query, lambda name: request.query.getall(name, []),
-            request.app[LIVE].config.limits,
+            request.query, lambda name: request.query.getall(name, []), config.limits
         )
     except ParamError as exc:
         return json_error(400, "InvalidParameter", str(exc))
@@ -159,12 +158,12 @@ async def feed_get(request: web.Request) -> web.Response:
     return web.Response(body=b"".join(lines), content_type="application/x-ndjson")
 
 
-def add_poll_routes(app: web.Application) -> None:
-    """Add the pull routes (their handlers read `app[CONFIG]`, `app[LIVE]`, `app[BUCKET]` and
-    `app[HUB]`)."""
-    app.router.add_get("/changefeeds/events", events_get)
-    app.router.add_post("/changefeeds/rpc", rpc)
-    app.router.add_get("/changefeeds/feed/v1", feed_get)
+routes = [
+    web.get("/changefeeds/events", events_get),
+    web.post("/changefeeds/rpc", rpc),
+    web.get("/changefeeds/feed/v1", feed_get),
+]
+"""The pull routes (their handlers read `app[LIVE]`, `app[BUCKET]` and `app[HUB]`)."""
 
 
 def _unknown_consumer(request: web.Request, consumer: str | None) -> web.Response:
@@ -192,7 +191,7 @@ def _forbidden_consumer(request: web.Request, consumer: str | None) -> web.Respo
 
 def _refusals_log(request: web.Request, why: str, **fields: object) -> None:
     """Log a refused feed request, at most once a minute per client address and reason."""
-    remote = client_address(request, request.app[CONFIG].server.trusted_proxies)
+    remote = client_address(request, request.app[LIVE].config.server.trusted_proxies)
     suppressed = _refusals.allow(f"{remote} {why}")
     if suppressed is not None:
         log.warning("feed request refused: " + why, remote=remote, suppressed=suppressed,

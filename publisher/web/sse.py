@@ -18,15 +18,23 @@ import structlog
 from aiohttp import web
 
 from changefeed import sse
-from changefeed.errors import CursorError, RegistrationError
-from changefeed.protocol import CloseCode, Registration, parse_registration, registration_reply
-from publisher.bucket import Vector
+from changefeed.errors import RegistrationError
+from changefeed.protocol import CloseCode, Registration, registration_reply
 from publisher.delivery.hub import Subscriber
 from publisher.security.auth import Identity
 from publisher.security.clientaddr import client_address
 from publisher.web.access import CORS, LISTEN, identity_of, requires
-from publisher.web.app_keys import ACCESS, CONFIG, HUB, LIVE, TAIL
-from publisher.web.http import UNAVAILABLE, json_error
+from publisher.web.app_keys import ACCESS, HUB, LIVE, TAIL
+from publisher.web.http import json_error
+from publisher.web.registrations import (
+    BY_ACCESS,
+    START_ERRORS,
+    Admitted,
+    Refused,
+    check,
+    refusal_of,
+    started,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -55,36 +63,29 @@ def registration_of(query: dict[str, list[str]], remote: str, identity: str) -> 
     return orjson.dumps(frame)
 
 
-_REFUSED_STATUS = {
-    CloseCode.POLICY_VIOLATION: (403, "Forbidden"),
-    CloseCode.TRY_AGAIN_LATER: (503, "TryAgainLater"),
-}
-
-
 @requires(LISTEN)
 async def handle_sse(request: web.Request) -> web.StreamResponse:
-    """GET /changefeeds/sse: check the registration (`_registration`), find where its stream
-    starts, open the stream (`_open`), add the subscriber to the hub after its first event
-    (`_start`), then keep it alive until it ends (`_keep_alive`)."""
+    """GET /changefeeds/sse: admit the registration (`_admitted`), open the stream (`_open`),
+    add the subscriber to the hub after its first event (`_start`), then keep it alive until it
+    ends (`_keep_alive`)."""
     app = request.app
-    send_buffer = app[LIVE].config.limits.send_buffer
+    config = app[LIVE].config
+    send_buffer = config.limits.send_buffer
     hub = app[HUB]
-    remote = client_address(request, app[CONFIG].server.trusted_proxies)
+    remote = client_address(request, config.server.trusted_proxies)
     identity = identity_of(request)
-    registration = _registration(request, remote, identity)
-    if isinstance(registration, web.Response):
-        return registration
-    try:
-        start, resumed = await hub.start_of(registration.since)
-    except CursorError as exc:
-        return json_error(400, "InvalidCursor", f"since: {exc}")
+    admitted = await _admitted(request, remote, identity)
+    if isinstance(admitted, web.Response):
+        return admitted
     response = await _open(request)
     transport = request.transport
     if transport is None or transport.is_closing():
         return response
-    conn = _start(request, registration, start, resumed, identity, remote, send_buffer)
+    registration = admitted.registration
+    conn = _start(request, admitted, identity, remote, send_buffer)
     bound = _bound(registration, remote)
-    bound.info("sse listener registered", resumed=resumed, listeners=len(hub.connections))
+    bound.info("sse listener registered", resumed=admitted.resumed,
+               listeners=len(hub.connections))
     try:
         await _keep_alive(app, conn, send_buffer)
     finally:
@@ -95,11 +96,12 @@ async def handle_sse(request: web.Request) -> web.StreamResponse:
     return response
 
 
-def _registration(
+async def _admitted(
     request: web.Request, remote: str, identity: Identity
-) -> Registration | web.Response:
-    """The query's registration, checked (parameters, HTTP version, the registration itself,
-    scopes and client limits, the tail's health); else the error response refusing it."""
+) -> Admitted | web.Response:
+    """The query's registration admitted (publisher.web.registrations: the registration,
+    scopes and client limits, the tail's health, where it starts), after the checks of SSE's
+    own (parameters, HTTP version); else the error response refusing it."""
     app = request.app
     unknown = set(request.query) - _PARAMS
     if unknown:
@@ -111,21 +113,35 @@ def _registration(
     last_id = request.headers.get("Last-Event-ID")
     if last_id:
         query["since"] = [last_id]
+    hub, access = app[HUB], app[ACCESS]
+    listeners = len(hub.connections)
     try:
-        registration = parse_registration(
-            registration_of(query, remote, identity.name), 2, app[CONFIG].resource_map
-        )
+        frame = registration_of(query, remote, identity.name)
     except RegistrationError as exc:
-        return json_error(400, "InvalidRegistration", exc.reason)
-    refusal = app[ACCESS].registration_refusal(identity, registration, remote,
-                                               len(app[HUB].connections))
-    if refusal is not None:
-        status, code = _REFUSED_STATUS.get(CloseCode(refusal[0]), (403, "Forbidden"))
-        headers = {"Retry-After": "1"} if status == 503 else None
-        return json_error(status, code, refusal[1], headers)
-    if not app[TAIL].healthy:
-        return json_error(503, "BucketUnavailable", UNAVAILABLE, {"Retry-After": "5"})
-    return registration
+        return _refuse(refusal_of(exc), remote)
+    checked = check(
+        frame, 2, app[LIVE].config.resource_map,
+        lambda registration: access.registration_refusal(
+            identity, registration, remote, listeners
+        ),
+        app[TAIL].healthy,
+    )
+    if isinstance(checked, Refused):
+        return _refuse(checked, remote)
+    try:
+        outcome = started(checked, await hub.start_of(checked.since))
+    except START_ERRORS as exc:
+        outcome = started(checked, exc)
+    return _refuse(outcome, remote) if isinstance(outcome, Refused) else outcome
+
+
+def _refuse(refusal: Refused, remote: str) -> web.Response:
+    """The HTTP answer of `refusal` (publisher.web.registrations), logged unless the access
+    checks logged it already."""
+    if refusal.why not in BY_ACCESS:
+        log.info("sse registration refused", status=refusal.http_status, code=refusal.code,
+                 reason=refusal.reason, remote=remote)
+    return json_error(refusal.http_status, refusal.code, refusal.reason, refusal.headers())
 
 
 async def _open(request: web.Request) -> web.StreamResponse:
@@ -140,16 +156,17 @@ async def _open(request: web.Request) -> web.StreamResponse:
 
 
 def _start(
-    request: web.Request, registration: Registration, start: Vector, resumed: bool,
-    identity: Identity, remote: str, send_buffer: int,
+    request: web.Request, admitted: Admitted, identity: Identity, remote: str, send_buffer: int,
 ) -> Subscriber:
     """Write the `registered` event (and `resync` when `since` is not resumed) and add the
-    subscriber to the hub, from `start` (the caller checked the transport is open)."""
+    subscriber to the hub, from where it was admitted to start (the caller checked the
+    transport is open)."""
     transport = request.transport
     assert transport is not None
+    registration, start, resumed = admitted.registration, admitted.start, admitted.resumed
     start_cursor = start.encode()
-    reply = registration_reply(registration, request.app[CONFIG].resource_map, start_cursor,
-                               resumed)
+    reply = registration_reply(registration, request.app[LIVE].config.resource_map,
+                               start_cursor, resumed)
     # From here to hub.add nothing awaits: the registered event's id is where the stream starts.
     first = sse.event(sse.REGISTERED, orjson.dumps(reply), start_cursor)
     if registration.since is not None and not resumed:
@@ -188,8 +205,7 @@ def _bound(registration: Registration, remote: str) -> structlog.stdlib.BoundLog
     return bound
 
 
-def add_sse_routes(app: web.Application) -> None:
-    app.router.add_get(SSE_ROUTE, handle_sse)
+routes = [web.get(SSE_ROUTE, handle_sse)]
 
 
-__all__ = ["SSE_ROUTE", "add_sse_routes", "handle_sse", "registration_of"]
+__all__ = ["SSE_ROUTE", "handle_sse", "registration_of", "routes"]

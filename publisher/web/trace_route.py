@@ -74,9 +74,7 @@ async def handle_trace(request: web.Request) -> web.Response:
     return json_response({**record_body(found, cursor, publisher_id, text), "window": window})
 
 
-def add_trace_route(app: web.Application) -> None:
-    app.router.add_get(TRACE_ROUTE, handle_trace)
-    app.router.add_get(TRACE_ROUTE + "/{cursor}", handle_trace)
+routes = [web.get(TRACE_ROUTE, handle_trace), web.get(TRACE_ROUTE + "/{cursor}", handle_trace)]
 
 
-__all__ = ["TRACE_ROUTE", "add_trace_route", "handle_trace"]
+__all__ = ["TRACE_ROUTE", "handle_trace", "routes"]

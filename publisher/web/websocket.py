@@ -14,48 +14,46 @@ import asyncio
 import orjson
 import structlog
 from aiohttp import WSMessage, WSMsgType, web
+from aiohttp.http_websocket import WebSocketError
 
-from changefeed.errors import (
-    BucketBusy,
-    BucketUnavailable,
-    CursorError,
-    EpochNotRead,
-    RegistrationError,
-)
+from changefeed.errors import RegistrationError
 from changefeed.protocol import (
+    CHANGEFEEDS,
     HEARTBEAT,
     CloseCode,
-    Registration,
     accept_version,
     close_reason,
-    parse_registration,
     registration_reply,
     text_frame,
 )
-from publisher.bucket import Vector
 from publisher.config.settings import Config
 from publisher.delivery.hub import Subscriber
 from publisher.security.auth import Identity
 from publisher.security.clientaddr import client_address
 from publisher.web.access import identity_of, selected_protocols
-from publisher.web.admission import PROTOCOL_ERROR, Guard
-from publisher.web.app_keys import ACCESS, CONFIG, HUB, LIFECYCLE, LIVE, TAIL, Lifecycle
+from publisher.web.admission import Guard
+from publisher.web.app_keys import ACCESS, HUB, LIFECYCLE, LIVE, TAIL, Lifecycle
 from publisher.web.discovery import VersionRefused, resources_body, shape_for
-from publisher.web.http import (
-    EPOCH_NOT_READ,
-    OVERLOADED,
-    UNAVAILABLE,
-    bad_request,
-    json_response,
+from publisher.web.http import bad_request, json_response
+from publisher.web.registrations import (
+    BY_ACCESS,
+    START_ERRORS,
+    Admitted,
+    Refused,
+    Why,
+    check,
+    refused,
+    started,
 )
 
 log = structlog.get_logger(__name__)
 
 _CLOSED = (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED)
 """What `receive()` returns once the socket is closing (where `async for` would stop)."""
-NOT_REFUSED = (None, 1000, 1001, 1005, 1006)
-"""Close codes of a socket that ended before registering without being refused (the listener
-closed it, or the publisher is stopping)."""
+UPGRADED = web.RequestKey("upgraded", web.WebSocketResponse)
+"""The websocket of an upgraded request whose handler was cancelled (its connection lost): for
+the middleware to count it as the 101 it was (publisher.web.edge). Set only then: a key in the
+request's state costs every idle listener a dict's table."""
 
 
 def describe(config: Config, accept_version: str | None = None) -> web.Response:
@@ -74,13 +72,14 @@ async def handle_changefeeds(request: web.Request) -> web.StreamResponse:
     front of the listener's for the life of its connection: the steps before its read loop
     (`_version_of`, `_upgrade`, `_registered`, `_start`) return before it begins."""
     app = request.app
+    config = app[LIVE].config
     if request.headers.get("Upgrade", "").lower() != "websocket":
-        return describe(app[CONFIG], request.headers.get("Accept-Version"))
-    limits = app[LIVE].config.limits
+        return describe(config, request.headers.get("Accept-Version"))
+    limits = config.limits
     lifecycle = app[LIFECYCLE]
     version = _version_of(request)
     ws, guard = await _upgrade(request, limits.registration_bytes)
-    remote = client_address(request, app[CONFIG].server.trusted_proxies)
+    remote = client_address(request, config.server.trusted_proxies)
     registered = await _registered(request, ws, version, remote, guard)
     if registered is None:
         return ws
@@ -92,20 +91,29 @@ async def handle_changefeeds(request: web.Request) -> web.StreamResponse:
         return ws
     hub = app[HUB]
     shed_request(request)
-    reason = "closed by publisher"
+    reason, code = "closed by publisher", ws.close_code
     try:
-        reason = await _read_until_closed(ws, conn)
+        reason, code = await _read_until_closed(ws, conn)
     except asyncio.CancelledError:
         # aiohttp cancels the handler when the connection is lost (handler_cancellation).
-        reason = _why_cancelled(ws, lifecycle, guard)
+        reason, code = _why_cancelled(ws, lifecycle, guard)
+        if code == CloseCode.ABNORMAL_CLOSURE:
+            lifecycle.abnormal_closures += 1
+        request[UPGRADED] = ws
         raise
     finally:
         hub.remove(conn)
         if conn.closing:
             reason = "closed by publisher"
         log.info("listener disconnected", **_context(conn), reason=reason,
+                 code=None if code is None else int(code),
                  listeners=len(hub.connections))
     return ws
+
+
+routes = [web.get(CHANGEFEEDS, handle_changefeeds)]
+"""GET /changefeeds, plain (the resources) or an upgrade (a listener): one handler, so that a
+listener's connection holds no coroutine frame of a dispatcher in front of it."""
 
 
 def _version_of(request: web.Request) -> int:
@@ -148,7 +156,7 @@ async def _upgrade(
 async def _registered(
     request: web.Request, ws: web.WebSocketResponse, version: int, remote: str,
     guard: Guard | None,
-) -> tuple[Registration, Vector, bool, Identity] | None:
+) -> tuple[Admitted, Identity] | None:
     """`_register` while the socket counts as unregistered (for the shutdown), with the
     identity it registers as; None when it was refused (counted by close code for metrics) or
     ended before registering."""
@@ -156,37 +164,36 @@ async def _registered(
     lifecycle.unregistered.add(ws)
     try:
         identity = identity_of(request)
-        registered = await _register(ws, version, request.app, remote, identity)
+        admitted = await _register(ws, version, request.app, remote, identity)
     except asyncio.CancelledError:
         if guard is not None and guard.violation is not None:
-            lifecycle.refused[PROTOCOL_ERROR] += 1
-            log.info("registration refused", code=PROTOCOL_ERROR, reason=guard.violation,
-                     remote=remote)
+            _refused_frame(lifecycle, CloseCode.PROTOCOL_ERROR, guard.violation, remote)
+        elif not lifecycle.stopping.is_set():
+            lifecycle.abnormal_closures += 1
+        request[UPGRADED] = ws
         raise
     finally:
         lifecycle.unregistered.discard(ws)
-    if registered is None:
-        if ws.close_code not in NOT_REFUSED:
-            lifecycle.refused[ws.close_code] += 1  # for metrics, by code
+    if admitted is None:
         return None
-    return (*registered, identity)
+    return admitted, identity
 
 
 def _start(
-    request: web.Request, registration: Registration, start: Vector, resumed: bool,
-    identity: Identity, remote: str, send_buffer: int,
+    request: web.Request, admitted: Admitted, identity: Identity, remote: str, send_buffer: int,
 ) -> Subscriber | None:
-    """Write the registration's reply and add the listener to the hub, from `start`; None when
-    the connection is gone already."""
+    """Write the registration's reply and add the listener to the hub, from where it was
+    admitted to start; None when the connection is gone already."""
     transport = request.transport
     if transport is None or transport.is_closing():
         return None
     app = request.app
     hub = app[HUB]
+    registration, start, resumed = admitted.registration, admitted.start, admitted.resumed
     # From here to hub.add nothing awaits: the reply's cursor is exactly where the stream starts.
     # (The frame is not kept in a local: the handler's lives as long as the connection.)
     transport.write(text_frame(orjson.dumps(registration_reply(
-        registration, app[CONFIG].resource_map, start.encode(), resumed
+        registration, app[LIVE].config.resource_map, start.encode(), resumed
     ))))
     # The protocol pauses (and drains) above the send buffer: what the hub counts as slow.
     transport.set_write_buffer_limits(high=send_buffer)
@@ -232,81 +239,92 @@ def _guard_of(request: web.Request) -> Guard | None:
 
 def _why_cancelled(
     ws: web.WebSocketResponse, lifecycle: Lifecycle, guard: Guard | None
-) -> str:
+) -> tuple[str, int | None]:
     """Why a registered socket's handler was cancelled: the publisher is stopping, the guard
     closed it for a bad frame, aiohttp failed it, or the peer went away without a close frame
     (a socket the publisher closed itself, such as a missing pong's, is logged as that)."""
     if guard is not None and guard.violation is not None:
-        return f"protocol error: {guard.violation}"
+        return f"protocol error: {guard.violation}", CloseCode.PROTOCOL_ERROR
     if lifecycle.stopping.is_set():
-        return "publisher shutting down"
+        return "publisher shutting down", CloseCode.GOING_AWAY
     error = ws.exception()
     if error is not None:
-        return f"error: {error}"
-    return "connection lost (no close frame)"
+        return f"error: {error}", None if ws.close_code is None else int(ws.close_code)
+    return "connection lost (no close frame)", CloseCode.ABNORMAL_CLOSURE
 
 
 async def _refuse(
-    ws: web.WebSocketResponse, code: int, reason: str, remote: str, logged: bool = False
+    ws: web.WebSocketResponse, refusal: Refused, remote: str, lifecycle: Lifecycle
 ) -> None:
-    if not logged:
-        log.info("registration refused", code=code, reason=reason, remote=remote)
-    await ws.close(code=code, message=close_reason(reason).encode())
+    """Close `ws` as `refusal` says (publisher.web.registrations), logged (unless the access
+    checks logged it already) and counted by close code."""
+    code = refusal.close_code
+    lifecycle.refused[code] += 1
+    if refusal.why not in BY_ACCESS:
+        log.info("registration refused", code=int(code), reason=refusal.reason, remote=remote)
+    await ws.close(code=code, message=close_reason(refusal.reason).encode())
+
+
+def _refused_frame(lifecycle: Lifecycle, code: int, reason: str, remote: str) -> None:
+    """Log and count a registration refused for its frame by aiohttp or the guard, which closed
+    the socket themselves, with `code`."""
+    lifecycle.refused[code] += 1
+    log.info("registration refused", code=int(code), reason=reason, remote=remote)
+
+
+def sent_code(error: object, ws: web.WebSocketResponse) -> int | None:
+    """The close code aiohttp sent for a frame it refused (`WSMsgType.ERROR`): its error's,
+    not the socket's `close_code`, which becomes the listener's answer (or 1006 when it gave
+    none)."""
+    code = error.code if isinstance(error, WebSocketError) else ws.close_code
+    return None if code is None else int(code)
 
 
 async def _register(
     ws: web.WebSocketResponse, version: int, app: web.Application, remote: str,
     identity: Identity,
-) -> tuple[Registration, Vector, bool] | None:
-    """Read and check the registration: with where its stream starts and whether that resumes
-    its `since`; None when the socket was refused (and closed)."""
-    timeout = app[LIVE].config.limits.registration_timeout
+) -> Admitted | None:
+    """Read the registration and carry out its admission (publisher.web.registrations): where
+    its stream starts and whether that resumes its `since`; None when the socket was refused
+    (and closed) or closed before registering."""
+    config, lifecycle, hub = app[LIVE].config, app[LIFECYCLE], app[HUB]
+    timeout = config.limits.registration_timeout
     try:
         message = await _first_frame(ws, timeout)
     except TimeoutError:
-        await _refuse(
-            ws, CloseCode.POLICY_VIOLATION, f"no registration within {timeout:g} s", remote
-        )
+        why = refused(Why.NO_REGISTRATION, f"no registration within {timeout:g} s")
+        await _refuse(ws, why, remote, lifecycle)
         return None
     if message.type is WSMsgType.ERROR:
-        # aiohttp has closed it already (1009 for an oversized frame).
-        log.info(
-            "registration refused", remote=remote, code=ws.close_code, reason=str(message.data)
-        )
+        # aiohttp has closed it already (1009 for an oversized frame, 1007 for one not UTF-8).
+        code = sent_code(message.data, ws)
+        if code is not None:
+            _refused_frame(lifecycle, code, str(message.data), remote)
         return None
     if message.type in _CLOSED:
         return None
     if message.type is not WSMsgType.TEXT:
-        await _refuse(ws, CloseCode.UNSUPPORTED_DATA, "registration must be a text frame", remote)
+        await _refuse(ws, refused(Why.NOT_TEXT), remote, lifecycle)
         return None
-    try:
-        registration = parse_registration(message.data, version, app[CONFIG].resource_map)
-    except RegistrationError as exc:
-        await _refuse(ws, exc.close_code, exc.reason, remote)
-        return None
-    refusal = app[ACCESS].registration_refusal(
-        identity, registration, remote, len(app[HUB].connections)
+    access, listeners = app[ACCESS], len(hub.connections)
+    checked = check(
+        message.data, version, config.resource_map,
+        lambda registration: access.registration_refusal(
+            identity, registration, remote, listeners
+        ),
+        app[TAIL].healthy,
     )
-    if refusal is not None:  # scopes and client limits (publisher.web.access), logged there
-        await _refuse(ws, *refusal, remote, logged=True)
-        return None
-    if not app[TAIL].healthy:
-        await _refuse(ws, CloseCode.TRY_AGAIN_LATER, UNAVAILABLE, remote)
+    if isinstance(checked, Refused):
+        await _refuse(ws, checked, remote, lifecycle)
         return None
     try:
-        return registration, *await app[HUB].start_of(registration.since)
-    except CursorError as exc:
-        await _refuse(ws, CloseCode.POLICY_VIOLATION, f"since: {exc}", remote)
+        outcome = started(checked, await hub.start_of(checked.since))
+    except START_ERRORS as exc:
+        outcome = started(checked, exc)
+    if isinstance(outcome, Refused):
+        await _refuse(ws, outcome, remote, lifecycle)
         return None
-    except BucketBusy:
-        await _refuse(ws, CloseCode.OVERLOADED, OVERLOADED, remote)
-        return None
-    except EpochNotRead:
-        await _refuse(ws, CloseCode.TRY_AGAIN_LATER, EPOCH_NOT_READ, remote)
-        return None
-    except BucketUnavailable:
-        await _refuse(ws, CloseCode.TRY_AGAIN_LATER, UNAVAILABLE, remote)
-        return None
+    return outcome
 
 
 async def _first_frame(ws: web.WebSocketResponse, timeout: float) -> WSMessage:
@@ -321,8 +339,9 @@ async def _first_frame(ws: web.WebSocketResponse, timeout: float) -> WSMessage:
                 return message
 
 
-async def _read_until_closed(ws: web.WebSocketResponse, conn: Subscriber) -> str:
-    """Accept heartbeats, pings and pongs until the socket closes; returns why it closed.
+async def _read_until_closed(ws: web.WebSocketResponse, conn: Subscriber) -> tuple[str, int | None]:
+    """Accept heartbeats, pings and pongs until the socket closes; returns why it closed and
+    its close code (the one sent, when the publisher or aiohttp closed it for a frame).
     Whatever arrives tells the keepalive sweep (publisher.delivery.pings) that the listener is
     alive.
     (`receive()` rather than `async for`: the iterator's coroutine would be one more frame held
@@ -344,14 +363,15 @@ async def _read_until_closed(ws: web.WebSocketResponse, conn: Subscriber) -> str
                 code=CloseCode.POLICY_VIOLATION,
                 message=b"a socket carries one registration; open another socket",
             )
-            return "second registration on one socket"
+            return "second registration on one socket", CloseCode.POLICY_VIOLATION
         if message.type is WSMsgType.BINARY:
             await ws.close(
                 code=CloseCode.UNSUPPORTED_DATA, message=b"binary frames are not used"
             )
-            return "binary frame"
+            return "binary frame", CloseCode.UNSUPPORTED_DATA
         if message.type is WSMsgType.ERROR:
-            return f"error: {message.data}"
-    if ws.close_code not in (None, 1000, 1001):
-        return f"closed by listener (code {ws.close_code})"
-    return "closed by listener"
+            return f"frame refused: {message.data}", sent_code(message.data, ws)
+    code = None if ws.close_code is None else int(ws.close_code)
+    if code not in (None, CloseCode.NORMAL, CloseCode.GOING_AWAY):
+        return f"closed by listener (code {code})", code
+    return "closed by listener", code

@@ -9,6 +9,7 @@ from typing import Any
 
 import aiohttp
 import orjson
+from structlog.testing import capture_logs
 from websockets.asyncio.client import connect
 
 from publisher.config.settings import Config
@@ -70,3 +71,40 @@ async def test_logs_and_stats_show_the_forwarded_client_only_from_trusted_proxie
                 body: Any = await response.json()
             assert [r["remote"] for r in body["registrations"]] == [expected]
             await ws.close()
+
+
+async def test_a_reload_of_trusted_proxies_reaches_every_handler(
+    redis_server: RedisServer,
+    make_config: Callable[..., Config],
+    start_publisher: PublisherFactory,
+) -> None:
+    """After a reload (SIGHUP's `Service.reload`) that trusts this peer, the websocket, SSE and
+    pull handlers all name the client of its X-Forwarded-For, not the peer."""
+    forwarded = {"X-Forwarded-For": "198.51.100.7"}
+    server = {"host": "127.0.0.1", "port": 0}
+    async with start_publisher(make_config(redis_server.url, server=server)) as service:
+        trusting = make_config(
+            redis_server.url, server={**server, "trustedProxies": ["127.0.0.0/8"]}
+        )
+        assert service.reload(trusting) == []
+        ws = await connect(service.ws_url, additional_headers={"Accept-Version": "~1", **forwarded})
+        await ws.send(orjson.dumps(v1()).decode())
+        await ws.recv()  # the registration reply
+        async with aiohttp.ClientSession() as http:
+            async with http.get(
+                service.url + "/changefeeds/sse?resource=vm&sub=nic", headers=forwarded
+            ) as sse:
+                assert sse.status == 200
+                await sse.content.readline()  # the registered event has begun
+                async with http.get(service.url + "/changefeeds/stats") as response:
+                    body: Any = await response.json()
+            with capture_logs() as logs:
+                async with http.get(
+                    service.url + "/changefeeds/feed/v1?n=1&cursor0=_first&cursorset=s"
+                    "&consumer=stranger", headers=forwarded,
+                ) as response:
+                    assert response.status == 403
+        await ws.close()
+    assert sorted(r["remote"] for r in body["registrations"]) == ["198.51.100.7"] * 2
+    refused = [e for e in logs if e["event"] == "feed request refused: unknown consumer"]
+    assert [e["remote"] for e in refused] == ["198.51.100.7"]
