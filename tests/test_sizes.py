@@ -20,6 +20,9 @@ ALLOWED: dict[str, str] = {
     # What is over the limits today, by module path or `path::qualified.name`, with why: the
     # last entries (the hub, the commit stream, the websocket/SSE handlers, the bootstrap
     # routes) were split in issue 22; add one only with its reason.
+    "changefeed/errors.py": "every exception of the project in one module, as STYLE.md asks, "
+    "opening with the whole tree drawn (70 lines of docstring); a second module would split the "
+    "one hierarchy",
 }
 
 
