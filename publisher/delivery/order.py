@@ -176,7 +176,7 @@ Order = TotalOrder | Stamped
 def order_of(bucket: Any) -> Order:
     """The order for `bucket`'s hub: `TotalOrder` for an ordered bucket (or none, in a
     benchmark of the fan-out alone), else `Stamped`."""
-    return Stamped() if bucket is not None and not bucket.ordered else TotalOrder()
+    return Stamped() if bucket is not None and not bucket.log.ordered else TotalOrder()
 
 
 __all__ = ["Order", "Stamped", "StampedEntry", "TotalOrder", "order_of"]

@@ -13,8 +13,9 @@ import redis.asyncio as aioredis
 
 from changefeed.cursor import Cursor
 from changefeed.errors import BucketUnavailable, ChangeError
-from publisher.bucket import Change, ChangeBucket, connect, resp
-from publisher.bucket.channel import READ_SIZE
+from publisher.bucket import Change, ChangeBucket, connect
+from publisher.bucket.redis import resp
+from publisher.bucket.redis.channel import READ_SIZE
 from publisher.config.settings import Config
 from publisher.server.service import Service
 from tests.servers import RedisServer
@@ -44,7 +45,7 @@ async def test_concurrent_commits_leave_store_and_bucket_in_agreement(
     assert len(set(cursors)) == len(cursors) == 1600
     assert batch == sorted(batch), "a batch's cursors follow its order"
 
-    log = await bucket.read(Cursor.decode(cursors[0]).position.__class__(0, 0), count=10_000)
+    log = await bucket.log.read(Cursor.decode(cursors[0]).position.__class__(0, 0), count=10_000)
     assert len(log) == 1600
     # Replay the log: the last change of each id decides whether it is stored.
     last: dict[str, str] = {}
@@ -77,14 +78,14 @@ async def test_trim_removes_old_items_and_records_the_horizon(bucket: ChangeBuck
     old = await bucket.publish_many([("vm", f"old-{i}", ["nic"]) for i in range(5)])
     await asyncio.sleep(1.5)
     new = await bucket.publish("vm", "new", ["nic"])
-    assert await bucket.trim(1.0) == 5
-    assert await bucket.trim(1.0) == 0, "trimming is idempotent"
-    retention = await bucket.retention()
+    assert await bucket.log.trim(1.0) == 5
+    assert await bucket.log.trim(1.0) == 0, "trimming is idempotent"
+    retention = await bucket.log.retention()
     assert retention.trimmed == Cursor.decode(old[-1]).position
     assert retention.oldest == retention.head == Cursor.decode(new).position
     await asyncio.sleep(1.5)
-    assert await bucket.trim(1.0) == 1
-    retention = await bucket.retention()
+    assert await bucket.log.trim(1.0) == 1
+    retention = await bucket.log.retention()
     assert retention.oldest is None
     assert retention.trimmed == retention.head == Cursor.decode(new).position
 
@@ -98,10 +99,10 @@ async def test_publisher_trims_by_max_age(
     async with start_publisher(config) as service:  # type: ignore[attr-defined]
         await service.bucket.publish("vm", "a", ["nic"], key="k")
         for _ in range(100):
-            if (await service.bucket.retention()).oldest is None:
+            if (await service.bucket.log.retention()).oldest is None:
                 break
             await asyncio.sleep(0.05)
-        retention = await service.bucket.retention()
+        retention = await service.bucket.log.retention()
         assert retention.oldest is None and retention.trimmed == retention.head
         again = await service.bucket.publish("vm", "a", ["nic"], key="k")
         assert Cursor.decode(again).position > retention.head, "the key went with its item"
@@ -192,17 +193,17 @@ async def test_a_blocking_tail_read_survives_a_flushed_script_and_a_killed_conne
     tail.lua (restarted, failed over, SCRIPT FLUSH) it loads it and reads; when the pooled
     connection was closed under it, it reads on a fresh one. Nothing is missed either way."""
     first = Cursor.decode(await bucket.commit("vm", "a", ["nic"], {"n": 1})).position
-    read = await bucket.tail(first, 1000, 100)  # nothing after `first`: the wait times out
+    read = await bucket.log.tail(first, 1000, 100)  # nothing after `first`: the wait times out
     assert read.entries == [] and read.head == first
 
     second = Cursor.decode(await bucket.commit("vm", "b", ["nic"], {"n": 2})).position
     await plain.script_flush()
-    read = await bucket.tail(first, 1000, 100)
+    read = await bucket.log.tail(first, 1000, 100)
     assert [e.position for e in read.entries] == [second]
 
     third = Cursor.decode(await bucket.commit("vm", "c", ["nic"], {"n": 3})).position
     await plain.client_kill_filter(_type="normal", skipme=True)
-    read = await bucket.tail(second, 1000, 100)
+    read = await bucket.log.tail(second, 1000, 100)
     assert [e.position for e in read.entries] == [third] and read.witnessed
 
 
@@ -213,18 +214,18 @@ async def test_a_blocked_tail_read_is_abandoned_at_once_and_later_ones_send_noth
     read fails as BucketUnavailable now, not when its 5 s wait ends; a later blocking read fails
     at once too, and the bucket's other calls are not affected."""
     first = Cursor.decode(await bucket.commit("vm", "a", ["nic"], {"n": 1})).position
-    blocked = asyncio.create_task(bucket.tail(first, 5000, 100))
+    blocked = asyncio.create_task(bucket.log.tail(first, 5000, 100))
     await asyncio.sleep(0.2)
     assert not blocked.done(), "the read waits for a change"
     started = asyncio.get_running_loop().time()
-    bucket.abandon_reads()
+    bucket.log.abandon_reads()
     with pytest.raises(BucketUnavailable):
         await asyncio.wait_for(blocked, 2)
     assert asyncio.get_running_loop().time() - started < 1
     second = Cursor.decode(await bucket.commit("vm", "b", ["nic"], {"n": 2})).position
     with pytest.raises(BucketUnavailable, match="abandoned"):
-        await asyncio.wait_for(bucket.tail(first, 5000, 100), 1)
-    read = await bucket.tail(first, None, 100)
+        await asyncio.wait_for(bucket.log.tail(first, 5000, 100), 1)
+    read = await bucket.log.tail(first, None, 100)
     assert [e.position for e in read.entries] == [second]
 
 
@@ -238,7 +239,7 @@ async def test_the_tail_reads_with_the_python_reply_reader_when_hiredis_is_missi
     bucket = ChangeBucket(connect(config.bucket.redis_url), "python-reader", config.resources)
     try:
         first = Cursor.decode(await bucket.commit("vm", "first", ["nic"], {"n": 0})).position
-        waiting = asyncio.create_task(bucket.tail(first, 5000, 1000))
+        waiting = asyncio.create_task(bucket.log.tail(first, 5000, 1000))
         await asyncio.sleep(0.1)
         ids = [f"{n:04d}-" + "x" * 80 for n in range(900)]
         assert sum(map(len, ids)) > READ_SIZE, "the reply takes more than one socket read"
@@ -246,7 +247,7 @@ async def test_the_tail_reads_with_the_python_reply_reader_when_hiredis_is_missi
             [Change.put("vm", i, ["nic"], {"n": 1}) for i in ids]
         )
         read = await waiting
-        channel = (await bucket.shards())[0]._channel
+        channel = (await bucket.log.shards())[0]._channel
         assert channel is not None
         assert isinstance(channel._parser, resp.RespReader)
         assert [e.position for e in read.entries] == [Cursor.decode(c).position for c in cursors]
@@ -266,17 +267,17 @@ async def test_a_tail_read_that_redis_does_not_answer_times_out_and_the_next_one
                           "paused", config.resources)
     try:
         first = Cursor.decode(await bucket.commit("vm", "a", ["nic"], {"n": 1})).position
-        await bucket.tail(first, 100, 100)  # the channel's connection is taken
+        await bucket.log.tail(first, 100, 100)  # the channel's connection is taken
         redis_server.pause()
         try:
             started = asyncio.get_running_loop().time()
             with pytest.raises(BucketUnavailable, match=r"[Tt]imeout"):
-                await asyncio.wait_for(bucket.tail(first, 500, 100), 5)
+                await asyncio.wait_for(bucket.log.tail(first, 500, 100), 5)
             assert asyncio.get_running_loop().time() - started < 3.5
         finally:
             redis_server.resume()
         second = Cursor.decode(await bucket.commit("vm", "b", ["nic"], {"n": 2})).position
-        read = await bucket.tail(first, 1000, 100)
+        read = await bucket.log.tail(first, 1000, 100)
         assert [e.position for e in read.entries] == [second]
     finally:
         await bucket.aclose()
@@ -298,7 +299,7 @@ async def test_single_commits_keep_a_connection_and_survive_a_flush_a_kill_and_c
     cursors += await asyncio.gather(
         *(bucket.commit("vm", f"many{n}", ["nic"], {"n": n}) for n in range(20))
     )
-    kept = (await bucket.shards())[0].commits._commits
+    kept = (await bucket.log.shards())[0].commits._commits
     assert kept is not None and kept._connection is not None
     log: list[tuple[bytes, Any]] = await plain.xrange("{test}:log")  # type: ignore[assignment]
     assert [entry_id.decode() for entry_id, _ in log] == [
@@ -343,10 +344,10 @@ async def test_a_tail_read_abandoned_while_its_connection_opens_sends_nothing(
         first = Cursor.decode(await bucket.commit("vm", "a", ["nic"], {"n": 1})).position
         redis_server.pause()
         try:
-            reading = asyncio.create_task(bucket.tail(first, 5000, 100))
+            reading = asyncio.create_task(bucket.log.tail(first, 5000, 100))
             await asyncio.sleep(0.3)
             assert not reading.done()
-            bucket.abandon_reads()
+            bucket.log.abandon_reads()
         finally:
             redis_server.resume()
         with pytest.raises(BucketUnavailable, match="abandoned"):

@@ -12,7 +12,7 @@ import redis.asyncio as aioredis
 
 from changefeed.cursor import ZERO
 from publisher.bucket import Change, ChangeBucket, Keys, connect
-from publisher.bucket.values import encode_change, pack_changes, unpack_bulk
+from publisher.bucket.values.changes import encode_change, pack_changes, unpack_bulk
 from tests.servers import RedisServer
 
 RESOURCES = ("vm", "network", "disk")
@@ -66,7 +66,7 @@ async def _snapshot(
         store[f"index:{resource}"] = await client.zrange(keys.index(resource), 0, -1,
                                                          withscores=True)
     log = []
-    for partition, stream in enumerate(await bucket.streams()):
+    for partition, stream in enumerate(await bucket.log.streams()):
         rows: Any = await client.xrange(stream)
         log += [(partition, f[b"r"].decode(), f[b"s"].decode(), f[b"i"].decode()) for _, f in rows]
     return store, log
@@ -81,12 +81,12 @@ async def test_a_batch_leaves_what_its_changes_one_by_one_leave(
     grouped = ChangeBucket(connect(redis_server.url), "grouped", None, partitions)
     single = ChangeBucket(connect(redis_server.url), "single", None, partitions)
     try:
-        (committed,) = await grouped.commit_batches([(changes, None)])
+        (committed,) = await grouped.log.commit_batches([(changes, None)])
         assert committed.count == len(changes)
         for change in changes:
             await single.commit_many([change])
         assert await _snapshot(plain, grouped) == await _snapshot(plain, single)
-        entries = await grouped.read(ZERO, count=100_000)
+        entries = await grouped.log.read(ZERO, count=100_000)
         assert [str(e.position) for e in entries] == [
             f"{committed.ms}-{committed.first + n}" for n in range(len(changes))
         ], "one id per change, in order"

@@ -16,7 +16,7 @@ from publisher.config.settings import Config
 
 
 async def ids_in_log(bucket: ChangeBucket) -> list[str]:
-    return [entry.changed_resource_id for entry in await bucket.read(ZERO, count=10_000)]
+    return [entry.changed_resource_id for entry in await bucket.log.read(ZERO, count=10_000)]
 
 
 async def test_the_same_key_twice_writes_once_and_returns_the_first_cursor(
@@ -46,7 +46,7 @@ async def test_a_multi_batch_call_retried_after_a_partial_application_writes_not
     changes = [Change.put("vm", f"vm-{i:04d}", ["state"], {"i": i}) for i in range(2 * BATCH + 7)]
     # The first call got its first two batches in, then failed (e.g. CommitOutcomeUnknown).
     applied = await bucket.commit_many(changes[:BATCH], key="import-7")
-    (second,) = await bucket.commit_batches([(changes[BATCH : 2 * BATCH], "import-7#1")])
+    (second,) = await bucket.log.commit_batches([(changes[BATCH : 2 * BATCH], "import-7#1")])
     applied += second.cursors
 
     retried = await bucket.commit_many(changes, key="import-7")
@@ -59,8 +59,8 @@ async def test_a_multi_batch_call_retried_after_a_partial_application_writes_not
 async def test_commit_batches_says_which_batches_were_written_now(bucket: ChangeBucket) -> None:
     a = [Change.publish("vm", "a", ["nic"])]
     b = [Change.publish("vm", "b", ["nic"]), Change.publish("vm", "c", ["nic"])]
-    first = await bucket.commit_batches([(a, "ka"), (b, None)])
-    again = await bucket.commit_batches([(a, "ka"), (b, "kb")])
+    first = await bucket.log.commit_batches([(a, "ka"), (b, None)])
+    again = await bucket.log.commit_batches([(a, "ka"), (b, "kb")])
     assert [c.fresh for c in first] == [True, True] and [c.fresh for c in again] == [False, True]
     assert again[0] == replace(first[0], fresh=False), "the first commit's positions"
     assert await ids_in_log(bucket) == ["a", "b", "c", "b", "c"]
@@ -72,7 +72,7 @@ async def test_keys_are_forgotten_after_max_age(
     old = await bucket.publish("vm", "a", ["nic"], key="old")
     await asyncio.sleep(0.3)
     kept = await bucket.publish("vm", "b", ["nic"], key="kept")
-    await bucket.trim(0.2)
+    await bucket.log.trim(0.2)
     assert await plain.hkeys(bucket.keys.idempotency) == [b"kept"]
     assert await plain.zrange(bucket.keys.idempotency_times, 0, -1) == [b"kept"]
     assert await bucket.publish("vm", "b", ["nic"], key="kept") == kept

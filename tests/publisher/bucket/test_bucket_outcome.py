@@ -13,8 +13,8 @@ import redis.exceptions
 from changefeed.cursor import ZERO
 from changefeed.errors import BucketUnavailable, CommitOutcomeUnknown
 from publisher.bucket import Change, ChangeBucket, connect
-from publisher.bucket.commits import Committer, StreamStats
-from publisher.bucket.keys import Keys
+from publisher.bucket.log.commits import Committer, StreamStats
+from publisher.bucket.values.keys import Keys
 from publisher.config.settings import Config
 from tests.servers import RedisServer, scaled
 
@@ -37,13 +37,13 @@ async def test_a_commit_unanswered_past_the_timeout_is_outcome_unknown_and_was_w
         finally:
             tcp_redis_server.resume()
 
-        entries = await bucket.read(ZERO)
+        entries = await bucket.log.read(ZERO)
         assert [e.changed_resource_id for e in entries] == ["a", "b"], "it was written"
         assert await bucket.get("vm", "b") == b'{"n":2}'
         # The retry the exception asks for: the same key gives the cursor of the write.
         cursor = await bucket.commit("vm", "b", ["nic"], {"n": 2}, key="req-b")
-        assert cursor == entries[1].item((await bucket.retention()).epoch or "").cursor
-        assert len(await bucket.read(ZERO)) == 2
+        assert cursor == entries[1].item((await bucket.log.retention()).epoch or "").cursor
+        assert len(await bucket.log.read(ZERO)) == 2
     finally:
         await bucket.aclose()
 
@@ -68,7 +68,7 @@ async def test_a_commit_to_a_killed_redis_is_unavailable_and_nothing_is_written(
                 await attempt()
             assert not isinstance(failure.value, CommitOutcomeUnknown), "it was never sent"
         tcp_redis_server.start()
-        assert [e.changed_resource_id for e in await bucket.read(ZERO)] == ["a"]
+        assert [e.changed_resource_id for e in await bucket.log.read(ZERO)] == ["a"]
         assert await bucket.get("vm", "b") is None
     finally:
         await bucket.aclose()

@@ -23,8 +23,8 @@ import redis
 from changefeed.cursor import Cursor
 from changefeed.errors import BucketUnavailable, CommitOutcomeUnknown
 from publisher.bucket import ChangeBucket, connect
-from publisher.bucket import sentinel as sentinel_module
-from publisher.bucket.sentinel import FOLLOW_EVERY
+from publisher.bucket.redis import sentinel as sentinel_module
+from publisher.bucket.redis.sentinel import FOLLOW_EVERY
 from tests.faults.sentinel_faults import MASTER, sentinel_ready
 from tests.servers import RedisServer, SentinelServer, scaled
 
@@ -152,13 +152,13 @@ async def test_a_read_on_a_connection_closed_for_the_old_master_goes_to_the_new_
     async with trio(tmp_path) as servers:
         bucket = ChangeBucket(connect(servers.url), "test")
         await bucket.commit("vm", "a", ["nic"], {"n": 1})
-        old = await bucket.current_epoch()
+        old = await bucket.log.current_epoch()
         read: list[tuple[float, str | None]] = []
 
         async def reading() -> None:
             while True:
                 with contextlib.suppress(BucketUnavailable):
-                    read.append((time.monotonic(), (await bucket.retentions())[0].epoch))
+                    read.append((time.monotonic(), (await bucket.log.retentions())[0].epoch))
                 await asyncio.sleep(0.02)
 
         reader = asyncio.create_task(reading())
@@ -167,7 +167,7 @@ async def test_a_read_on_a_connection_closed_for_the_old_master_goes_to_the_new_
             servers.master.pause()
             try:
                 await servers.fail_over(everywhere=True)
-                new = await bucket.renew_epoch(old or "")
+                new = await bucket.log.renew_epoch(old or "")
             finally:
                 servers.master.resume()
             resumed = time.monotonic()
@@ -209,7 +209,7 @@ async def test_with_every_sentinel_down_a_commit_says_it_was_not_written(tmp_pat
         servers.sentinels[2].start()  # one is enough to name the master
         third = await bucket.commit("vm", "a", ["nic"], {"n": 3}, key="k3")
         assert _has(servers.master, third)
-        newer = await bucket.read(Cursor.decode(kept).position)
+        newer = await bucket.log.read(Cursor.decode(kept).position)
         assert len(newer) == 1, "the refused commit was not written"
         await bucket.aclose()
 

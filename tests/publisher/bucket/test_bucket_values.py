@@ -16,8 +16,8 @@ from publisher.bucket import (
     decode_marker,
     digest_of,
     encode_marker,
-    scripts,
 )
+from publisher.bucket.lua import scripts
 
 
 def test_digest_names_the_changes_in_order() -> None:
@@ -60,7 +60,7 @@ def test_key_layout() -> None:
 
 
 def test_scripts_are_package_data_after_the_shared_library() -> None:
-    package = files("publisher.bucket")
+    package = files("publisher.bucket.lua")
     library = package.joinpath("lib.lua").read_text()
     loaded = [getattr(scripts, name) for name in scripts.__all__ if name.isupper()]
     for script in loaded:

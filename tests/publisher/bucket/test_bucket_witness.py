@@ -44,14 +44,14 @@ async def test_a_commit_after_a_rollback_starts_a_new_epoch(tmp_path: Path) -> N
         await asyncio.to_thread(server.start)
 
         bucket.redis = connect(server.url)  # the same client's memory, a new connection
-        restored = await bucket.retention()
+        restored = await bucket.log.retention()
         assert restored.epoch == Cursor.decode(first[0]).epoch, "the snapshot's epoch came back"
         assert restored.head == Cursor.decode(first[-1]).position < Cursor.decode(lost[-1]).position
 
         with capture_logs() as logs:
             after = await bucket.commit("vm", "c", ["nic"], {"n": 1})
         assert Cursor.decode(after).epoch != restored.epoch, "a new history: a new epoch"
-        assert (await bucket.retention()).epoch == Cursor.decode(after).epoch
+        assert (await bucket.log.retention()).epoch == Cursor.decode(after).epoch
         assert [e["log_level"] for e in logs if "rolled back" in e["event"]] == ["error"]
 
         with capture_logs() as logs:
@@ -110,7 +110,7 @@ async def test_a_commit_with_a_witness_of_a_history_this_bucket_never_held_start
                 after = await _retried(writer, "a")
             renewed = Cursor.decode(after).epoch
             assert renewed not in (Cursor.decode(kept).epoch, Cursor.decode(lost).epoch)
-            assert (await survivor.retention()).epoch == renewed
+            assert (await survivor.log.retention()).epoch == renewed
             assert [e["log_level"] for e in logs if "rolled back" in e["event"]] == ["error"]
 
             # Another writer of the lost history: the loss is announced already, not again.
@@ -146,7 +146,7 @@ async def test_a_witness_of_an_epoch_past_where_this_history_left_it_starts_a_ne
             await asyncio.to_thread(other_side.start)  # the same history, a master of its own
 
             survivor = ChangeBucket(connect(winner.url), "test")
-            renewed = await survivor.renew_epoch(shared)  # a publisher there saw a rollback
+            renewed = await survivor.log.renew_epoch(shared)  # a publisher there saw a rollback
             assert renewed != shared
             await asyncio.sleep(0.01)  # the other side's commit comes after, by Redis's ms
             proxy.retarget("127.0.0.1", other_side.port)
@@ -158,7 +158,7 @@ async def test_a_witness_of_an_epoch_past_where_this_history_left_it_starts_a_ne
             with capture_logs() as logs:
                 after = await _retried(writer, "c")
             assert Cursor.decode(after).epoch not in (shared, renewed), "the loss is announced"
-            assert (await survivor.retention()).epoch == Cursor.decode(after).epoch
+            assert (await survivor.log.retention()).epoch == Cursor.decode(after).epoch
             assert [e["log_level"] for e in logs if "rolled back" in e["event"]] == ["error"]
             # A witness of the old epoch at or before where the winner left it is its own.
             assert Cursor.decode(await survivor.commit("vm", "d", ["nic"], {"n": 1})).epoch == (
@@ -233,7 +233,7 @@ async def test_a_witness_the_winner_lacks_starts_a_new_epoch_whatever_its_epoch_
         with capture_logs() as logs:
             after = Cursor.decode(await _retried(writer, "d"))
         assert after.epoch != shared, "the loss is announced"
-        assert (await survivor.retention()).epoch == after.epoch
+        assert (await survivor.log.retention()).epoch == after.epoch
         assert [e["log_level"] for e in logs if "rolled back" in e["event"]] == ["error"]
         # The survivor's witness is in the winner's history: no third epoch.
         assert Cursor.decode(await survivor.commit("vm", "e", ["nic"], {})).epoch == after.epoch

@@ -89,8 +89,8 @@ async def test_partition_count_is_fixed_with_the_bucket(
         with pytest.raises(PartitionMismatch, match="has 4 partition"):
             await two.publish("vm", "b", ["nic"])
         await learner.publish("vm", "c", ["nic"])  # None: whatever the bucket has
-        assert await learner.partition_count() == 4
-        assert [e.changed_resource_id for e in await learner.read(StreamId(0, 0))] == ["a", "c"]
+        assert await learner.log.partition_count() == 4
+        assert [e.changed_resource_id for e in await learner.log.read(StreamId(0, 0))] == ["a", "c"]
 
         # A publisher configured with another count does not start.
         config = make_config(
@@ -116,11 +116,11 @@ async def test_max_items_trims_the_oldest_across_partitions(
         for _ in range(200):  # the publisher's own trim task does it
             kept = [
                 Cursor(epoch, e.position).encode()
-                for e in await service.bucket.read(StreamId(0, 0))
+                for e in await service.bucket.log.read(StreamId(0, 0))
             ]
             if len(kept) == 5:
                 break
             await asyncio.sleep(0.05)
         assert kept == cursors[-5:], "exactly the newest maxItems items are kept"
-        retention = await service.bucket.retention()
+        retention = await service.bucket.log.retention()
         assert Cursor(epoch, retention.trimmed).encode() == cursors[-6], "the horizon moved"

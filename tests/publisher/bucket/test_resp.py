@@ -9,7 +9,7 @@ import hiredis
 import pytest
 import redis.exceptions
 
-from publisher.bucket.resp import RespReader, reader
+from publisher.bucket.redis.resp import RespReader, reader
 
 # One wait-and-read as Redis sends it (an XREAD reply, then tail.lua's), a timed-out XREAD (nil),
 # and the other RESP2 shapes.

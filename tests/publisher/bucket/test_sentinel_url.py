@@ -6,7 +6,7 @@ import pytest
 
 from changefeed.configjs import masked_url
 from changefeed.errors import ConfigError
-from publisher.bucket.sentinel import (
+from publisher.bucket.redis.sentinel import (
     SentinelUrl,
     parse_sentinel_url,
     redis_url,

@@ -3,7 +3,7 @@
 Each script is `lib.lua` (the functions every script shares: id order, partitions, the head, the
 creation of the bucket) followed by its own file. The files are package data, found with
 `importlib.resources`, so they are loaded the same from a checkout, an editable install or a
-wheel. Only `client.py` runs them.
+wheel. Only the bucket package runs them.
 """
 
 from __future__ import annotations

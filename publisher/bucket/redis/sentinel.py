@@ -34,7 +34,7 @@ from redis.exceptions import RedisError
 
 from changefeed import configjs as cj
 from changefeed.errors import ConfigError
-from publisher.bucket.cluster_url import is_cluster_url, parse_cluster_url
+from publisher.bucket.redis.cluster_url import is_cluster_url, parse_cluster_url
 
 log = structlog.get_logger(__name__)
 

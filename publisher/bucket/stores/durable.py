@@ -24,14 +24,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+import redis.asyncio as aioredis
 
 from changefeed.cursor import Cursor, StreamId
 from changefeed.durable import Action, ConsumerConfig, DeliveryId, Outcome, Settled
 from changefeed.protocol import ChangeItem
-from publisher.bucket.client import ChangeBucket
-from publisher.bucket.connection import translate_redis_errors
-from publisher.bucket.scripts import DURABLE
-from publisher.bucket.values import LogEntry
+from publisher.bucket.lua.scripts import DURABLE
+from publisher.bucket.redis.connection import translate_redis_errors
+from publisher.bucket.values.changes import LogEntry
+from publisher.bucket.values.keys import Keys
 
 _OUTCOMES = {1: Outcome.APPLIED, 2: Outcome.REDELIVERED, 3: Outcome.NOT_PENDING,
              4: Outcome.CONSUMER_RECREATED}
@@ -131,13 +132,14 @@ class DeadRecord:
 class DurableStore:
     """The durable consumers of one bucket, in its Redis."""
 
-    def __init__(self, bucket: ChangeBucket) -> None:
-        self.bucket = bucket
-        self._script = bucket.redis.register_script(DURABLE.text)
+    def __init__(self, client: aioredis.Redis, keys: Keys) -> None:
+        self.redis = client
+        self.keys = keys
+        self._script = client.register_script(DURABLE.text)
 
     async def _run(self, name: str, args: Sequence[Any], what: str, sent: bool = False) -> Any:
         """Run one operation; `sent`: a lost answer means it may have run (a settlement)."""
-        keys = [*self.bucket.keys.common, *self.bucket.keys.durable(name)]
+        keys = [*self.keys.common, *self.keys.durable(name)]
         async with translate_redis_errors(f"durable consumer {what}", sent=sent):
             return await self._script(keys=keys, args=list(args))
 
@@ -230,19 +232,19 @@ class DurableStore:
     async def dead_letters(self, name: str, after: str | None, count: int) -> list[DeadRecord]:
         """Up to `count` records of the dead-letter record after record id `after` (None: from
         the oldest kept), oldest first."""
-        key = self.bucket.keys.durable(name)[4]
+        key = self.keys.durable(name)[4]
         start = "-" if after is None else f"({after}"
         async with translate_redis_errors("durable consumer dead letters"):
-            rows: Any = await self.bucket.redis.xrange(key, start, "+", count=count)
+            rows: Any = await self.redis.xrange(key, start, "+", count=count)
         return [
             DeadRecord(entry_id.decode(), {k.decode(): v.decode() for k, v in fields.items()})
             for entry_id, fields in rows
         ]
 
     async def names(self) -> list[str]:
-        key = self.bucket.keys.durable("")[5]
+        key = self.keys.durable("")[5]
         async with translate_redis_errors("durable consumers"):
-            found: Any = await self.bucket.redis.smembers(key)
+            found: Any = await self.redis.smembers(key)
         return sorted(name.decode() for name in found)
 
 

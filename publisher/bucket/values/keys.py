@@ -28,7 +28,8 @@ in one slot and the scripts may touch any of them::
     {name}:durables         set: the names of the durable consumers
     {name}:durable:<c>      hash: durable consumer c's config, incarnation, epoch, position,
                             counters; with :pending (sorted set), :items, :deliveries (hashes)
-                            and :dead (stream: its dead-letter record) (publisher.bucket.durable)
+                            and :dead (stream: its dead-letter record)
+                            (publisher.bucket.stores.durable)
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ names some of the cluster's nodes (any of them: the client learns the others and
 holds which slot from them) and the password every node shares. config.js may list the nodes
 instead, as `bucket: { cluster: ["redis://host:port", ...] }`, which is the same URL.
 
-Pure code: parsing and checking only; the client is made in `publisher.bucket.cluster_client`.
+Pure code: parsing and checking only; the client is made in `publisher.bucket.redis.cluster_client`.
 """
 
 from __future__ import annotations

@@ -15,9 +15,9 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from publisher.bucket import scripts
-from publisher.bucket.connection import translate_redis_errors
-from publisher.bucket.keys import Keys
+from publisher.bucket.lua import scripts
+from publisher.bucket.redis.connection import translate_redis_errors
+from publisher.bucket.values.keys import Keys
 
 
 class CursorSets:

@@ -1,5 +1,5 @@
 """The redis-py client of a Redis Cluster (`redis+cluster://` URLs), for `connect()` and
-`publisher.bucket.layout`."""
+`publisher.bucket.log.layout`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from publisher.bucket.cluster_url import parse_cluster_url
+from publisher.bucket.redis.cluster_url import parse_cluster_url
 
 POOL_SIZE = 64
 """Connections per node, as `connect()`'s pools (config.js `bucket.poolSize`)."""

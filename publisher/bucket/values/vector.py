@@ -1,6 +1,6 @@
 """A position in every shard of a bucket: what a cursor names, as a value. Pure code.
 
-A bucket is a set of shards, each a log with one id sequence (`publisher.bucket.shard`). A
+A bucket is a set of shards, each a log with one id sequence (`publisher.bucket.log.shard`). A
 position in the bucket is one stream id per shard, with the bucket's epoch: a `Vector`. On the
 wire it is exactly today's cursors:
 

@@ -17,21 +17,22 @@ from typing import Any, Protocol
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 
-from publisher.bucket.shard import Shard
+from publisher.bucket.log.shard import Shard
 
 
-def is_sharded(client: Any) -> bool:
-    """True when `client` is a Redis Cluster client: one shard per partition."""
-    return isinstance(client, RedisCluster)
+def is_ordered(client: Any) -> bool:
+    """True unless `client` is a Redis Cluster client (one shard per partition): the bucket's
+    one shard holds every partition, so its items have one total order."""
+    return not isinstance(client, RedisCluster)
 
 
 def make_shards(
     client: aioredis.Redis, name: str, partitions: int | None, idempotency_keys: int,
-    sharded: bool,
+    *, ordered: bool,
 ) -> list[Shard]:
-    """The shards of bucket `name`: one holding every partition, or (`sharded`) `partitions`
+    """The shards of bucket `name`: (`ordered`) one holding every partition, or `partitions`
     shards of one partition each."""
-    if not sharded:
+    if ordered:
         return [Shard(client, name, 0, partitions, idempotency_keys, direct=True)]
     return [
         Shard(client, f"{name}/{p}", p, 1, idempotency_keys, direct=False,
@@ -62,5 +63,5 @@ class Settings(Protocol):
     def resources(self) -> Any: ...
 
 
-__all__ = ["BucketSettings", "Settings", "is_sharded", "make_shards"]
+__all__ = ["BucketSettings", "Settings", "is_ordered", "make_shards"]
 

@@ -26,9 +26,9 @@ from changefeed.errors import (
     CommitOutcomeUnknown,
     PartitionMismatch,
 )
-from publisher.bucket.cluster_client import connect_cluster
-from publisher.bucket.cluster_url import is_cluster_url
-from publisher.bucket.sentinel import is_sentinel_url, sentinel_pool
+from publisher.bucket.redis.cluster_client import connect_cluster
+from publisher.bucket.redis.cluster_url import is_cluster_url
+from publisher.bucket.redis.sentinel import is_sentinel_url, sentinel_pool
 
 
 def _partitions_error(what: str, message: str) -> ChangefeedError:
@@ -137,12 +137,12 @@ def connect(
     `blocking` clients wait longer for a reply, for XREAD BLOCK (which waits at most 5 s);
     `timeout` overrides how long any reply is waited for (seconds).
 
-    A `redis+sentinel://` URL (`publisher.bucket.sentinel`) gives a client of the master the
+    A `redis+sentinel://` URL (`publisher.bucket.redis.sentinel`) gives a client of the master the
     sentinels name, with the same pool: each new connection asks the sentinels, so the client
     follows a failover.
 
     A `redis+cluster://` URL gives redis-py's `RedisCluster` (`connect_cluster`); a `ChangeBucket`
-    made with it spreads its partitions over the cluster's masters (`publisher.bucket.layout`):
+    made with it spreads its partitions over the cluster's masters (`publisher.bucket.log.layout`):
     the usual `ChangeBucket(connect(url), name, resources)` works for any URL.
     """
     if is_cluster_url(url):

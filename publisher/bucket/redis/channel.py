@@ -7,9 +7,9 @@ Python is paid per change (docs/benchmarks.md, P1' and P3). A `Channel` takes on
 from its bucket's pool (which connects, authenticates, selects the database and asks the
 sentinels for the master exactly as for any other command) and keeps it: each exchange writes
 packed RESP to the connection's stream and parses the replies off it (hiredis's reader, else
-`publisher.bucket.resp.RespReader`) in the caller's task. No pool checkout and release per call,
-no timeout context per reply, no per-command objects. One exchange at a time: `busy` says when
-one is in progress (a concurrent caller uses the pool instead).
+`publisher.bucket.redis.resp.RespReader`) in the caller's task. No pool checkout and release
+per call, no timeout context per reply, no per-command objects. One exchange at a time: `busy`
+says when one is in progress (a concurrent caller uses the pool instead).
 
 A connection that fails is dropped (disconnected and given back to the pool, which opens a new
 one next time). A kept connection seen closed before an exchange is replaced before anything is
@@ -33,7 +33,7 @@ import redis.asyncio as aioredis
 import redis.exceptions
 from redis.asyncio.connection import AbstractConnection
 
-from publisher.bucket.resp import Reader, reader
+from publisher.bucket.redis.resp import Reader, reader
 
 READ_SIZE = 65536
 WATCH_EVERY = 1.0

@@ -4,8 +4,8 @@ Every key of a shard carries one hash tag (`Keys`), so each of its scripts (tail
 trim, page, commit) runs on one Redis, or on the one master of a Redis Cluster that holds the
 slot. A shard holds one or more of the bucket's partitions: a single Redis bucket is one shard of
 N partitions sharing its sequence (streams ``{name}:log:<p>``, one ``last``); a bucket in a Redis
-Cluster is N shards of one partition each, under ``{name/p}`` (`publisher.bucket.layout` decides).
-Nothing outside the bucket package sees a `Shard` but through `ChangeBucket.shards()`, for the
+Cluster is N shards of one partition each, under ``{name/p}`` (`publisher.bucket.log.layout`
+decides). Nothing outside the bucket package sees a `Shard` but through `Log.shards()`, for the
 tail's and the replays' reads.
 """
 
@@ -19,12 +19,11 @@ import redis.asyncio as aioredis
 import redis.exceptions
 
 from changefeed.cursor import StreamId
-from publisher.bucket import scripts
-from publisher.bucket.channel import Channel, Sent
-from publisher.bucket.commits import Committer
-from publisher.bucket.connection import bulk, translate_redis_errors
-from publisher.bucket.keys import Keys
-from publisher.bucket.values import (
+from publisher.bucket.log.commits import Committer
+from publisher.bucket.lua import scripts
+from publisher.bucket.redis.channel import Channel, Sent
+from publisher.bucket.redis.connection import bulk, translate_redis_errors
+from publisher.bucket.values.changes import (
     LogEntry,
     LogRead,
     Piece,
@@ -33,6 +32,7 @@ from publisher.bucket.values import (
     merge_partitions,
     parse_entry,
 )
+from publisher.bucket.values.keys import Keys
 
 _bulk = bulk
 

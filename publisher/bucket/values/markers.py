@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import binascii
 
-from publisher.bucket.values import MAX_ID_BYTES
+from publisher.bucket.values.changes import MAX_ID_BYTES
 
 
 def encode_marker(last_id: str) -> str:

@@ -1,9 +1,10 @@
 """The commit path of one shard: commit.lua calls, one at a time or streamed.
 
-A single commit runs on the connection single commits keep (`Channel`), packed as RESP once per
-call; a stream of calls keeps up to a window of them in flight on one connection. A shard in a
-Redis Cluster goes through redis-py's cluster client (it finds the master of the shard's slot),
-one script call at a time.
+Every call is packed as RESP once. A single commit runs on the connection single commits keep
+(`Channel`); a stream of calls keeps up to a window of them in flight on one connection of the
+pool, and a single commit that finds the kept connection busy is a stream of one call. A shard in
+a Redis Cluster differs only in routing: each call goes through redis-py's cluster client (it
+finds the master of the shard's slot), one script call at a time.
 
 Every acknowledged commit becomes a witness: its last change (position, partition, fingerprint),
 which the client's next commits send until one of them, sent after that acknowledgement, is
@@ -28,11 +29,11 @@ import structlog
 from redis.asyncio.connection import AbstractConnection
 
 from changefeed.cursor import StreamId, new_epoch
-from publisher.bucket import scripts
-from publisher.bucket.channel import Channel, Sent
-from publisher.bucket.connection import EMPTY, KEEP_FOR_COMMITS, bulk, translate_redis_errors
-from publisher.bucket.keys import Keys
-from publisher.bucket.values import Committed, PackedChanges, unpack_bulk
+from publisher.bucket.lua import scripts
+from publisher.bucket.redis.channel import Channel, Sent
+from publisher.bucket.redis.connection import EMPTY, KEEP_FOR_COMMITS, bulk, translate_redis_errors
+from publisher.bucket.values.changes import Committed, PackedChanges, unpack_bulk
+from publisher.bucket.values.keys import Keys
 
 log = structlog.get_logger(__name__)
 
@@ -131,12 +132,6 @@ class Committer:
             *unpack_bulk(packed.args),
         ]
         return keys, args
-
-    @staticmethod
-    def committed(reply: bytes) -> Committed:
-        """commit.lua's reply '<epoch> <ms> <first seq> <count> <fresh> <renewed> ...' as a
-        value."""
-        return Committer._committed(reply.split())
 
     @staticmethod
     def _committed(parts: list[bytes]) -> Committed:
@@ -241,10 +236,10 @@ class Committer:
         if channel is None:
             pool = self.redis.connection_pool
             if getattr(pool, "max_connections", 0) < KEEP_FOR_COMMITS:
-                return await self._commit_pooled(self._command(packed, key, digest), sent_after)
+                return await self._commit_alone((packed, key, digest))
             channel = self._commits = Channel(pool, "commit")
         if channel.busy:
-            return await self._commit_pooled(self._command(packed, key, digest), sent_after)
+            return await self._commit_alone((packed, key, digest))
         over = channel.next_socket
         command = self._command(packed, key, digest, over)
         try:
@@ -268,35 +263,10 @@ class Committer:
                 raise reply
         return self._answered(reply, sent_after, channel.socket, over)
 
-    async def _commit_pooled(self, command: bytes, sent_after: int) -> Committed:
-        """`_commit_one`'s call on a connection of the pool."""
-        pool = self.redis.connection_pool
-        async with translate_redis_errors(self.what):
-            connection: AbstractConnection = await pool.get_connection()  # type: ignore[no-untyped-call]
-        answered = False
-        try:
-            async with translate_redis_errors(self.what, sent=True):
-                await connection.send_packed_command(command, check_health=False)
-                socket = connection._writer
-                try:
-                    try:
-                        reply = await connection.read_response()
-                    except redis.exceptions.NoScriptError:  # the call did not run: load, again
-                        await connection.send_packed_command(
-                            self._load + command, check_health=False
-                        )
-                        await connection.read_response()
-                        reply = await connection.read_response()
-                except redis.exceptions.ResponseError:
-                    answered = True  # every reply was read: the connection is clean
-                    raise
-                answered = True
-        finally:
-            if not answered:
-                self._draw()  # it may have become the epoch, unanswered
-                await connection.disconnect()
-            await pool.release(connection)
-        return self._answered(reply, sent_after, socket)
+    async def _commit_alone(self, call: CommitCall) -> Committed:
+        """One commit.lua call on a connection of the pool: a stream of one call."""
+        (committed,) = [c async for c in self._commit_calls_direct(iter([call]), 1)]
+        return committed
 
     async def _commit_calls_direct(
         self,

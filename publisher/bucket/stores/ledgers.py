@@ -16,8 +16,8 @@ from typing import Any
 import redis.asyncio as aioredis
 import redis.exceptions
 
-from publisher.bucket.connection import translate_redis_errors
-from publisher.bucket.keys import Keys
+from publisher.bucket.redis.connection import translate_redis_errors
+from publisher.bucket.values.keys import Keys
 
 
 class SparkLedgers:
