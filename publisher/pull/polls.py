@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from changefeed import feed
-from changefeed.cursor import ZERO, CompositeCursor, Cursor, StreamId, is_composite
+from changefeed.cursor import ZERO, Cursor, Position, StreamId, is_composite
 from changefeed.errors import CursorError, CursorGone, ParamError
 from changefeed.longpoll import EventFilter, EventsReply, EventsRequest
 from changefeed.protocol import ChangeItem
@@ -53,8 +53,8 @@ def _edges(epoch: str, retentions: Sequence[Retention], ordered: bool) -> tuple[
         return (Cursor(epoch, retention.oldest).encode(),
                 Cursor(epoch, retention.head).encode())
     return (
-        CompositeCursor(epoch, tuple(r.trimmed for r in retentions)).encode(),
-        CompositeCursor(epoch, tuple(r.head for r in retentions)).encode(),
+        Position(epoch, tuple(r.trimmed for r in retentions)).encode(),
+        Position(epoch, tuple(r.head for r in retentions)).encode(),
     )
 
 
@@ -203,7 +203,7 @@ def _position(text: str, p: int, epoch: str, retention: Retention) -> StreamId:
     its position p). Raises ParamError or CursorGone."""
     if is_composite(text):
         try:
-            cursor = CompositeCursor.decode(text)
+            cursor = Position.decode(text)
         except CursorError:
             cursor = None
         if cursor is None or p >= len(cursor.positions):

@@ -15,7 +15,7 @@ from typing import Any, cast
 
 import redis.asyncio as aioredis
 
-from changefeed.cursor import AnyCursor, CompositeCursor, Cursor, StreamId, new_epoch
+from changefeed.cursor import AnyCursor, Cursor, StreamId, new_epoch
 from changefeed.errors import ChangefeedError
 from changefeed.protocol import Resource
 from publisher.bucket.log import writes
@@ -130,10 +130,8 @@ class Log:
         return Vector(epoch, tuple(positions), not self.ordered)
 
     def cursor(self, vector: Vector) -> AnyCursor:
-        """`vector` as a cursor: a `Cursor` for an ordered bucket, else a `CompositeCursor`."""
-        if vector.composite:
-            return CompositeCursor(vector.epoch, vector.positions)
-        return Cursor(vector.epoch, vector.positions[0])
+        """`vector` as a cursor: a `Cursor` for an ordered bucket, else the composite vector."""
+        return vector if vector.composite else Cursor(vector.epoch, vector.positions[0])
 
     async def decode_cursor(self, text: str) -> Vector:
         """The vector a cursor of this bucket names (CursorError when it is not one: see

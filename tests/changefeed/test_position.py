@@ -1,5 +1,6 @@
-"""Composite cursors (a position per partition, for buckets in a Redis Cluster): round trips,
-telling them from single-position cursors, their partial order, `reached`."""
+"""Positions (`changefeed.cursor.Position`, the one position type): composite cursors (a
+position per partition, for buckets in a Redis Cluster) and an ordered bucket's one position,
+round trips, telling them from single-position cursors, their partial order, `reached`."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from changefeed.cursor import (
     ZERO,
     CompositeCursor,
     Cursor,
+    Position,
     StreamId,
     is_composite,
     new_epoch,
@@ -93,3 +95,29 @@ def test_reached_compares_every_partition() -> None:
         reached(delivered, Cursor(epoch, StreamId(1, 0)))
     with pytest.raises(CursorError):
         reached(delivered, CompositeCursor(epoch, (ZERO, ZERO, ZERO)))
+
+
+def test_one_type_is_the_composite_cursor_the_bucket_vector_and_an_ordered_position() -> None:
+    from publisher.bucket import Vector, decode_vector, parse_vector
+
+    assert CompositeCursor is Position and Vector is Position
+    epoch = new_epoch()
+    ordered = Position(epoch, (StreamId(5, 1),), False)
+    assert ordered.encode() == Cursor(epoch, StreamId(5, 1)).encode()
+    assert parse_vector(ordered.encode()) == ordered
+    assert decode_vector(ordered.encode(), 1, False) == ordered
+    composite = Position(epoch, (StreamId(5, 1),))
+    single = Cursor(epoch, StreamId(5, 1)).encode()
+    assert composite.composite and composite.encode() == f"{epoch}~" + single.split(".")[1]
+    assert parse_cursor(composite.encode()) == composite == parse_vector(composite.encode())
+    # covers and advanced are written once, for both kinds
+    for kind in (False, True):
+        at = Position(epoch, (StreamId(5, 1),), kind)
+        assert at.advanced(0, StreamId(4, 0)) is at
+        ahead = at.advanced(0, StreamId(6, 0))
+        assert ahead.composite is kind and ahead.positions == (StreamId(6, 0),)
+        assert ahead.covers(at) and not at.covers(ahead)
+    with pytest.raises(CursorError):
+        decode_vector(composite.encode(), 1, False)
+    with pytest.raises(CursorError):
+        decode_vector(ordered.encode(), 1, True)
