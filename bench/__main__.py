@@ -31,19 +31,19 @@ import orjson
 import structlog
 
 from bench import report
-from bench.bootstrap import p4
-from bench.commits import p3
-from bench.crowd import p10
-from bench.fanout import p1, p6
-from bench.idle import p5
-from bench.latency import p2, p7
+from bench.bootstrap import bootstrap_rate
+from bench.commits import commit_throughput
+from bench.crowd import idle_crowd
+from bench.fanout import fanout_by_kind, fanout_throughput
+from bench.idle import idle_memory
+from bench.latency import paused_listeners, receive_latency
 from bench.machine import describe
 from bench.scenario import Context, Result
 from bench.servers import Cores, pinned
-from bench.single import p1s
-from bench.spark_rows import SparkRun, p8
-from bench.trace_cost import p1t
-from bench.versus_nats import p9
+from bench.single import single_commits
+from bench.spark_rows import SparkRun, spark_rows
+from bench.trace_cost import trace_cost
+from bench.versus_nats import versus_nats
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results.json"
@@ -51,9 +51,12 @@ DOCS = ROOT / "docs" / "benchmarks.md"
 IMAGES = ROOT / "docs" / "img"
 
 SCENARIOS: dict[str, Callable[[Context], Awaitable[Result]]] = {
-    "P1": p1, "P1S": p1s, "P1T": p1t, "P2": p2, "P3": p3, "P4": p4, "P5": p5, "P6": p6, "P7": p7,
-    "P8": p8, "P9": p9, "P10": p10,
+    "P1": fanout_throughput, "P1S": single_commits, "P1T": trace_cost, "P2": receive_latency,
+    "P3": commit_throughput, "P4": bootstrap_rate, "P5": idle_memory, "P6": fanout_by_kind,
+    "P7": paused_listeners, "P8": spark_rows, "P9": versus_nats, "P10": idle_crowd,
 }
+"""The scenarios by their labels (`--only`, docs/benchmarks.md), each a function named for what
+it measures."""
 
 
 def revision() -> str:

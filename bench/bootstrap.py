@@ -96,7 +96,7 @@ async def _constant_pages(port: int, count: int) -> float:
     return rows / seconds
 
 
-async def p4(ctx: Context) -> Result:
+async def bootstrap_rate(ctx: Context) -> Result:
     count = ctx.size(100_000, 1_000)
     result = Result("P4", f"Listener bootstrap of {count:,} objects")
     async with ours(ctx, "p4-ours", seed=_seed(count)) as stack:

@@ -130,7 +130,7 @@ def _median(runs: list[Run]) -> Run:
                {side: round(mid([r.cores[side] for r in runs]), 3) for side in sides})
 
 
-async def p3(ctx: Context) -> Result:
+async def commit_throughput(ctx: Context) -> Result:
     result = Result("P3", "Commits/s: the writer against Redis's own bound")
     seconds = ctx.size(2.0, 0.3)
     directory = ctx.work / "p3"

@@ -34,7 +34,7 @@ only once it has opened all its connections, which takes longer than the default
 includes these heartbeats."""
 
 
-async def p10(ctx: Context) -> Result:
+async def idle_crowd(ctx: Context) -> Result:
     count = ctx.size(50_000, 200)
     limit = raise_file_limit()
     processes = max(1, -(-count // PER_PROCESS))

@@ -95,7 +95,7 @@ async def measure_fanout(
     return mine, base
 
 
-async def p1(ctx: Context) -> Result:
+async def fanout_throughput(ctx: Context) -> Result:
     count = ctx.size(1000, 20)
     result = Result("P1", f"Fan-out: deliveries/s to {count:,} listeners, 150-byte items")
     mine, base = await measure_fanout(ctx, result, "p1", count, ("nic",), count,
@@ -111,7 +111,7 @@ async def p1(ctx: Context) -> Result:
     return result
 
 
-async def p6(ctx: Context) -> Result:
+async def fanout_by_kind(ctx: Context) -> Result:
     count = ctx.size(10_000, 200)
     fanout = count // len(SUB_KINDS)
     result = Result("P6", f"{count:,} listeners over {len(SUB_KINDS)} change kinds, "

@@ -34,7 +34,7 @@ async def _steps(ctx: Context, server: Server, port: int, steps: list[int]) -> d
     return rss
 
 
-async def p5(ctx: Context) -> Result:
+async def idle_memory(ctx: Context) -> Result:
     steps = ctx.size([1000, 5000, 10_000], [20, 50, 100])
     result = Result("P5", "Idle listeners: RSS per connection")
     async with ours(ctx, "p5-ours") as stack:

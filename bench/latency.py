@@ -239,7 +239,7 @@ def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-async def p2(ctx: Context) -> Result:
+async def receive_latency(ctx: Context) -> Result:
     sizes = ctx.size([100, 1000], [20])
     rounds = ctx.size(ROUNDS, 1)
     timing = paired_timing(ctx)
@@ -320,7 +320,7 @@ def _memory(rss: list[tuple[float, int]]) -> dict[str, float]:
     }
 
 
-async def p7(ctx: Context) -> Result:
+async def paused_listeners(ctx: Context) -> Result:
     count = ctx.size(1000, 20)
     paused = max(1, count // 100)
     rate = ctx.size(P7_RATE, 50.0)

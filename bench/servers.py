@@ -1,6 +1,7 @@
-"""The processes under test, each a real subprocess pinned to its cores: a private redis-server,
-the publisher (`changefeed serve`), and the baseline servers of `bench.broadcast` and
-`bench.pages`. Also what /proc says about a process: CPU seconds and resident memory.
+"""The processes under test, each a real subprocess pinned to its cores, started by the testing
+kit's spawner (changefeed_testing.process): a private redis-server, the publisher (`changefeed
+serve`), and the baseline servers of `bench.broadcast` and `bench.pages`. Also what /proc says
+about a process: CPU seconds and resident memory.
 """
 
 from __future__ import annotations
@@ -8,10 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import signal
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,9 +17,9 @@ from typing import Any
 
 from bench import loops
 from changefeed.protocol import Resource
-from tests import servers as test_servers
+from changefeed_testing import servers as kit
+from changefeed_testing.process import ServerProcess
 
-READY_TIMEOUT = 60.0
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 MAX_CONNECTIONS = 100_000
@@ -106,56 +104,12 @@ def pinned(cores: frozenset[int]) -> Iterator[None]:
         os.sched_setaffinity(0, before)
 
 
-class Server:
-    """A subprocess whose output goes to a log file; ready when a line matches `ready`."""
+class Server(ServerProcess):
+    """The testing kit's `ServerProcess`, with what /proc says about it."""
 
-    def __init__(
-        self,
-        name: str,
-        argv: list[str],
-        log: Path,
-        ready: str | re.Pattern[str],
-        cores: frozenset[int] | None,
-        env: dict[str, str] | None = None,
-    ) -> None:
-        self.name = name
-        self.argv = argv
-        self.log = log
-        self.ready = re.compile(ready)
-        self.cores = cores
-        self.env = env
-        self.process: subprocess.Popen[bytes] | None = None
-        self.match: re.Match[str] | None = None
-
-    def start(self) -> Server:
-        self.log.parent.mkdir(parents=True, exist_ok=True)
-        with self.log.open("wb") as out:
-            # Started in its log's directory: `python -m` puts the working directory first on
-            # sys.path, which would shadow a --publisher-src tree with this repository's.
-            # Pinned before it runs, so every thread it starts (nats-server's too) is pinned.
-            cores = self.cores
-            self.process = subprocess.Popen(
-                self.argv, stdout=out, stderr=subprocess.STDOUT, env=self.env,
-                start_new_session=True, cwd=self.log.parent,
-                preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None,
-            )
-        deadline = time.monotonic() + READY_TIMEOUT
-        while time.monotonic() < deadline:
-            text = self.log.read_text(errors="replace")
-            self.match = self.ready.search(text)
-            if self.match:
-                return self
-            if self.process.poll() is not None:
-                break
-            time.sleep(0.02)
-        self.stop()
-        tail = self.log.read_text(errors="replace")[-3000:]
-        raise RuntimeError(f"{self.name} did not start ({' '.join(self.argv)}):\n{tail}")
-
-    @property
-    def pid(self) -> int:
-        assert self.process is not None
-        return self.process.pid
+    def __enter__(self) -> Server:
+        self.start()
+        return self
 
     def cpu_seconds(self) -> float:
         return cpu_seconds(self.pid)
@@ -164,28 +118,12 @@ class Server:
         """Resident memory of the process and its children (a publisher's workers)."""
         return tree_rss_bytes(self.pid)
 
-    def stop(self) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(15)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-
-    def __enter__(self) -> Server:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
 
 def redis_server(directory: Path, cores: frozenset[int] | None) -> Server:
     """A private redis-server on a unix socket, no persistence (the same for every side)."""
     directory.mkdir(parents=True, exist_ok=True)
     argv = [
-        test_servers.redis_binary(), "--port", "0", "--unixsocket", str(directory / "redis.sock"),
+        kit.redis_binary(), "--port", "0", "--unixsocket", str(directory / "redis.sock"),
         "--unixsocketperm", "700", "--dir", str(directory), "--save", "", "--appendonly", "no",
         "--logfile", "",
     ]
@@ -215,7 +153,7 @@ def write_config(
         extra["limits"] = limits
     if server:
         extra["server"] = {**extra["server"], **server}
-    return test_servers.write_config(path, url, **extra)
+    return kit.write_config(path, url, **extra)
 
 
 def publisher(
@@ -229,7 +167,7 @@ def publisher(
         argv += ["--loop", loop]
     if workers > 1:
         argv += ["--workers", str(workers)]
-    return Server("publisher", argv, log, test_servers.PublisherProcess._LISTENING, cores,
+    return Server("publisher", argv, log, kit.PublisherProcess._LISTENING, cores,
                   _env(source))
 
 

@@ -42,7 +42,7 @@ def _checks(count: int, runs: dict[str, list[dict[str, Any]]]) -> list[Check]:
     return checks
 
 
-async def p1s(ctx: Context) -> Result:
+async def single_commits(ctx: Context) -> Result:
     sizes = ctx.size([1, 100, 1000], [1, 20])
     rounds = ctx.size(ROUNDS, 1)
     timing = paired_timing(ctx)

@@ -73,7 +73,7 @@ class SparkRun:
             self.process.wait()
 
 
-async def p8(ctx: Context) -> Result:
+async def spark_rows(ctx: Context) -> Result:
     run = SparkRun(ctx)
     try:
         return await run.result()

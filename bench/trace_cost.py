@@ -134,7 +134,7 @@ def trace_memory(items: int, services: int) -> tuple[int, int]:
     return full, again
 
 
-async def p1t(ctx: Context) -> Result:
+async def trace_cost(ctx: Context) -> Result:
     count = ctx.size(1000, 20)
     result = Result("P1T", f"Delivery trace cost: P1's fan-out to {count:,} listeners, trace "
                            "recording on against off")
@@ -214,4 +214,4 @@ async def p1t(ctx: Context) -> Result:
     return result
 
 
-__all__ = ["hub_seconds_per_delivery", "p1t", "registrations", "trace_memory"]
+__all__ = ["hub_seconds_per_delivery", "registrations", "trace_cost", "trace_memory"]

@@ -22,11 +22,11 @@ from typing import Any
 from bench import items
 from bench.clients import ClientPool
 from bench.drive import CpuWatch, closed_loop, paced
-from bench.fanout import p1, server_us_per_delivery, throughput_timing
-from bench.latency import KEPT_UP, latency_timing, p2
+from bench.fanout import fanout_throughput, server_us_per_delivery, throughput_timing
+from bench.latency import KEPT_UP, latency_timing, receive_latency
 from bench.scenario import Check, Context, Figure, Result, ScenarioError
 from bench.servers import Server
-from tests.servers import free_port
+from changefeed_testing.servers import free_port
 
 FELL_BEHIND_P50_MS = 1000.0
 """A baseline whose median latency passes this did not keep up with the offered rate."""
@@ -136,16 +136,16 @@ async def _nats_figures(ctx: Context, count: int) -> dict[str, Any]:
     return out
 
 
-async def p9(ctx: Context) -> Result:
+async def versus_nats(ctx: Context) -> Result:
     count = ctx.size(1000, 20)
     result = Result("P9", f"Against NATS core pub/sub, {count:,} subscribers")
     theirs = await _nats_figures(ctx, count)
     fanout = ctx.results.get("P1")
     if fanout is None or fanout.error:
-        fanout = await p1(ctx)
+        fanout = await fanout_throughput(ctx)
     latency = ctx.results.get("P2")
     if latency is None or latency.error:
-        latency = await p2(ctx)
+        latency = await receive_latency(ctx)
     mine_rate = fanout.checks[0].figure.value
     mine_us = fanout.details["publisher"]["server_cpu_us_per_delivery"]
     nats_us = theirs["throughput"]["server_cpu_us_per_delivery"]

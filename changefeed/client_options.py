@@ -1,6 +1,7 @@
 """The command-line options of every command that talks to a publisher as its client
 (`changefeed snoop`, `changefeed stats`): the token file and the CA bundle. What they mean is
-changefeed/credentials.py's (`pick_token`); each command reads them into its `Credentials`."""
+changefeed/credentials.py's (`pick_token`); each command reads them into its `Credentials`
+(snoop through the listener's client options, listener/options.py)."""
 
 from __future__ import annotations
 

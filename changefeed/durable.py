@@ -1,5 +1,5 @@
 """The wire format of durable pull consumers (in the manner of JetStream's durable consumers),
-spoken by the publisher's routes and the listener's `PullConsumer(durable=...)`.
+spoken by the publisher's routes and the listener's `DurableConsumer`.
 
 A durable consumer is a name on the publisher whose position is kept in Redis and advanced only
 by acknowledgements. Its configuration is fixed when it is created:

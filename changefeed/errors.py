@@ -10,6 +10,8 @@
     ├── BucketUnavailable          Redis cannot be reached; nothing was sent or written (.cause)
     │   ├── CommitOutcomeUnknown   a commit was sent but no answer came: it may have been written;
     │   │                          retry it with the same idempotency key (.cause)
+    │   ├── EpochNotRead           Redis holds an epoch this publisher's tail has not read yet: a
+    │   │                          registration is refused until it has; try again shortly
     │   └── BucketBusy             no connection of the publisher's Redis pool came free in time:
     │                              the publisher is overloaded, Redis may be fine (HTTP 503)
     ├── ReplicationTimeout         a commit is written and acknowledged on the master, but fewer
@@ -47,6 +49,8 @@
         │                          retried (.url, .status, .code)
         ├── ItemsMissed            the pull consumer's cursor is older than the retained log, or
         │                          of another bucket epoch (.cursor, .oldest, .reason)
+        ├── ConsumerRecreated      the durable consumer was created again under its name: items
+        │                          may have been missed; raised once (.name, .before, .now)
         └── ConnectionFailed       one attempt failed; retried with backoff
             ├── ConnectionLost     could not connect, or the websocket closed (.url,
             │                      .close_code, .reason, .status)

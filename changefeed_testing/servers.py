@@ -22,17 +22,32 @@ import subprocess
 import sys
 import threading
 import time
+import zlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-TIMEOUT_FACTOR = float(os.environ.get("CHANGEFEED_TEST_TIMEOUT_FACTOR", "1"))
+
+def xdist_worker() -> tuple[int, int]:
+    """(this pytest-xdist worker's number, the number of workers); (0, 1) outside xdist."""
+    name = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not name.startswith("gw"):
+        return 0, 1
+    return int(name[2:]), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+
+
+PARALLEL_FACTOR = 2.0
+"""The default timeout factor when tests run in several pytest-xdist workers at once (each core
+then carries two tests' servers, or more)."""
+TIMEOUT_FACTOR = float(os.environ.get(
+    "CHANGEFEED_TEST_TIMEOUT_FACTOR", PARALLEL_FACTOR if xdist_worker()[1] > 1 else 1))
 
 
 def scaled(seconds: float) -> float:
-    """A timeout scaled by CHANGEFEED_TEST_TIMEOUT_FACTOR (for slow machines)."""
+    """A timeout scaled by CHANGEFEED_TEST_TIMEOUT_FACTOR (for slow machines; by default 1, or
+    PARALLEL_FACTOR in a pytest-xdist run of several workers)."""
     return seconds * TIMEOUT_FACTOR
 
 
@@ -128,10 +143,25 @@ def cluster_port() -> int:
 
 
 def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now (for a server that must come back on the same URL)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A TCP port free on 127.0.0.1 now (for a server that must come back on the same URL).
+
+    Under pytest-xdist each worker takes only the ports of its own share (`port_owner`), so two
+    workers never pick the same one between its release here and their server binding it."""
+    worker, workers = xdist_worker()
+    for _ in range(1000):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port_owner(port, workers) == worker:
+            return port
+    raise RuntimeError(f"no free port of test worker {worker}'s share after 1000 tries")
+
+
+def port_owner(port: int, workers: int) -> int:
+    """Which of `workers` test workers may use `port`: a hash of the port modulo 10000, so that
+    a cluster node's bus port (its port + 10000) has the node's owner too. A hash rather than
+    the port's remainder: Linux hands out odd ports to bind(0) and even ones to connect()."""
+    return zlib.crc32((port % 10000).to_bytes(2, "big")) % workers
 
 
 class RedisServer:

@@ -15,7 +15,7 @@ The pull consumer (JetStream ADR-37 over the publisher's `events` long poll):
 
 A durable consumer (JetStream's): the publisher keeps its position, acknowledgements move it:
 
-    async with PullConsumer(url, durable="billing", resource="vm", ack_wait=30) as consumer:
+    async with DurableConsumer(url, "billing", resource="vm", ack_wait=30) as consumer:
         async for msg in consumer.consume():
             ...  # then await msg.ack()
 

@@ -13,35 +13,31 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-import ssl
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
-from pathlib import Path
-from types import TracebackType
-from typing import Any
+from typing import Any, Unpack
 from urllib.parse import quote
 
-import aiohttp
 import orjson
-import structlog
 
 from changefeed.cursor import parse_cursor, reached
 from changefeed.errors import ChangefeedError, FetchFailed
+from changefeed.logs import Log, get_logger
 from changefeed.watch import Watch
 from listener.buffer import Buffer, make_buffer
 from listener.config import ListenerConfig
 from listener.connection import DENIED, Connection, access_denied, fetch_page, translate_errors
-from listener.credentials import load_credentials
-from listener.events import BootstrapDone, BootstrapRecords, BootstrapStart, Change, Event
+from listener.events import BootstrapDone, BootstrapRecords, BootstrapStart, ChangeEvent, Event
+from listener.options import Client, ClientArgs, ClientOptions, options_of
 from listener.pager import Pager, PublisherPager
 from listener.state import ListenerCore, Phase
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 Handler = Callable[[Any], Awaitable[None] | None]
 
 
-class Listener:
+class Listener(Client):
     """A change-feed listener for the publisher(s) at `url`.
 
     `resources` maps each resource to the sub-resources to hear about (``"*"``: all of them).
@@ -51,11 +47,12 @@ class Listener:
     `since` is a cursor the application stored: the listener resumes after it when the publisher
     still can, else it delivers a `Resync` and bootstraps. With `bootstrap=False` it never
     bootstraps: only changes (and Resync when some may have been missed) are delivered.
-    `token` (else the content of `token_file`, else the environment variable CHANGEFEED_TOKEN)
-    is sent as `Authorization: Bearer` to the publisher; `ssl` (or a context trusting `cafile`)
-    verifies an https/wss publisher. A 401 or 403 raises AccessDenied.
+    The credentials (`token`, `token_file`, `ssl`, `cafile`), `backoff` (default:
+    `config.backoff`), `http_timeout` (default: `config.http_timeout`) and `session` are every
+    client's keyword arguments (`listener.options.client_options`), or one `options=` value. A
+    401 or 403 raises AccessDenied.
     `coalesce=True` asks the publisher, when this listener falls too far behind, to send one
-    coalesced item per changed id instead of closing it with 4008 (Change.coalesced). See
+    coalesced item per changed id instead of closing it with 4008 (ChangeEvent.coalesced). See
     docs/listener.md.
     """
 
@@ -72,14 +69,13 @@ class Listener:
         pager: Pager | None = None,
         buffer: Buffer | None = None,
         bootstrap: bool = True,
-        token: str | None = None,
-        token_file: str | Path | None = None,
-        ssl: ssl.SSLContext | None = None,
-        cafile: str | Path | None = None,
         coalesce: bool = False,
+        options: ClientOptions | None = None,
+        **client: Unpack[ClientArgs],
     ) -> None:
         self.config = config or ListenerConfig()
-        self._credentials = load_credentials(token, token_file, ssl, cafile)
+        chosen = options_of(options, client)
+        super().__init__(chosen, chosen.http_timeout or self.config.http_timeout)
         self._core = ListenerCore(
             url,
             instance=instance,
@@ -87,7 +83,7 @@ class Listener:
             resources=resources,
             watches=watches,
             since=since,
-            backoff=self.config.backoff,
+            backoff=chosen.backoff or self.config.backoff,
             healthy_after=self.config.healthy_after,
             buffer_size=self.config.buffer.size,
             bootstrap=bootstrap,
@@ -95,7 +91,6 @@ class Listener:
         )
         self._pager = pager or PublisherPager(self.config.page_size)
         self._buffer = buffer if buffer is not None else make_buffer(self.config.buffer, instance)
-        self._session: aiohttp.ClientSession | None = None
         self._events: AsyncGenerator[Event, None] | None = None
         self._reader: asyncio.Task[Any] | None = None
         """The task inside `__anext__`, if any: `aclose` from another task interrupts it."""
@@ -103,7 +98,7 @@ class Listener:
         self._read_done = asyncio.Event()
         self._on_error: Handler | None = None
         self._delivered: str | None = None
-        """The cursor of the last Change (or complete bootstrap) handed to the application."""
+        """The cursor of the last ChangeEvent (or complete bootstrap) handed to the application."""
         self._advanced = asyncio.Event()
         """Set and replaced at each such delivery: what wait_for() waits on."""
         self._log = log.bind(instance=instance, service=service,
@@ -123,15 +118,6 @@ class Listener:
         """The publisher the listener is (or will next be) connected to."""
         return self._core.url
 
-    async def __aenter__(self) -> Listener:
-        return self
-
-    async def __aexit__(
-        self, kind: type[BaseException] | None, error: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
     def __aiter__(self) -> Listener:
         return self
 
@@ -150,7 +136,7 @@ class Listener:
         self._read_done.clear()
         try:
             event = await self._events.__anext__()
-            cursor = (self._core.cursor if isinstance(event, Change)
+            cursor = (self._core.cursor if isinstance(event, ChangeEvent)
                       else event.cursor if isinstance(event, BootstrapDone) else None)
             if cursor is not None:
                 self._delivered = cursor
@@ -199,9 +185,7 @@ class Listener:
         if self._events is not None:
             await self._events.aclose()
         await self._buffer.aclose()
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        await super().aclose()
 
     async def run(
         self,
@@ -213,12 +197,12 @@ class Listener:
         """The callback style: runs until cancelled or a fatal error (which it raises).
 
         `on_bootstrap` gets Resync, BootstrapStart, BootstrapRecords and BootstrapDone events,
-        `on_change` each Change, `on_error` each failure the listener retries after. Handlers may
-        be plain functions or coroutine functions; the next event waits for the handler.
+        `on_change` each ChangeEvent, `on_error` each failure the listener retries after. Handlers
+        may be plain functions or coroutine functions; the next event waits for the handler.
         """
         self._on_error = on_error
         async for event in self:
-            handler = on_change if isinstance(event, Change) else on_bootstrap
+            handler = on_change if isinstance(event, ChangeEvent) else on_bootstrap
             if handler is not None:
                 await _call(handler, event)
 
@@ -230,7 +214,7 @@ class Listener:
         if resource not in self._core.routes:
             raise FetchFailed(resource, "no registration reply has named its bootstrap route yet")
         url = self._core.route_url(resource) + "/" + quote(id, safe="")
-        headers = self._credentials.headers_for(url, self._core.url)
+        headers = self._headers(url, self._core.url)
         http = self._http()
         async with translate_errors(url, "fetch"), http.get(url, headers=headers) as response:
             body = await response.read()
@@ -242,13 +226,6 @@ class Listener:
             raise FetchFailed(url, f"HTTP {response.status}: {body[:200]!r}", response.status)
         return orjson.loads(body)
 
-    def _http(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            timeout = aiohttp.ClientTimeout(total=self.config.http_timeout)
-            connector = aiohttp.TCPConnector(ssl=self._credentials.ssl or True)
-            self._session = aiohttp.ClientSession(timeout=timeout, connector=connector)
-        return self._session
-
     async def _run(self) -> AsyncGenerator[Event, None]:
         core = self._core
         await self._buffer.clear()
@@ -258,7 +235,7 @@ class Listener:
             attempt_log.info("connecting", since=attempt.registration.since)
             try:
                 async with Connection.open(
-                    attempt, core, self._buffer, self.config, self._credentials
+                    attempt, core, self._buffer, self.config, self.options.credentials
                 ) as connection:
                     plan = core.reply(connection.reply, time.monotonic())
                     attempt_log.info("registered", resumed=plan.resumed, cursor=plan.cursor,
@@ -293,14 +270,14 @@ class Listener:
                 await asyncio.sleep(delay)
 
     async def _bootstrap(
-        self, connection: Connection, resource: str, attempt_log: Any
+        self, connection: Connection, resource: str, attempt_log: Log
     ) -> AsyncGenerator[Event, None]:
         core = self._core
         yield BootstrapStart(resource)
         url: str | None = self._pager.first(core.bootstrap_url(resource))
         pages = objects = 0
         while url is not None:
-            headers = self._credentials.headers_for(url, core.url)
+            headers = self._headers(url, core.url)
             page = await fetch_page(self._http(), self._pager, url, headers)
             connection.check()
             pages += 1

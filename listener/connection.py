@@ -16,7 +16,6 @@ from typing import Literal
 
 import aiohttp
 import orjson
-import structlog
 import websockets
 from websockets.asyncio.client import ClientConnection, connect
 
@@ -28,13 +27,14 @@ from changefeed.errors import (
     ConnectionLost,
     FetchFailed,
 )
+from changefeed.logs import get_logger
 from changefeed.protocol import HEARTBEAT, ChangeItem
 from listener.buffer import Buffer
 from listener.config import ListenerConfig
 from listener.pager import Page, Pager
 from listener.state import Attempt, ListenerCore
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 Via = Literal["websocket", "bootstrap", "fetch"]
 

@@ -15,14 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ssl
 from collections.abc import Callable, Iterable
-from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Unpack
 
 import aiohttp
-import structlog
 
 from changefeed.backoff import Backoff
 from changefeed.errors import (
@@ -31,6 +28,7 @@ from changefeed.errors import (
     InvalidOption,
     PullFailed,
 )
+from changefeed.logs import get_logger
 from changefeed.longpoll import EventsQuery, EventsReply
 from changefeed.protocol import CHANGEFEEDS, ChangeItem
 from changefeed.retry import Retrier
@@ -41,11 +39,11 @@ from listener.consumer_options import (
     fetch_options,
 )
 from listener.consumer_state import ConsumeCore, ConsumeState, FetchCore
-from listener.credentials import load_credentials
+from listener.durable import DurableConsumer
+from listener.options import Client, ClientArgs, ClientOptions, base_url, options_of
 from listener.refusal import refusal
-from listener.state import publisher_urls
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 EVENTS = CHANGEFEEDS + "/events"
 
@@ -83,71 +81,62 @@ async def request_events(
     raise refusal(url, response.status, body)
 
 
-class PullConsumer:
+DURABLE_ONLY = ("ack_wait", "max_deliver", "max_ack_pending", "start", "create")
+"""The arguments of a `DurableConsumer` that a `PullConsumer` has no use for."""
+
+
+class _ConsumerFactory(type):
+    """`PullConsumer(url, durable="billing", ...)` builds `DurableConsumer(url, "billing", ...)`:
+    the one call that picks between the two siblings. Without `durable=` it builds a
+    `PullConsumer`; neither class ever turns into the other."""
+
+    def __call__(cls, url: str, *args: Any, durable: str | None = None, **options: Any) -> Any:
+        if durable is not None:
+            return DurableConsumer(url, durable, *args, **options)
+        for option in DURABLE_ONLY:
+            if options.get(option) is not None:
+                raise InvalidOption(option, options[option],
+                                    "nothing without durable= (a durable consumer)")
+        return super().__call__(url, *args, **options)
+
+
+class PullConsumer(Client, metaclass=_ConsumerFactory):
     """A pull consumer of the publisher at `url`, for the items of `resource` (every resource
     when None) and `sub_resources` (all when empty), narrowed to `ids` and id `prefixes`.
 
     It starts after the cursor `after` (the start of the retained log when None) and moves past
     each item it delivers: `cursor` is the last one, for the application to store. `on_error` is
     called with each failure the consumer retries after (PullFailed, HeartbeatMissed,
-    ProtocolError); it must not block. One operation runs at a time. `token` (else the content
-    of `token_file`, else CHANGEFEED_TOKEN) is sent as `Authorization: Bearer`; `ssl` (or a
-    context trusting `cafile`) verifies an https publisher. See docs/listener.md.
+    ProtocolError); it must not block. One operation runs at a time. The credentials, `backoff`
+    and `session` are every client's keyword arguments (`listener.options.ClientArgs`), or one
+    `options=` value. See docs/listener.md.
 
-    With `durable="name"` (and `ack_wait`, `max_deliver`, `max_ack_pending`, `start`) it is a
-    `listener.durable.DurableConsumer` instead, whose position the publisher keeps and
-    acknowledgements move (docs/listener.md#durable-consumers); build `DurableConsumer`
-    directly for its precise static type.
+    Its sibling `DurableConsumer` is a consumer whose position the publisher keeps and
+    acknowledgements move; `PullConsumer(url, durable="name", ...)` builds one
+    (docs/listener.md#durable-consumers).
     """
-
-    def __new__(cls, url: str, *, durable: str | None = None, **options: Any) -> PullConsumer:
-        """`durable="name"` gives a `listener.durable.DurableConsumer` instead: an instance of
-        that durable consumer, whose messages are acknowledged (`msg.ack()`)."""
-        if durable is not None:
-            from listener.durable import DurableConsumer
-
-            return DurableConsumer(url, durable, **options)  # type: ignore[return-value]
-        return super().__new__(cls)
 
     def __init__(
         self,
         url: str,
         *,
-        durable: str | None = None,
-        ack_wait: float | None = None,
-        max_deliver: int | None = None,
-        max_ack_pending: int | None = None,
-        start: str | None = None,
         resource: str | None = None,
         sub_resources: Iterable[str] = (),
         ids: Iterable[str] = (),
         prefixes: Iterable[str] = (),
         after: str | None = None,
-        backoff: Backoff | None = None,
         on_error: ErrorHandler | None = None,
-        session: aiohttp.ClientSession | None = None,
-        token: str | None = None,
-        token_file: str | Path | None = None,
-        ssl: ssl.SSLContext | None = None,
-        cafile: str | Path | None = None,
+        options: ClientOptions | None = None,
+        **client: Unpack[ClientArgs],
     ) -> None:
-        for option, value in (("ack_wait", ack_wait), ("max_deliver", max_deliver),
-                              ("max_ack_pending", max_ack_pending), ("start", start)):
-            if value is not None:
-                raise InvalidOption(option, value, "nothing without durable= (a durable consumer)")
-        self._credentials = load_credentials(token, token_file, ssl, cafile)
+        super().__init__(options_of(options, client))
         self.filter = event_filter(resource, sub_resources, ids, prefixes)
         """What every pull asks for."""
-        try:
-            self.url = publisher_urls(url)[0]
-        except ValueError:
-            raise InvalidOption("url", url, "http://host:port (or https://)") from None
+        self.url = base_url(url)
         self.events_url = self.url + EVENTS
-        self.backoff = backoff or Backoff()
+        self.backoff = self.options.backoff or Backoff()
         self.on_error = on_error
         self._cursor = after
-        self._session = session
-        self._own_session = session is None
         self._fetching = False
         self._closed = False
         self._consumption: Consumption | None = None
@@ -161,24 +150,13 @@ class PullConsumer:
             return self._consumption.cursor
         return self._cursor
 
-    async def __aenter__(self) -> PullConsumer:
-        return self
-
-    async def __aexit__(
-        self, kind: type[BaseException] | None, error: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
     async def aclose(self) -> None:
         """Stop a running consume and close the HTTP session (unless it was given). The consumer
         takes no more work after it; closing again does nothing."""
         self._closed = True
         if self._consumption is not None:
             await self._consumption.aclose()
-        if self._session is not None and self._own_session:
-            await self._session.close()
-            self._session = None
+        await super().aclose()
 
     async def fetch(
         self,
@@ -260,7 +238,7 @@ class PullConsumer:
             reply = await request_events(self._http(), self.events_url,
                                          pull.to_query(), core.heartbeat_deadline,
                                          core.heartbeat_window,
-                                         self._credentials.headers_for(self.events_url, self.url))
+                                         self._headers(self.events_url, self.url))
         except ChangefeedError as error:
             delay = core.failed(error, time())
             if delay is not None:
@@ -275,12 +253,6 @@ class PullConsumer:
             self._log.info("pull answered again", failures=core.retrier.failures)
         self._log.debug("pulled", items=len(reply.items), more=reply.more, missed=reply.missed)
         core.received(reply, time())
-
-    def _http(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            connector = aiohttp.TCPConnector(ssl=self._credentials.ssl or True)
-            self._session = aiohttp.ClientSession(connector=connector)
-        return self._session
 
 
 class Consumption:

@@ -1,7 +1,7 @@
 """`DurableConsumer`: a durable pull consumer of the publisher, in the manner of JetStream's
-(`PullConsumer(url, durable="billing")` builds one).
+(`PullConsumer(url, durable="billing")` builds one too).
 
-    async with PullConsumer(url, durable="billing", resource="vm", ack_wait=30) as consumer:
+    async with DurableConsumer(url, "billing", resource="vm", ack_wait=30) as consumer:
         async for msg in consumer.consume():
             handle(msg.item)
             await msg.ack()
@@ -17,15 +17,11 @@ Every settlement (`ack`, `nak`, `in_progress`, `term`) says whether it took effe
 from __future__ import annotations
 
 import asyncio
-import ssl
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-from pathlib import Path
-from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
 import aiohttp
 import orjson
-import structlog
 
 from changefeed.backoff import Backoff
 from changefeed.durable import (
@@ -50,14 +46,14 @@ from changefeed.errors import (
     InvalidOption,
     PullFailed,
 )
+from changefeed.logs import get_logger
 from changefeed.protocol import ChangeItem
 from changefeed.retry import Retrier
 from listener.consumer_options import DEFAULT_EXPIRES, MIN_EXPIRES, event_filter
-from listener.credentials import load_credentials
+from listener.options import Client, ClientArgs, ClientOptions, base_url, options_of
 from listener.refusal import refusal
-from listener.state import publisher_urls
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 T = TypeVar("T")
 ErrorHandler = Callable[[ChangefeedError], None]
@@ -141,7 +137,7 @@ class Msg:
         return (await self._consumer.settle(Action.TERM, [self]))[0]
 
 
-class DurableConsumer:
+class DurableConsumer(Client):
     """An instance of the durable consumer `durable` of the publisher at `url`.
 
     The consumer is created on first use with the configuration given here (`resource`,
@@ -150,7 +146,10 @@ class DurableConsumer:
     since a consumer's configuration is fixed when it is created. With `create=False` it must
     exist already. Several instances of one name share its work: each item is handed to one at
     a time. Failures of the publisher are retried after `backoff` delays (`on_error` is told
-    each); `token`, `token_file`, `ssl`, `cafile` as for `PullConsumer`.
+    each); a request other than a fetch's long poll waits at most `http_timeout` seconds (30).
+    The credentials, `backoff`, `http_timeout` and `session` are every client's keyword
+    arguments (`listener.options.ClientArgs`), or one `options=` value. `PullConsumer(url,
+    durable=name, ...)` builds one too.
     """
 
     def __init__(
@@ -167,21 +166,14 @@ class DurableConsumer:
         max_ack_pending: int | None = None,
         start: str = FIRST,
         create: bool = True,
-        backoff: Backoff | None = None,
         on_error: ErrorHandler | None = None,
-        session: aiohttp.ClientSession | None = None,
-        token: str | None = None,
-        token_file: str | Path | None = None,
-        ssl: ssl.SSLContext | None = None,
-        cafile: str | Path | None = None,
+        options: ClientOptions | None = None,
+        **client: Unpack[ClientArgs],
     ) -> None:
         if not isinstance(durable, str) or not NAME.match(durable):
             raise InvalidOption("durable", durable, "1 to 50 letters, digits, '_', '.' or '-'")
-        self._credentials = load_credentials(token, token_file, ssl, cafile)
-        try:
-            self.url = publisher_urls(url)[0]
-        except ValueError:
-            raise InvalidOption("url", url, "http://host:port (or https://)") from None
+        super().__init__(options_of(options, client))
+        self.url = base_url(url)
         self.name = durable
         self.base_url = f"{self.url}{DURABLE}/{durable}"
         self.filter = event_filter(resource, sub_resources, ids, prefixes)
@@ -193,10 +185,10 @@ class DurableConsumer:
             if value is not None:
                 self.config[key] = value
         self.create = create
-        self.backoff = backoff or Backoff()
+        self.backoff = self.options.backoff or Backoff()
+        self.timeout = self.options.http_timeout or DEFAULT_EXPIRES
+        """Seconds for a request other than a fetch's long poll."""
         self.on_error = on_error
-        self._session = session
-        self._own_session = session is None
         self._ready = False
         self._closed = False
         self._incarnation: str | None = None
@@ -205,31 +197,20 @@ class DurableConsumer:
         self._recreated: ConsumerRecreated | None = None
         self._log = log.bind(url=self.url, durable=durable)
 
-    async def __aenter__(self) -> DurableConsumer:
-        return self
-
-    async def __aexit__(
-        self, kind: type[BaseException] | None, error: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
     async def aclose(self) -> None:
         """Close the HTTP session (unless it was given). Unsettled messages are handed out again
         once their ack wait passes."""
         self._closed = True
-        if self._session is not None and self._own_session:
-            await self._session.close()
-            self._session = None
+        await super().aclose()
 
     # --- the consumer on the publisher --------------------------------------------------------
 
     async def ensure(self) -> dict[str, Any]:
         """Create the consumer (or, with `create=False`, find it); its info."""
         if self.create:
-            body = await self._call("PUT", self.base_url, self.config, DEFAULT_EXPIRES)
+            body = await self._call("PUT", self.base_url, self.config, self.timeout)
         else:
-            body = await self._call("GET", self.base_url, None, DEFAULT_EXPIRES)
+            body = await self._call("GET", self.base_url, None, self.timeout)
         self._ready = True
         info: dict[str, Any] = orjson.loads(body)
         incarnation = info.get("incarnation")
@@ -244,7 +225,7 @@ class DurableConsumer:
     async def info(self) -> dict[str, Any]:
         """The consumer's configuration, position, pending count and counters."""
         info: dict[str, Any] = orjson.loads(
-            await self._call("GET", self.base_url, None, DEFAULT_EXPIRES)
+            await self._call("GET", self.base_url, None, self.timeout)
         )
         return info
 
@@ -258,7 +239,7 @@ class DurableConsumer:
     async def delete(self) -> None:
         """Delete the consumer on the publisher, with its position, pending items and
         dead-letter record (every instance's deliveries become `consumer_recreated`)."""
-        await self._call("DELETE", self.base_url, None, DEFAULT_EXPIRES)
+        await self._call("DELETE", self.base_url, None, self.timeout)
         self._ready = False
 
     async def dead_letters(self, after: str | None = None, limit: int = 100) -> dict[str, Any]:
@@ -266,7 +247,7 @@ class DurableConsumer:
         `dropped`)."""
         query = f"?limit={limit}" + (f"&after={after}" if after else "")
         record: dict[str, Any] = orjson.loads(
-            await self._call("GET", self.base_url + "/dead" + query, None, DEFAULT_EXPIRES)
+            await self._call("GET", self.base_url + "/dead" + query, None, self.timeout)
         )
         return record
 
@@ -297,7 +278,7 @@ class DurableConsumer:
                 body = await request_json(
                     self._http(), "POST", self.base_url + "/fetch",
                     FetchRequest(max_messages, remaining).to_wire(), remaining + MARGIN,
-                    self._headers(),
+                    self._durable_headers(),
                 )
                 reply = FetchReply.parse(body)
             except ChangefeedError as error:
@@ -353,7 +334,7 @@ class DurableConsumer:
             try:
                 body = await request_json(
                     self._http(), "POST", f"{self.base_url}/{action.value}",
-                    request.to_wire(), DEFAULT_EXPIRES, self._headers(),
+                    request.to_wire(), self.timeout, self._durable_headers(),
                 )
                 return list(SettleReply.parse(body).results)
             except ChangefeedError as error:
@@ -373,7 +354,7 @@ class DurableConsumer:
         while True:
             try:
                 return await request_json(self._http(), method, url, body, timeout,
-                                          self._headers())
+                                          self._durable_headers())
             except ChangefeedError as error:
                 delay = retrier.failed(error)
                 self._report(error, delay, retrier)
@@ -386,18 +367,12 @@ class DurableConsumer:
         if self.on_error is not None:
             self.on_error(error)
 
-    def _headers(self) -> dict[str, str] | None:
-        return self._credentials.headers_for(self.base_url, self.url)
+    def _durable_headers(self) -> dict[str, str]:
+        return self._headers(self.base_url, self.url)
 
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError("the consumer is closed")
-
-    def _http(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            connector = aiohttp.TCPConnector(ssl=self._credentials.ssl or True)
-            self._session = aiohttp.ClientSession(connector=connector)
-        return self._session
 
 
 __all__ = ["DEFAULT_BATCH", "MARGIN", "DurableConsumer", "Msg", "request_json"]

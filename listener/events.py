@@ -1,8 +1,12 @@
 """What a listener delivers to the application, in order.
 
 For each connection that could not resume: an optional `Resync`, then per resource
-`BootstrapStart`, `BootstrapRecords` (one per page), `BootstrapDone`; then `Change` events, the
-buffered ones first, then live ones. A resumed connection delivers only `Change` events.
+`BootstrapStart`, `BootstrapRecords` (one per page), `BootstrapDone`; then `ChangeEvent`s, the
+buffered ones first, then live ones. A resumed connection delivers only `ChangeEvent`s.
+
+A `ChangeEvent` is a change *delivered*; the change a service *commits* is the bucket's
+`publisher.Change`. `Change` here is the event's older name, kept (and exported by `listener`)
+for the code that uses it.
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ class BootstrapDone:
 
 
 @dataclass(frozen=True, slots=True)
-class Change:
+class ChangeEvent:
     """Something about `item.changed_resource_id` changed: fetch it again (or drop it if gone)."""
 
     item: ChangeItem
@@ -83,5 +87,8 @@ class Change:
         return self.item.caught_up
 
 
-Event = Resync | BootstrapStart | BootstrapRecords | BootstrapDone | Change
+Change = ChangeEvent
+"""The older name of `ChangeEvent` (what `listener` exports)."""
+
+Event = Resync | BootstrapStart | BootstrapRecords | BootstrapDone | ChangeEvent
 """Every event a listener delivers."""

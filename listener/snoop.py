@@ -30,10 +30,11 @@ from changefeed.errors import (
 from changefeed.watch import Watch
 from listener.client import Listener
 from listener.config import ListenerConfig
-from listener.events import Change, Event, Resync
+from listener.events import ChangeEvent, Event, Resync
+from listener.options import ClientOptions, client_options
 
 
-def format_change(event: Change, as_json: bool) -> str:
+def format_change(event: ChangeEvent, as_json: bool) -> str:
     """One output line for a change item."""
     if as_json:
         return orjson.dumps(event.item.to_wire()).decode()
@@ -54,11 +55,10 @@ async def run_snoop(
     out: TextIO = sys.stdout,
     err: TextIO = sys.stderr,
     config: ListenerConfig | None = None,
-    token_file: str | Path | None = None,
-    cafile: str | Path | None = None,
+    options: ClientOptions | None = None,
 ) -> None:
     """Print every change item of `resource` (and `subs`; only of `ids` and `prefixes` when
-    given) until cancelled."""
+    given) until cancelled; `options` are the listener's (`client_options(...)`)."""
     if as_json is None:
         as_json = not out.isatty()
     instance = f"snoop-{uuid.uuid4()}"
@@ -73,13 +73,13 @@ async def run_snoop(
         if isinstance(event, Resync):
             note(f"snoop: resync: {event.reason}; changes may have been missed")
 
-    def on_change(event: Change) -> None:
+    def on_change(event: ChangeEvent) -> None:
         print(format_change(event, as_json), file=out, flush=True)
 
     listener = Listener(url, instance=instance, service="snoop",
                         resources={resource: list(subs)},
                         watches={resource: Watch.of(ids, prefixes)}, since=since, config=config,
-                        bootstrap=False, token_file=token_file, cafile=cafile)
+                        bootstrap=False, options=options)
     async with listener:
         await listener.run(on_bootstrap=on_resync, on_change=on_change, on_error=on_error)
 
@@ -133,7 +133,7 @@ def snoop(
         asyncio.run(
             run_snoop(
                 urls, resource, sub_resources, since, as_json or None, ids=ids, prefixes=prefixes,
-                token_file=token_file, cafile=cafile,
+                options=client_options(token_file=token_file, cafile=cafile),
             )
         )
     except KeyboardInterrupt:

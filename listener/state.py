@@ -8,7 +8,7 @@ The I/O layer (`listener.client`) asks the core what to do and tells it what hap
                                   a heartbeat, or an item outside the watch)
     check_buffer(length)       -> raises BufferOverflow when the buffer holds too many items
     bootstrap_done(resource)   -> the BootstrapDone event (with the cursor on the last one)
-    delivered(item)            -> the Change event; the cursor moves past the item
+    delivered(item)            -> the ChangeEvent; the cursor moves past the item
     failed(error, now)         -> the delay before the next attempt, or raises the fatal error
 
 Phases: IDLE -> REGISTERING -> (BOOTSTRAPPING ->) STREAMING; any failure -> BACKING_OFF ->
@@ -48,7 +48,7 @@ from changefeed.protocol import (
 )
 from changefeed.retry import Retrier
 from changefeed.watch import EVERYTHING, Watch, parse_watch
-from listener.events import BootstrapDone, Change, Resync
+from listener.events import BootstrapDone, ChangeEvent, Resync
 
 REJECTIONS = frozenset({1002, CloseCode.UNSUPPORTED_DATA, 1007, CloseCode.POLICY_VIOLATION,
                         CloseCode.MESSAGE_TOO_BIG})
@@ -280,7 +280,7 @@ class ListenerCore:
         if length > self.buffer_size:
             raise BufferOverflow(self.buffer_size)
 
-    def delivered(self, item: ChangeItem) -> Change:
+    def delivered(self, item: ChangeItem) -> ChangeEvent:
         """`item` goes to the application: the listener will resume after it. A coalesced item
         (docs/protocol.md#coalesced-catch-up) does not move the cursor, except the last one of
         its catch-up (`caught_up`): the ids still to come may have older changes before its
@@ -288,7 +288,7 @@ class ListenerCore:
         self._expect(Phase.STREAMING)
         if item.cursor and (item.caught_up or not item.coalesced):
             self._cursor = item.cursor
-        return Change(item)
+        return ChangeEvent(item)
 
     def failed(self, error: ChangefeedError, now: float) -> float:
         """The current attempt failed: the seconds to wait before the next one.

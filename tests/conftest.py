@@ -21,6 +21,26 @@ from tests.servers import RedisCluster, RedisServer, write_config
 DUMP_BEFORE_TIMEOUT = 10.0
 """Seconds before a test's timeout at which its asyncio tasks' stacks are printed."""
 
+SHARED_WORKERS = {
+    "tests/publisher/spark/": "spark",
+    "tests/faults/test_nemesis.py::test_a_60_second_nemesis": "nemesis",
+    "tests/faults/test_nemesis.py::test_a_2_minute_soak": "nemesis",
+}
+"""Under pytest-xdist, the tests whose node ids begin so run on one worker, one after the other:
+the Spark tests (so that one SparkSession starts, not one per worker: spark/conftest.py), and
+the 60-second nemesis and the 2-minute soak (each runs three publishers and a replicated Redis).
+Every other test goes to whichever worker is free."""
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """The scheduler of `-n N` (`--dist load`, xdist's default): SHARED_WORKERS' groups."""
+    if config.getvalue("dist") != "load":
+        return None  # another --dist asked for
+    from tests.scheduling import SharedWorkers
+
+    return SharedWorkers(config, log, SHARED_WORKERS)
+
 
 @pytest.fixture(autouse=True)
 def _tasks_dumped_before_timeout(request: pytest.FixtureRequest) -> Iterator[None]:

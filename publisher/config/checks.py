@@ -79,6 +79,26 @@ TRACE_KEYS: Checks = {
     "maxAge": ("max_age", _trace_age),
 }
 
+_JOYENT_VERSION = re.compile(r"^1\.(?P<minor>[0-5])(?:\.\d{1,4})?$")
+
+
+def _joyent_version(key: str, value: Any) -> str | None:
+    """A node-sdc-changefeed version 1.0 to 1.5 (publisher.web.discovery.OLD_SHAPES has a shape
+    for each), as `1.<minor>`; None: RFD 5's shape."""
+    if value is None:
+        return None
+    match = _JOYENT_VERSION.match(value) if isinstance(value, str) else None
+    if match is None:
+        raise ConfigError(
+            key, value, 'a node-sdc-changefeed version from "1.0" to "1.5" (e.g. "1.4": a bare '
+            'array, "1.5": an object keyed by resource), or null for RFD 5\'s shape')
+    return f"1.{match['minor']}"
+
+
+DISCOVERY_KEYS: Checks = {
+    "defaultVersion": ("default_version", _joyent_version),
+}
+
 
 # --- validators of the publisher's own keys (the shared ones are in changefeed.configjs) ---
 

@@ -12,6 +12,8 @@ from collections.abc import Callable
 
 import structlog
 
+from changefeed.logs import event_fields
+
 LEVELS = ("debug", "info", "warning", "error", "critical")
 _level = [logging.INFO]
 """The level below which events are dropped; `set_level` changes it while the process runs
@@ -42,7 +44,8 @@ def set_level(level: str) -> None:
 
 def configure(json: bool | None = None, level: str = "info") -> None:
     """structlog for every event of the process: ours, and the records of libraries that use the
-    standard `logging` module (aiohttp's, asyncio's), rendered alike with a `logger` field."""
+    standard `logging` module (aiohttp's, asyncio's, the listener library's), rendered alike with a
+    `logger` field."""
     if json is None:
         json = not sys.stderr.isatty()
     renderer: structlog.typing.Processor = (
@@ -65,7 +68,7 @@ def configure(json: bool | None = None, level: str = "info") -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
-            foreign_pre_chain=[structlog.stdlib.add_logger_name, *shared],
+            foreign_pre_chain=[structlog.stdlib.add_logger_name, event_fields, *shared],
             processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
         )
     )

@@ -23,6 +23,7 @@ from publisher.bucket.redis.sentinel import redis_url as any_redis_url
 from publisher.bucket.redis.sentinel import sentinel_section
 from publisher.config.checks import (
     BUCKET_KEYS,
+    DISCOVERY_KEYS,
     DURABLE_KEYS,
     FEED_KEYS,
     FLEET_KEYS,
@@ -174,6 +175,15 @@ class Trace:
 
 
 @dataclass(frozen=True, slots=True)
+class Discovery:
+    """`GET /changefeeds` without an upgrade (publisher.web.discovery)."""
+
+    default_version: str | None = None
+    """The node-sdc-changefeed version (`1.0` to `1.5`) whose shape a request without
+    `Accept-Version` gets, for clients of a Joyent 1.x publisher; None: RFD 5's shape."""
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     resources: tuple[Resource, ...]
     max_age: float = 3600.0
@@ -192,6 +202,7 @@ class Config:
     health: Health = field(default_factory=Health)
     fleet: Fleet = field(default_factory=Fleet)
     trace: Trace = field(default_factory=Trace)
+    discovery: Discovery = field(default_factory=Discovery)
     log_level: str | None = None
     """`logLevel`; None: the command line's (`--log-level`, default info)."""
     outbox: Outbox | None = None
@@ -335,11 +346,12 @@ def _bucket(obj: dict[str, Any], bucket_obj: dict[str, Any]) -> Bucket:
 
 # --- what operators run the publisher with: health, fleet advertising, log level ---
 
-_OPERATIONS_KEYS = ("health", "fleet", "trace", "logLevel")
+_OPERATIONS_KEYS = ("health", "fleet", "trace", "discovery", "logLevel")
 
 
 def _operations(obj: dict[str, Any]) -> dict[str, Any]:
-    """The Config fields of the top-level keys `health`, `fleet` and `logLevel`."""
+    """The Config fields of the top-level keys `health`, `fleet`, `trace`, `discovery` and
+    `logLevel`."""
     fleet = section_of(obj, "fleet", Fleet, FLEET_KEYS)
     if fleet.ttl <= fleet.interval:
         raise ConfigError("fleet.ttl", fleet.ttl, f"more than fleet.interval ({fleet.interval:g})")
@@ -347,6 +359,7 @@ def _operations(obj: dict[str, Any]) -> dict[str, Any]:
         "health": section_of(obj, "health", Health, HEALTH_KEYS),
         "fleet": fleet,
         "trace": section_of(obj, "trace", Trace, TRACE_KEYS),
+        "discovery": section_of(obj, "discovery", Discovery, DISCOVERY_KEYS),
         "log_level": cj.get(obj, "", "logLevel", None, log_level),
     }
 
@@ -357,6 +370,7 @@ __all__ = [
     "MAX_TRACE_ITEMS",
     "Bucket",
     "Config",
+    "Discovery",
     "Durable",
     "Feed",
     "Fleet",

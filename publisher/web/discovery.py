@@ -7,7 +7,9 @@ Its restify route carried the API versions 1.0.0 and 2.0.0 (the registration for
 handler, so there the header never chose the shape: the package version did. Here an older shape
 is asked for by the package version that served it, matched as restify matched ranges (the
 newest satisfying version wins); the ranges listeners send (`~1`, `~2`: a major version only)
-and no header get ours, RFD 5's `{"resources": [...]}`.
+and no header get ours, RFD 5's `{"resources": [...]}`, unless config.js's
+`discovery.defaultVersion` names the package version whose shape a request without the header
+gets (clients of a Joyent 1.x publisher read its shape without asking for it).
 
 | version | shape |
 | --- | --- |
@@ -38,9 +40,13 @@ class VersionRefused(ValueError):
     """An `Accept-Version` no shape satisfies (HTTP 400 BadAcceptVersion)."""
 
 
-def shape_for(header: str | None) -> Shape:
-    """The shape `Accept-Version: header` asks for; VersionRefused when none satisfies it."""
+def shape_for(header: str | None, default_version: str | None = None) -> Shape:
+    """The shape `Accept-Version: header` asks for; VersionRefused when none satisfies it.
+    `default_version` (`discovery.defaultVersion`, a node-sdc-changefeed version `1.<minor>`):
+    the version whose shape a request without the header gets; None: ours."""
     text = (header or "").strip()
+    if not text and default_version is not None:
+        text = "~" + default_version
     if text in ("", "*"):
         return "resources"
     match = _RANGE.match(text)

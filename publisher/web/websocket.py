@@ -62,7 +62,7 @@ def describe(config: Config, accept_version: str | None = None) -> web.Response:
     """GET /changefeeds without an upgrade: the resources served and the bucket's partitions,
     or an older shape that `Accept-Version` asks for (publisher.web.discovery)."""
     try:
-        shape = shape_for(accept_version)
+        shape = shape_for(accept_version, config.discovery.default_version)
     except VersionRefused as exc:
         raise bad_request("BadAcceptVersion", str(exc)) from None
     return json_response(resources_body(config, shape))
@@ -215,7 +215,7 @@ def shed_request(request: web.Request) -> None:
     the listener stays: its HTTP/1.1 parser (from the upgrade on, the bytes go to the websocket
     reader; aiohttp only consults the parser again when an upgrade was declined) and the
     cached properties of the request (url, host, remote...: computed again if asked).
-    Measured with `python -m bench.heap` (docs/benchmarks.md, P5)."""
+    Measured with `python -m bench.studies.heap` (docs/benchmarks.md, P5)."""
     protocol = request.protocol
     if getattr(protocol, "_payload_parser", None) is not None and hasattr(protocol, "_parser"):
         protocol._parser = None

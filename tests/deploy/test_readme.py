@@ -4,7 +4,9 @@ The server is `changefeed serve` on a copy of the sample config.js (its embedded
 port instead of 8080) in a temporary directory, which is also where the snippets run: the
 README says to run them from the directory of config.js. The only change to a snippet is the
 port in `127.0.0.1:8080`. A snippet that iterates a listener runs until it is stopped; every
-other snippet must finish with status 0.
+other snippet must finish with status 0. Standard output holds only what the snippets print: the
+libraries log through `logging`, and an application that configures nothing sees none of their
+debug and info lines (docs/logging.md, "The client libraries").
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from tests.servers import PublisherProcess, drain, free_port, scaled
 
 ROOT = Path(__file__).parents[2]
 SNIPPET = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
+PRINTED_EVENT = re.compile(r"(Resync|BootstrapStart|BootstrapRecords|BootstrapDone|ChangeEvent)\(")
+"""What the listener snippet's `print(event)` writes at the start of each line."""
 
 
 def snippets() -> list[str]:
@@ -59,9 +63,10 @@ def test_the_readme_python_snippets_run_against_the_sample_server(tmp_path: Path
     running: list[tuple[subprocess.Popen[bytes], list[str]]] = []
     try:
         assert server.url == f"http://127.0.0.1:{port}"
-        for script in listeners:
-            process = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path,
-                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        for n, script in enumerate(listeners):
+            with (tmp_path / f"listener{n}.stderr").open("wb") as stderr:
+                process = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path,
+                                           stdout=subprocess.PIPE, stderr=stderr)
             lines: list[str] = []
             drain(process, lines)
             running.append((process, lines))
@@ -71,11 +76,14 @@ def test_the_readme_python_snippets_run_against_the_sample_server(tmp_path: Path
             result = subprocess.run([sys.executable, str(script)], cwd=tmp_path,
                                     capture_output=True, text=True, timeout=scaled(30))
             assert result.returncode == 0, f"{script.name}:\n{result.stdout}{result.stderr}"
+            assert re.fullmatch(r"(\w+\.\w+\n)*", result.stdout), result.stdout
             cursors += re.findall(r"^\w+\.\w+$", result.stdout, re.M)
         assert cursors, "the commit snippet prints the cursor of its commit"
         for process, lines in running:
             for cursor in cursors:
-                wait_for_line(process, lines, rf"^Change\(.*cursor='{re.escape(cursor)}'")
+                wait_for_line(process, lines, rf"^ChangeEvent\(.*cursor='{re.escape(cursor)}'")
+            others_printed = [line for line in lines if not PRINTED_EVENT.match(line)]
+            assert not others_printed, "".join(others_printed)
     finally:
         for process, _ in running:
             process.kill()

@@ -1,10 +1,10 @@
-"""The nemesis (tests/faults/nemesis): its pure parts on hand-written inputs, then a 60-second
+"""The nemesis (faults/nemesis): its pure parts on hand-written inputs, then a 60-second
 seeded run and a 2-minute soak on real servers.
 
 The two runs are in the default suite (`faults`, which pyproject's addopts do not deselect).
 Their verdict must not depend on the machine's luck: a failure is a finding (the seed, the fault
 in progress and the first offending change are in the message), never a retry. The long runs:
-`python -m tests.faults.nemesis --help`.
+`python -m faults.nemesis --help`.
 """
 
 from __future__ import annotations
@@ -15,11 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from publisher.outbox.status import Status
-from tests.faults.nemesis.evidence import FILE, write
-from tests.faults.nemesis.report import BEGIN, END, RUNS, SOAKS, _part, kept, splice
-from tests.faults.nemesis.run import nemesis
-from tests.faults.nemesis.schedule import (
+from faults.nemesis.evidence import FILE, write
+from faults.nemesis.report import BEGIN, END, RUNS, SOAKS, _part, kept, splice
+from faults.nemesis.run import nemesis
+from faults.nemesis.schedule import (
     KINDS,
     REST,
     TEST_SEED,
@@ -29,16 +28,17 @@ from tests.faults.nemesis.schedule import (
     overlapping,
     render,
 )
-from tests.faults.nemesis.soak import LIMITS, Samples, Slope, parse_metrics, slope, slopes
-from tests.faults.nemesis.system import Injected
-from tests.faults.nemesis.verdict import (
+from faults.nemesis.soak import LIMITS, Samples, Slope, parse_metrics, slope, slopes
+from faults.nemesis.system import Injected
+from faults.nemesis.verdict import (
     GRACE,
     judge,
     justified,
     outbox_problems,
     relayed_in_doubt,
 )
-from tests.faults.oracle import History
+from faults.oracle import History
+from publisher.outbox.status import Status
 
 SEED = TEST_SEED
 """A seed whose 60-second schedule draws every kind of fault (tests below check it does)."""

@@ -1,17 +1,17 @@
 """The nemesis' readers keep what they were delivered across a failed connection: the history
 they record is the evidence, so a reader that resumes from the wrong place makes findings that
-are its own (tests/faults/nemesis/readers.py)."""
+are its own (faults/nemesis/readers.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 from changefeed_testing.proxy import Proxy
+from faults.harness import RESOURCE, SUBS
+from faults.nemesis.readers import SseReader
+from faults.oracle import History
 from publisher.config.settings import Config
 from tests.conftest import PublisherFactory
-from tests.faults.harness import RESOURCE, SUBS
-from tests.faults.nemesis.readers import SseReader
-from tests.faults.oracle import History
 from tests.servers import RedisServer
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from changefeed_testing.netns import Namespace
 from changefeed_testing.proxy import Proxy
-from tests.faults.nemesis.system import System
+from faults.nemesis.system import System
 from tests.servers import RedisServer
 
 CLIENT = r"""

@@ -1,4 +1,4 @@
-"""The oracle's accounting (tests/faults/oracle.py), on hand-written histories: pure, synchronous.
+"""The oracle's accounting (faults/oracle.py), on hand-written histories: pure, synchronous.
 
 A history is written as a script of steps, applied in order (each gets the next logical stamp):
 
@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.faults.oracle import History, ListenerLog, Tally
+from faults.oracle import History, ListenerLog, Tally
 
 
 def run(steps: list[tuple[Any, ...]], resumes_after: int = 0) -> Tally:

@@ -1,11 +1,11 @@
 """The fault matrix at its quick size, on real redis-servers and publisher processes.
 
-Each test runs one scenario of tests/faults/scenarios.py and fails on what the oracle counts
+Each test runs one scenario of faults/scenarios.py and fails on what the oracle counts
 as a broken guarantee: an acknowledged change lost without a Resync, a change delivered twice
 (docs/protocol.md and docs/listener.md promise once per listener, across reconnects), out of
 order, or never acknowledged, or an error (an unexpected refusal); and where the fault destroys
 acknowledged history (`ANNOUNCED`), on a listener that was never told to bootstrap again.
-`python -m tests.faults`
+`python -m faults`
 runs the full matrix and writes docs/reliability.md.
 """
 
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.harness import QUICK
-from tests.faults.scenarios import ANNOUNCED, SCENARIOS
+from faults.harness import QUICK
+from faults.scenarios import ANNOUNCED, SCENARIOS
 
 pytestmark = pytest.mark.faults
 

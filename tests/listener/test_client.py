@@ -7,7 +7,6 @@ import contextlib
 import random
 
 import pytest
-import structlog
 
 from listener import (
     Backoff,
@@ -25,6 +24,7 @@ from listener import (
 from publisher.bucket import Change
 from publisher.server.service import Service
 from tests.listener.app import View, WatchedBuffer, consuming, store_objects, vm
+from tests.records import logged
 from tests.servers import RedisServer, eventually, scaled
 
 FAST = ListenerConfig(backoff=Backoff(initial=0.02, maximum=0.2), page_size=100,
@@ -91,7 +91,7 @@ async def test_buffer_overflow_during_bootstrap_aborts_and_bootstraps_again(
                 await bucket.commit("vm", f"new-{n}", ["nic"], vm(f"new-{n}"))
             await buffer.overflowed.wait()
 
-    with structlog.testing.capture_logs() as logs:
+    with logged() as logs:
         task = asyncio.create_task(
             feed.run(on_bootstrap=on_bootstrap, on_change=view.apply, on_error=errors.append)
         )

@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from structlog.testing import capture_logs
 
 from listener import (
     Backoff,
@@ -30,6 +29,7 @@ from publisher.bucket import ChangeBucket
 from publisher.config.settings import Config, load_config
 from publisher.server.service import Service
 from tests.listener.app import bucket_of, publisher_process, vm
+from tests.records import logged
 from tests.servers import RedisServer, eventually, free_port, scaled, write_config
 
 FAST = Backoff(initial=0.02, maximum=0.2)
@@ -80,7 +80,7 @@ async def test_fetch_waits_up_to_expires_and_returns_early_when_an_item_arrives(
         assert loop.time() - started >= 0.99
         assert consumer.cursor is None
 
-        with capture_logs() as logs:
+        with logged() as logs:
             fetching = asyncio.create_task(consumer.fetch(10, expires=60))
             await eventually(lambda: any(log["event"] == "pull" for log in logs), "a pull is sent")
             cursor = await publisher.bucket.commit("vm", "late", ["nic"], vm("late"))
@@ -155,7 +155,7 @@ async def test_consume_refills_at_the_threshold_asking_for_what_fits(publisher: 
     committed = await commit(publisher.bucket, "a", 100)
     items: list[ChangeItem] = []
     most_buffered = 0
-    with capture_logs() as logs:
+    with logged() as logs:
         async with PullConsumer(publisher.url, resource="vm") as consumer:
             async with consumer.consume(max_messages=20, threshold_messages=5,
                                         expires=2) as consumption:

@@ -24,6 +24,7 @@ from publisher.config.settings import Config
 from publisher.server.service import Service
 from tests.conftest import PublisherFactory
 from tests.pki import Pki, new_token, sha256_hex
+from tests.records import logged
 from tests.servers import RedisServer, eventually, scaled
 
 FAST = ListenerConfig(open_timeout=scaled(5))
@@ -87,11 +88,11 @@ async def tls(
         {"name": "narrow", "sha256": sha256_hex(narrow), "scopes": ["read:vm"]},
         {"name": "ops", "sha256": sha256_hex(ops), "scopes": ["stats"]},
     ]}, tls={"certFile": str(cert), "keyFile": str(key)})
-    with structlog.testing.capture_logs() as logs:
+    with structlog.testing.capture_logs() as logs, logged() as listener_logs:
         async with start_publisher(config) as service:
             yield Tls(service, pki, token, narrow, ops)
     for secret in (token, narrow, ops):
-        assert secret not in repr(logs)
+        assert secret not in repr(logs) and secret not in repr(listener_logs)
 
 
 async def test_a_listener_with_a_token_and_a_ca_file_bootstraps_and_streams(tls: Tls) -> None:

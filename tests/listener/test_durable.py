@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from changefeed.durable import Outcome
-from changefeed.errors import ChangefeedError, ConsumerRecreated
+from changefeed.errors import ChangefeedError, ConsumerRecreated, InvalidOption
 from listener import Backoff, DurableConsumer, Msg, PullConsumer, PullFailed, PullRejected
 from publisher.bucket import ChangeBucket
 from publisher.config.settings import Config
@@ -61,15 +61,20 @@ async def dead_cursors(consumer: DurableConsumer) -> dict[str, str]:
         after = page["records"][-1]["id"]
 
 
-def test_pull_consumer_with_durable_is_a_durable_consumer() -> None:
-    consumer: Any = PullConsumer("http://127.0.0.1:1", durable="billing", ack_wait=5,
-                                 resource="vm")
+def test_pull_consumer_with_durable_builds_its_sibling_the_durable_consumer() -> None:
+    # The older spelling, kept working; a type checker knows only DurableConsumer(url, name).
+    consumer: Any = PullConsumer("http://127.0.0.1:1", durable="billing",  # type: ignore[call-arg]
+                                 ack_wait=5, resource="vm")
     assert type(consumer) is DurableConsumer and consumer.config == {
         "filter": {"resource": "vm"}, "start": "first", "ack_wait": 5}
-    with pytest.raises(ValueError, match="ack_wait"):
-        PullConsumer("http://127.0.0.1:1", ack_wait=5)
-    with pytest.raises(ValueError, match="durable"):
-        PullConsumer("http://127.0.0.1:1", durable="no spaces")
+    assert not isinstance(consumer, PullConsumer) and not isinstance(
+        PullConsumer("http://127.0.0.1:1"), DurableConsumer)
+    untyped: Any = PullConsumer
+    for option, value in (("ack_wait", 5), ("start", "last"), ("create", False)):
+        with pytest.raises(InvalidOption, match=option):
+            untyped("http://127.0.0.1:1", **{option: value})
+    with pytest.raises(InvalidOption, match="durable"):
+        PullConsumer("http://127.0.0.1:1", durable="no spaces")  # type: ignore[call-arg]
 
 
 async def test_msg_ack_nak_in_progress_and_term_say_whether_they_took_effect(

@@ -9,12 +9,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import structlog
-
 from publisher.bucket import Change
 from publisher.config.settings import Config
 from tests.conftest import PublisherFactory
 from tests.listener.app import doc_example, store_objects
+from tests.records import logged
 from tests.servers import RedisServer, free_port, scaled
 
 
@@ -79,7 +78,7 @@ async def test_the_vm_cache_stays_exact_through_restarts(
         await bucket.commit("vm", "vm-001", ["nic"], None, delete=True)
         last = await bucket.commit("vm", "vm-new", ["nic"], {"uuid": "vm-new"})
     async with start_publisher(config) as publisher:
-        with structlog.testing.capture_logs() as logs:
+        with logged() as logs:
             cache = vmcache.VmCache([url], state, listener_config)
             assert len(cache.vms) == 150  # loaded from its file
             async with running(cache) as watched:

@@ -9,7 +9,7 @@ import sys
 import orjson
 
 from changefeed.protocol import ChangeItem
-from listener.events import Change
+from listener.events import ChangeEvent
 from listener.snoop import format_change
 from publisher.server.service import Service
 from tests.servers import scaled
@@ -100,7 +100,7 @@ async def test_snoop_with_ids_and_prefixes_prints_only_those(publisher: Service)
 
 def test_readable_lines() -> None:
     item = ChangeItem("vm", ("nic", "alias"), "78615996", 1730000000454, "e.1")
-    assert format_change(Change(item), as_json=False) == (
+    assert format_change(ChangeEvent(item), as_json=False) == (
         "2024-10-27T03:33:20.454Z  vm         78615996  nic,alias  e.1"
     )
-    assert orjson.loads(format_change(Change(item), as_json=True)) == item.to_wire()
+    assert orjson.loads(format_change(ChangeEvent(item), as_json=True)) == item.to_wire()

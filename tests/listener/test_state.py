@@ -19,7 +19,7 @@ from changefeed.errors import (
 )
 from changefeed.protocol import ChangeItem
 from changefeed.watch import Watch
-from listener.events import BootstrapDone, Change, Resync
+from listener.events import BootstrapDone, ChangeEvent, Resync
 from listener.state import ListenerCore, Phase, publisher_urls
 
 URL = "http://pub1:8080"
@@ -108,7 +108,7 @@ def test_delivered_items_move_the_cursor_and_reconnect_resumes_after_it() -> Non
     bootstrapped(listener)
     change = listener.item(item("a", "e.2"))
     assert change is not None
-    assert listener.delivered(change) == Change(change)
+    assert listener.delivered(change) == ChangeEvent(change)
     assert listener.cursor == "e.2"
     listener.failed(ConnectionLost(URL, "reset", 1006), now=1)
     attempt = listener.attempt()

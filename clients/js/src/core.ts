@@ -10,7 +10,7 @@
  *     failed(error, now)       -> the seconds before the next attempt, or throws the fatal error
  *
  * Phases: idle -> registering -> (bootstrapping ->) streaming; a failure -> backingOff ->
- * registering on the next URL; a fatal failure or close() -> closed.
+ * registering on the next URL; a fatal failure or close() -> closed; reopen() -> idle.
  */
 import { Backoff, type BackoffOptions } from "./backoff.js";
 import {
@@ -258,6 +258,15 @@ export class ListenerCore {
 
     close(): void {
         this.phase = "closed";
+    }
+
+    /** Connect again after a fatal failure (its cause mended): after the cursor, with the
+     * backoff from its start. */
+    reopen(): void {
+        this.expect("closed");
+        this.phase = "idle";
+        this.failures = 0;
+        this.delays = this.backoff.delays(this.random);
     }
 
     private answered(): void {

@@ -5,7 +5,8 @@
  *     ├── ConnectionLost        the socket closed or could not open (closeCode, reason): retried
  *     ├── ProtocolError         the publisher sent something this client cannot read: retried
  *     ├── HttpError             an HTTP answer other than 2xx (status, code): 5xx/429 retried
- *     │   └── Unauthorized      401 or 403: credentials missing, wrong or lacking a scope: fatal
+ *     │   ├── Unauthorized      401 or 403: credentials missing, wrong or lacking a scope: fatal
+ *     │   └── OriginNotAllowed  403: the page's origin is not in the publisher's allowedOrigins: fatal
  *     ├── RegistrationRejected  the publisher refused the registration (closeCode, reason): fatal
  *     ├── RetriesExhausted      the backoff's retries are used up (lastError): fatal
  *     ├── CursorGone            waitFor() on a cursor of another bucket epoch
@@ -50,9 +51,14 @@ export class HttpError extends ChangefeedError {
     }
 }
 
-/** 401 (no valid credentials) or 403 (a token without the scope, or an Origin not allowed). */
+/** 401 (no valid credentials) or 403 (a token without the scope). */
 export class Unauthorized extends HttpError {
     override name = "Unauthorized";
+}
+
+/** 403 `OriginNotAllowed`: the publisher's `allowedOrigins` does not list the page's origin. */
+export class OriginNotAllowed extends HttpError {
+    override name = "OriginNotAllowed";
 }
 
 /** The publisher closed the socket refusing the registration (1008, 1003, 1009...): fatal. */

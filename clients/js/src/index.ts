@@ -30,8 +30,8 @@ export class Listener extends BaseListener {
 
 export { Backoff, type BackoffOptions } from "./backoff.js";
 export {
-    ChangefeedError, ConnectionLost, CursorError, CursorGone, HttpError, ListenerClosed, ProtocolError,
-    RegistrationRejected, RetriesExhausted, Unauthorized, isRetryable,
+    ChangefeedError, ConnectionLost, CursorError, CursorGone, HttpError, ListenerClosed, OriginNotAllowed,
+    ProtocolError, RegistrationRejected, RetriesExhausted, Unauthorized, isRetryable,
 } from "./errors.js";
 export type {
     ChangeEvent, ListenerEvent, ListenerEvents, ListenerOptions, Logger, Registered,

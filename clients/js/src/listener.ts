@@ -6,7 +6,7 @@ import { type BackoffOptions } from "./backoff.js";
 import { type Plan, ListenerCore } from "./core.js";
 import { Emitter } from "./emitter.js";
 import {
-    ChangefeedError, ConnectionLost, HttpError, ListenerClosed, ProtocolError, Unauthorized,
+    ChangefeedError, ConnectionLost, HttpError, ListenerClosed, OriginNotAllowed, ProtocolError, Unauthorized,
 } from "./errors.js";
 import { type ChangeItem, type Resource, type Watch } from "./protocol.js";
 import { type ParsedCursor, parseCursor, reached } from "./cursor.js";
@@ -78,6 +78,8 @@ export interface Registered {
 }
 
 export interface ListenerEvents {
+    /** The websocket to `url` is open; the registration follows. */
+    open: (info: { url: string }) => void;
     registered: (info: Registered) => void;
     resync: (event: { type: "resync"; reason: string }) => void;
     bootstrapStart: (event: { type: "bootstrapStart"; resource: string }) => void;
@@ -125,7 +127,7 @@ export class BaseListener extends Emitter<ListenerEvents> implements AsyncIterab
     private iterating = false;
     private slot: { event: ListenerEvent; taken: Deferred<void> } | null = null;
     private consumer: Deferred<void> | null = null;
-    private readonly stopped = deferred<void>();
+    private stopped = deferred<void>();
     private readonly aborter = new AbortController();
 
     constructor(
@@ -159,10 +161,21 @@ export class BaseListener extends Emitter<ListenerEvents> implements AsyncIterab
         return this.core.url;
     }
 
-    /** Start listening (events style). The async iterator starts it by itself. */
+    /** Start listening (events style). The async iterator starts it by itself. After a fatal
+     * error (a refused token, origin or registration; the retries used up), start again, after
+     * the cursor. */
     start(): this {
+        if (this.closed) return this;
+        if (this.running && this.finished) {
+            this.running = null;
+            this.finished = false;
+            this.fatalError = null;
+            this.stopped = deferred<void>();
+            this.core.reopen();
+        }
         if (!this.running) {
-            this.running = this.run().finally(() => this.stopped.resolve());
+            const stopped = this.stopped;
+            this.running = this.run().finally(() => stopped.resolve());
         }
         return this;
     }
@@ -348,6 +361,7 @@ export class BaseListener extends Emitter<ListenerEvents> implements AsyncIterab
         }
         this.socket = socket;
         try {
+            this.emit("open", { url: this.core.url });
             socket.send(frame);
             const plan = this.core.reply(await socket.next(), Date.now());
             this.log("info", { url: this.core.url, resumed: plan.resumed, cursor: plan.cursor }, "registered");
@@ -406,7 +420,8 @@ export class BaseListener extends Emitter<ListenerEvents> implements AsyncIterab
     }
 }
 
-/** The publisher's JSON error (`{"code", "message"}`) as an HttpError (Unauthorized for 401/403). */
+/** The publisher's JSON error (`{"code", "message"}`) as an HttpError: OriginNotAllowed for its
+ * code, Unauthorized for other 401/403 answers. */
 export function httpError(url: string, status: number, body: string): HttpError {
     let code = "";
     let detail = "";
@@ -418,6 +433,7 @@ export function httpError(url: string, status: number, body: string): HttpError 
         detail = body.slice(0, 200);
     }
     const safe = url.replace(/([?&]access_token=)[^&]*/, "$1***");
+    if (status === 403 && code === "OriginNotAllowed") return new OriginNotAllowed(safe, status, code, detail);
     return status === 401 || status === 403
         ? new Unauthorized(safe, status, code, detail)
         : new HttpError(safe, status, code, detail);

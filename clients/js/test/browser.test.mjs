@@ -69,7 +69,7 @@ async function publisher() {
     }, true);
 }
 
-async function open(url, token) {
+async function open(url, token = "") {
     const page = await browser.newPage();
     page.on("pageerror", (error) => { throw error; });
     await page.goto(`${origin}/?publisher=${encodeURIComponent(url)}&token=${encodeURIComponent(token)}`);
@@ -132,6 +132,46 @@ test("a page with a token of the wrong signature is refused: 401 on both", async
             [["sse", "Unauthorized", 401], ["ws", "Unauthorized", 401]]);
         const output = await fixture.call({ op: "output", id });
         for (const part of token.split(".")) assert.ok(!output.includes(part), "token text in the publisher's log");
+    } finally {
+        await page.close();
+    }
+});
+
+test("a page of an origin the publisher does not allow: one OriginNotAllowed on each, no retries", async () => {
+    const { url } = await fixture.publisher({
+        allowedOrigins: ["https://elsewhere.example"], auth: { jwt: { secretFile, audience: AUDIENCE } },
+    });
+    const page = await open(url, mint());
+    try {
+        await until(page, () => window.seen.fatal.length === 2, null, "both refused");
+        const { fatal, errors } = await page.evaluate(() => window.seen);
+        assert.deepEqual(fatal.map((f) => [f.name, f.error, f.code, f.status]).sort(),
+            [["sse", "OriginNotAllowed", "OriginNotAllowed", 403], ["ws", "OriginNotAllowed", "OriginNotAllowed", 403]]);
+        assert.match(fatal[0].message, new RegExp(`origin ${origin}.*allowedOrigins`));
+        await new Promise((resolve) => setTimeout(resolve, 500)); // 10 backoff delays of the page's
+        const later = await page.evaluate(() => window.seen);
+        assert.equal(later.fatal.length, 2, "retried what cannot succeed");
+        assert.deepEqual([errors, later.errors], [[], []], "a refusal is one error, not retries");
+    } finally {
+        await page.close();
+    }
+});
+
+test("a page without a token: one Unauthorized on each; start() again with a token registers", async () => {
+    const { url } = await publisher();
+    const page = await open(url);
+    try {
+        await until(page, () => window.seen.fatal.length === 2, null, "both refused");
+        const { fatal, errors } = await page.evaluate(() => window.seen);
+        assert.deepEqual(fatal.map((f) => [f.name, f.error, f.code, f.status]).sort(),
+            [["sse", "Unauthorized", "Unauthorized", 401], ["ws", "Unauthorized", "Unauthorized", 401]]);
+        assert.deepEqual(errors, []);
+        await page.evaluate((token) => { window.token = token; window.feeds.ws.start(); }, mint());
+        await until(page, () => window.seen.ws.filter((e) => e.type === "bootstrapDone").length === 2, null,
+            "registered after start()");
+        const [cursor] = await fixture.commit(["vm", "after-start", ["nic"]]);
+        await until(page, (last) => window.seen.ws.some((e) => e.cursor === last), cursor, "a change");
+        assert.equal((await page.evaluate(() => window.seen.fatal)).length, 2);
     } finally {
         await page.close();
     }

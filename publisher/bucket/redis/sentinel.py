@@ -176,7 +176,7 @@ class SentinelPool(SentinelConnectionPool, BlockingConnectionPool):
     patience, or killed and started again before the failover ended, is a master of its own
     until a sentinel demotes it (8 s or more later), and takes writes that its resync will throw
     away while the other publishers read the new master (found by the nemesis,
-    tests/faults/nemesis). Asking costs one SENTINEL MASTERS a second per pool; the sentinels'
+    faults/nemesis). Asking costs one SENTINEL MASTERS a second per pool; the sentinels'
     `+switch-master` messages would come from one sentinel at a time, lost with it."""
 
     sentinel_manager: Sentinel

@@ -1,6 +1,6 @@
 """What the outbox tests share: a fresh database per test with the outbox installed and a `vms`
 table, a service-like writer that commits `vms` rows and outbox rows in one transaction, and the
-accounting of tests/faults/oracle.py fed from it."""
+accounting of faults/oracle.py fed from it."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ from typing import Any
 
 import asyncpg
 
+from faults.harness import FAST, Recorder
+from faults.oracle import Attempt, History, Outcome
 from listener import Listener
 from publisher import outbox
 from publisher.outbox.database import ERRORS
 from publisher.outbox.schema import install
-from tests.faults.harness import FAST, Recorder
-from tests.faults.oracle import Attempt, History, Outcome
 from tests.servers import scaled
 
 RESOURCE = "vm"

@@ -1,4 +1,4 @@
-"""The outbox under faults, with the fault suite's accounting (tests/faults/oracle.py): every
+"""The outbox under faults, with the fault suite's accounting (faults/oracle.py): every
 change of a committed transaction delivered to each listener exactly once, or announced by a
 Resync; nothing of a rolled-back one; per-id order kept.
 
@@ -24,11 +24,11 @@ import orjson
 import pytest
 
 from changefeed_testing.postgres import PostgresServer
+from faults.harness import Recorder
+from faults.oracle import History
 from publisher.config.settings import Config
 from publisher.outbox.status import read_status
 from tests.conftest import PublisherFactory
-from tests.faults.harness import Recorder
-from tests.faults.oracle import History
 from tests.publisher.outbox.rig import (
     PgWriter,
     drained,

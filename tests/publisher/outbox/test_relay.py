@@ -14,6 +14,8 @@ import orjson
 import pytest
 
 from changefeed.errors import OutboxRowDead
+from faults.harness import FAST
+from faults.oracle import History
 from listener import Listener
 from publisher import outbox
 from publisher.bucket import open_bucket
@@ -22,8 +24,6 @@ from publisher.outbox.relay import Relay
 from publisher.outbox.rows import CLAIM, batches, key_of, sort_rows
 from publisher.outbox.seed import resync
 from tests.conftest import PublisherFactory
-from tests.faults.harness import FAST
-from tests.faults.oracle import History
 from tests.publisher.outbox.rig import (
     PgWriter,
     drained,

@@ -1,7 +1,7 @@
 """`changefeed serve --workers 2`: two publisher processes on one port, supervised.
 
 Connections land on both workers; a SIGKILLed worker is restarted and a listener that was on it
-resumes with nothing lost (the oracle of tests/faults); SIGTERM drains both and the parent exits
+resumes with nothing lost (the oracle of faults/oracle.py); SIGTERM drains both and the parent exits
 0. `Restarts`, the restart policy, is pure and tested without processes.
 """
 
@@ -22,8 +22,8 @@ import aiohttp
 import orjson
 import pytest
 
+from faults.harness import QUICK, Rig
 from publisher.server.workers import Restarts
-from tests.faults.harness import QUICK, Rig
 from tests.servers import PublisherProcess, scaled, write_config
 
 

@@ -188,12 +188,12 @@ def test_each_micro_batch_keeps_its_figures_readable_by_batch_id(
 async def test_the_nemesis_stream_writer_publishes_once_across_a_failed_micro_batch(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    """The nemesis' streaming writer (tests/faults/nemesis/spark_writer.py) on its own: a
+    """The nemesis' streaming writer (faults/nemesis/spark_writer.py) on its own: a
     micro-batch whose replica does not confirm fails, ending the query; the writer starts it
     again from its checkpoint, the micro-batch runs again under its batch id, and its change is
     published once and acknowledged at its cursor."""
-    from tests.faults.nemesis.spark_writer import StreamWriter
-    from tests.faults.oracle import History, Outcome
+    from faults.nemesis.spark_writer import StreamWriter
+    from faults.oracle import History, Outcome
 
     master = RedisServer(tmp_path / "master", tcp=True).start()
     replica = RedisServer(tmp_path / "replica", tcp=True, replica_of=master).start()

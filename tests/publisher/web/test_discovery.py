@@ -4,11 +4,21 @@ array and 1.5's object keyed by resource name for the package versions that serv
 
 from __future__ import annotations
 
+import dataclasses
+
 import aiohttp
 import pytest
 
+from changefeed.errors import ConfigError
+from publisher.config.settings import Config, Discovery, parse_config
 from publisher.server.service import Service
 from publisher.web.discovery import VersionRefused, shape_for
+from tests.conftest import PublisherFactory
+
+RESOURCES = (
+    "module.exports = { resources: [{resource: 'vm', subResources: ['nic'], "
+    "bootstrapRoute: '/vms'}],"
+)
 
 VM = {"resource": "vm", "subResources": ["nic", "alias", "state"], "bootstrapRoute": "/vms"}
 NETWORK = {"resource": "network", "subResources": ["ips", "name"], "bootstrapRoute": "/networks"}
@@ -48,3 +58,47 @@ async def test_a_real_publisher_serves_each_shape(publisher: Service) -> None:
     assert await get(publisher, "~1.5") == (200, {"vm": VM, "network": NETWORK})
     status, body = await get(publisher, "~1.6")
     assert status == 400 and isinstance(body, dict) and body["code"] == "BadAcceptVersion"
+
+
+@pytest.mark.parametrize(("version", "bare"), [
+    ("1.4", [VM, NETWORK]), ("1.0", [VM, NETWORK]), ("1.5", {"vm": VM, "network": NETWORK}),
+    (None, {"resources": [VM, NETWORK], "partitions": 1}),
+])
+async def test_discovery_default_version_shapes_a_request_without_accept_version(
+    config: Config, start_publisher: PublisherFactory, version: str | None, bare: object
+) -> None:
+    """Joyent's own publisher tests send no Accept-Version and read its shape; what asks for a
+    shape still gets it, and the listeners' ranges still get RFD 5's."""
+    configured = dataclasses.replace(config, discovery=Discovery(default_version=version))
+    async with start_publisher(configured) as service:
+        assert await get(service, None) == (200, bare)
+        assert await get(service, "") == (200, bare)
+        assert await get(service, "~1") == (200, {"resources": [VM, NETWORK], "partitions": 1})
+        assert await get(service, "~2") == (200, {"resources": [VM, NETWORK], "partitions": 1})
+        assert await get(service, "~1.4") == (200, [VM, NETWORK])
+        assert await get(service, "~1.5") == (200, {"vm": VM, "network": NETWORK})
+
+
+@pytest.mark.parametrize(("text", "version"), [
+    ('"1.4"', "1.4"), ('"1.4.2"', "1.4"), ('"1.5.4"', "1.5"), ('"1.0"', "1.0"), ("null", None),
+])
+def test_discovery_default_version_in_config_js(text: str, version: str | None) -> None:
+    config = parse_config(f"{RESOURCES} discovery: {{defaultVersion: {text}}} }};")
+    assert config.discovery.default_version == version
+    assert shape_for(None, version) in ("array", "keyed", "resources")
+
+
+@pytest.mark.parametrize(
+    "text", ['"1.6"', '"2.0"', '"~1.4"', '"1"', "1.4", "true", '""', '"1.4.x"']
+)
+def test_a_bad_discovery_default_version_names_the_key_and_what_was_expected(text: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_config(f"{RESOURCES} discovery: {{defaultVersion: {text}}} }};")
+    assert caught.value.key == "discovery.defaultVersion"
+    assert 'a node-sdc-changefeed version from "1.0" to "1.5"' in str(caught.value)
+
+
+def test_the_discovery_section_has_no_other_key() -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_config(f"{RESOURCES} discovery: {{version: \"1.4\"}} }};")
+    assert caught.value.key.startswith("discovery.")

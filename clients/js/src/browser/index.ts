@@ -26,8 +26,8 @@ export class Listener extends BaseListener {
 export { SseListener, type SseOptions } from "./sse.js";
 export { Backoff, type BackoffOptions } from "../backoff.js";
 export {
-    ChangefeedError, ConnectionLost, CursorError, CursorGone, HttpError, ListenerClosed, ProtocolError,
-    RegistrationRejected, RetriesExhausted, Unauthorized,
+    ChangefeedError, ConnectionLost, CursorError, CursorGone, HttpError, ListenerClosed, OriginNotAllowed,
+    ProtocolError, RegistrationRejected, RetriesExhausted, Unauthorized,
 } from "../errors.js";
 export type { ChangeEvent, ListenerEvent, ListenerEvents, ListenerOptions, Registered } from "../listener.js";
 export { CloseCode, type ChangeItem, type Resource, type Watch } from "../protocol.js";

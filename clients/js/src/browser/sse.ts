@@ -53,6 +53,7 @@ export class SseListener extends Emitter<ListenerEvents> {
         return this.cursorValue;
     }
 
+    /** Start listening; after a fatal error (a refused origin or token), start again. */
     start(): this {
         if (!this.started && !this.closed) {
             this.started = true;
@@ -88,7 +89,7 @@ export class SseListener extends Emitter<ListenerEvents> {
         try {
             this.token = typeof given === "function" ? await given() : given;
         } catch (error) {
-            this.emit("fatal", error as Error);
+            this.stop(error as Error);
             return;
         }
         if (this.closed) return;
@@ -163,32 +164,31 @@ export class SseListener extends Emitter<ListenerEvents> {
         if (item.cursor && (item.caughtUp || !item.coalesced)) this.cursorValue = item.cursor;
     }
 
-    /** EventSource gave up (an HTTP error, or the publisher unreachable): why, then retry or stop. */
+    /** EventSource gave up (an HTTP error, or the publisher unreachable): why, then retry or stop
+     * until start() is called again. */
     private async refused(): Promise<void> {
         this.source = null;
-        const answer = await this.transport.get(this.streamProbe(), this.token).catch(() => null);
-        const renewable = typeof this.options.token === "function" && answer?.status === 401;
-        if (answer && !renewable && (answer.status === 401 || answer.status === 403 || answer.status === 400)) {
-            const error = httpError(this.base + "/changefeeds/sse", answer.status, answer.body);
-            this.closed = true;
-            this.emit("fatal", error);
-            this.emit("close");
+        const refusal = await this.transport.refusal(this.base + "/changefeeds", this.token);
+        const renewable = typeof this.options.token === "function" && refusal?.status === 401;
+        if (refusal && !renewable) {
+            this.stop(refusal);
             return;
         }
         const next = this.delays.next();
         if (next.done) {
-            this.closed = true;
-            this.emit("fatal", new ListenerClosed());
-            this.emit("close");
+            this.stop(new ListenerClosed());
             return;
         }
         this.emit("error", new ProtocolError("the event stream failed; reconnecting"));
-        setTimeout(() => { if (!this.closed) void this.connect(); }, next.value * 1000);
+        setTimeout(() => { if (this.started && !this.closed) void this.connect(); }, next.value * 1000);
     }
 
-    /** GET /changefeeds (any identity may): tells a refused token from an unreachable publisher. */
-    private streamProbe(): string {
-        return this.base + "/changefeeds";
+    /** A failure retrying cannot mend: report it, and wait for start(). */
+    private stop(error: Error): void {
+        this.started = false;
+        this.delays = this.backoff.delays();
+        this.emit("fatal", error);
+        this.emit("close");
     }
 
     private failed(error: Error): void {

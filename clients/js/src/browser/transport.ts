@@ -2,9 +2,9 @@
  * upgrade, so the registration version travels as `?accept_version=` and a token as the
  * `changefeed.bearer.<token>` subprotocol (or `?access_token=`); bootstrap pages are fetched
  * with an `Authorization` header. */
-import { ConnectionLost } from "../errors.js";
+import { ConnectionLost, type HttpError, OriginNotAllowed } from "../errors.js";
 import { httpError } from "../listener.js";
-import { BEARER_SUBPROTOCOL, CHANGEFEEDS, SUBPROTOCOL } from "../protocol.js";
+import { BEARER_SUBPROTOCOL, SUBPROTOCOL } from "../protocol.js";
 import { FrameQueue, type OpenOptions, type Response, type Socket, type Transport } from "../transport.js";
 
 export type TokenCarrier = "subprotocol" | "query";
@@ -22,14 +22,33 @@ export class BrowserTransport implements Transport {
         try {
             return await opened(ws, url, options.openTimeout, options.signal);
         } catch (error) {
-            // A browser does not say why an upgrade failed: ask the publisher whether the token is.
-            const base = url.replace(/^ws/, "http").replace(new RegExp(`${CHANGEFEEDS}$`), CHANGEFEEDS);
-            const answer = await this.get(base, options.token).catch(() => null);
-            if (answer && (answer.status === 401 || answer.status === 403)) {
-                throw httpError(base, answer.status, answer.body);
-            }
-            throw error;
+            if (options.signal.aborted) throw error;
+            throw await this.refusal(url.replace(/^ws/, "http"), options.token) ?? error;
         }
+    }
+
+    /**
+     * Why the publisher refuses this page, when that is why a connection failed: a browser shows
+     * a page only `1006` for a refused upgrade or EventSource. `probe` (the publisher's
+     * `/changefeeds`) is asked by fetch: an answer the page may not read (CORS) while the publisher did answer
+     * means its `allowedOrigins` lacks the page's origin (it lets allowed origins read every
+     * answer, refusals included); a readable 401 or 403 with the token is the token's refusal.
+     * Null: no refusal (the publisher is unreachable, or it may pass), retry.
+     */
+    async refusal(probe: string, token: string | undefined): Promise<HttpError | null> {
+        let answer: Response;
+        try {
+            answer = await this.get(probe, token);
+        } catch {
+            // fetch fails alike for CORS and for the network; without CORS (an opaque answer)
+            // it fails only for the network.
+            const answered = await fetch(probe, { mode: "no-cors" }).then(() => true, () => false);
+            if (!answered) return null;
+            return new OriginNotAllowed(probe, 403, "OriginNotAllowed",
+                `the publisher answered but lets no page of origin ${location.origin} read it: `
+                + "its allowedOrigins must list that origin");
+        }
+        return answer.status === 401 || answer.status === 403 ? httpError(probe, answer.status, answer.body) : null;
     }
 
     async get(url: string, token: string | undefined, signal?: AbortSignal): Promise<Response> {

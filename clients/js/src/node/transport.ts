@@ -33,7 +33,8 @@ export class NodeTransport implements Transport {
         const ws = new WebSocket(url, {
             headers, handshakeTimeout: options.openTimeout, perMessageDeflate: false, ...this.options.tls,
         });
-        return new Promise((resolve, reject) => {
+        let abort = (): void => undefined;
+        return new Promise<Socket>((resolve, reject) => {
             ws.once("unexpected-response", (_request, response) => {
                 const chunks: Buffer[] = [];
                 response.on("data", (chunk: Buffer) => chunks.push(chunk));
@@ -41,17 +42,14 @@ export class NodeTransport implements Transport {
                 response.on("error", () => reject(httpError(url, response.statusCode ?? 0, "")));
             });
             ws.once("error", (error: Error) => reject(new ConnectionLost(url, 1006, error.message)));
-            ws.once("open", () => {
-                options.signal.removeEventListener("abort", abort);
-                resolve(new NodeSocket(ws, url, this.options));
-            });
-            const abort = () => {
+            ws.once("open", () => resolve(new NodeSocket(ws, url, this.options)));
+            abort = () => {
                 ws.terminate();
                 reject(new ConnectionLost(url, 1006, "closed by the listener"));
             };
             if (options.signal.aborted) abort();
             else options.signal.addEventListener("abort", abort, { once: true });
-        });
+        }).finally(() => options.signal.removeEventListener("abort", abort));
     }
 
     get(url: string, token: string | undefined, signal?: AbortSignal): Promise<Response> {

@@ -84,7 +84,7 @@ async def _retried(bucket: ChangeBucket, id: str) -> str:
 async def test_a_commit_with_a_witness_of_a_history_this_bucket_never_held_starts_a_new_epoch(
     tmp_path: Path,
 ) -> None:
-    """A split brain, found by the nemesis (tests/faults/nemesis, seed 1): writers were
+    """A split brain, found by the nemesis (faults/nemesis, seed 1): writers were
     acknowledged commits by a master that has since been demoted (its history, under an epoch of
     its own, thrown away by its resync), and their address now leads to the master that won.
     The witness is of an epoch the winner never held, so comparing heads cannot see the loss:

@@ -1,7 +1,7 @@
 """A bucket on Redis Sentinel follows the master: connections kept to a master the sentinels
 replaced are closed, those in use too, so no write goes to a master of a split brain.
 
-Found by the nemesis (tests/faults/nemesis, seed 12): a master paused past the sentinels'
+Found by the nemesis (faults/nemesis, seed 12): a master paused past the sentinels'
 patience (or killed and started again before the failover ended) is a master of its own once
 it answers again, until a sentinel demotes it, seconds later. A writer's kept connection (and a
 publisher's kept tail read) went on with it: its commits were acknowledged there and thrown away
@@ -22,10 +22,10 @@ import redis
 
 from changefeed.cursor import Cursor
 from changefeed.errors import BucketUnavailable, CommitOutcomeUnknown
+from faults.sentinel_faults import MASTER, sentinel_ready
 from publisher.bucket import ChangeBucket, connect
 from publisher.bucket.redis import sentinel as sentinel_module
 from publisher.bucket.redis.sentinel import FOLLOW_EVERY
-from tests.faults.sentinel_faults import MASTER, sentinel_ready
 from tests.servers import RedisServer, SentinelServer, scaled
 
 

@@ -1,2 +1,0 @@
-"""The nemesis: many faults, overlapping, from a seeded schedule, over a small real system, judged
-by one oracle over the whole history (issue 24). `python -m tests.faults.nemesis --help`."""
