@@ -108,7 +108,7 @@ async def one_call(bucket: ChangeBucket, rows: int) -> float:
     changes = [Change.put("vm", f"one-{rows}-{n}", ["state"], {**STATE, "uuid": str(n)})
                for n in range(rows)]
     started = time.perf_counter()
-    await bucket.commit_batches([(changes, f"bench-{rows}")])
+    await bucket.log.commit_batches([(changes, f"bench-{rows}")])
     return time.perf_counter() - started
 
 

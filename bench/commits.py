@@ -38,6 +38,7 @@ from bench.scenario import Check, Context, Figure, Result
 from bench.servers import pinned, redis_server, redis_url, write_config
 from publisher.bucket import BATCH, COMMIT_LUA, Change, ChangeBucket, connect
 from publisher.config.settings import load_config
+from tests.publisher.bucket.commit_call import commit_arguments
 
 BATCH_CALLS = 10
 """Batches per `commit_many` call: the call keeps several of them in flight, as a bulk writer
@@ -160,7 +161,7 @@ async def commit_throughput(ctx: Context) -> Result:
 
         # The prepared batch: commit.lua's KEYS and ARGV for `batch` from a bucket that has
         # committed nothing (no witness), exactly what commit_many sends for each batch.
-        keys, args = ChangeBucket(client, "bench", config.resources).commit_arguments(batch)
+        keys, args = commit_arguments(ChangeBucket(client, "bench", config.resources), batch)
         sha = await client.script_load(COMMIT_LUA)
         argv = ["EVALSHA", sha, str(len(keys)), *keys,
                 *(a.decode() if isinstance(a, bytes) else str(a) for a in args)]

@@ -33,7 +33,7 @@ import redis
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
-from publisher.bucket.embedded import EmbeddedRedis
+from publisher.bucket.redis.embedded import EmbeddedRedis
 from publisher.spark import register
 
 BUCKET = "bench"

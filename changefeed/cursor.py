@@ -9,9 +9,10 @@ Encoding: ``<epoch>.<ms as 12 hex digits><one letter giving the length of seq><s
 ``k2v9q4xa.0192f3a4b5c6a3`` for stream id ``1730000000454-3``. Clients must treat it as opaque.
 
 A bucket in a Redis Cluster has one log per partition, each with its own sequence, so its
-positions are *composite* (`CompositeCursor`): the epoch and one position per partition,
-``<epoch>~<position of partition 0>~<position of partition 1>...``, each position written as
-above after the epoch's dot (``0192f3a4b5c6a3``) and empty for 0-0 (nothing of that partition).
+positions are *composite* (`CompositeCursor`, a `Position`): the epoch and one position per
+partition, ``<epoch>~<position of partition 0>~<position of partition 1>...``, each position
+written as above after the epoch's dot (``0192f3a4b5c6a3``) and empty for 0-0 (nothing of that
+partition).
 The ``~`` tells the two kinds apart; `parse_cursor` reads either. Composite cursors are ordered
 partially: one is at or after another when each of its positions is (`CompositeCursor.covers`).
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import re
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from changefeed.errors import CursorError, CursorGone
@@ -117,15 +119,27 @@ def _decode_position(text: str, whole: str) -> StreamId:
 
 
 @dataclass(frozen=True, slots=True)
-class CompositeCursor:
-    """A position in each partition of a bucket whose partitions have logs of their own (a
-    bucket in a Redis Cluster), with the bucket's epoch: everything up to `positions[p]` of
-    partition p. ZERO: nothing of that partition."""
+class Position:
+    """A position in every log of a bucket, with the bucket's epoch: everything up to
+    `positions[s]` of log s (ZERO: nothing of it). The one position type of the tree: a
+    bucket's head, what a cursor names, the window's place, a composite cursor.
+
+    `composite`: encoded as a composite cursor (a bucket in a Redis Cluster, one log per
+    partition: ``<epoch>~<p0>~<p1>...``, even with one partition); else the bucket has one
+    total order and one position, encoded as a `Cursor` (``<epoch>.<id>``).
+    """
 
     epoch: str
     positions: tuple[StreamId, ...]
+    composite: bool = True
+
+    @classmethod
+    def zero(cls, epoch: str, logs: int, composite: bool) -> Position:
+        return cls(epoch, (ZERO,) * logs, composite)
 
     def encode(self) -> str:
+        if not self.composite:
+            return Cursor(self.epoch, self.positions[0]).encode()
         return COMPOSITE_SEPARATOR.join(
             [self.epoch, *(_encode_position(p) for p in self.positions)]
         )
@@ -134,7 +148,8 @@ class CompositeCursor:
         return self.encode()
 
     @classmethod
-    def decode(cls, text: str) -> CompositeCursor:
+    def decode(cls, text: str) -> Position:
+        """The composite cursor `text` (CursorError when it is none)."""
         if not isinstance(text, str):
             raise CursorError(repr(text), "a cursor is a string")
         epoch, *positions = text.split(COMPOSITE_SEPARATOR)
@@ -146,28 +161,34 @@ class CompositeCursor:
 
     @classmethod
     def at(cls, epoch: str, partitions: int, partition: int, position: StreamId) -> str:
-        """The encoded cursor of one position of one partition (nothing of the others): what a
-        commit returns for a change, and what `covers` compares with."""
+        """The encoded composite cursor of one position of one partition (nothing of the
+        others): what a commit returns for a change, and what `covers` compares with."""
         pieces = [""] * partitions
         pieces[partition] = _encode_position(position)
         return COMPOSITE_SEPARATOR.join([epoch, *pieces])
 
-    def covers(self, other: CompositeCursor) -> bool:
-        """True when every position of `other` is at or before this one's (same partitions)."""
+    def covers(self, other: Position) -> bool:
+        """True when every position of `other` is at or before this one's (same logs)."""
         return len(self.positions) == len(other.positions) and all(
             mine >= theirs for mine, theirs in zip(self.positions, other.positions, strict=True)
         )
 
-    def advanced(self, partition: int, position: StreamId) -> CompositeCursor:
-        """This cursor with partition `partition` moved to `position` (never back)."""
-        if self.positions[partition] >= position:
+    def advanced(self, log: int, position: StreamId) -> Position:
+        """This position with log `log` moved to `position` (never back)."""
+        if self.positions[log] >= position:
             return self
         positions = list(self.positions)
-        positions[partition] = position
-        return CompositeCursor(self.epoch, tuple(positions))
+        positions[log] = position
+        return Position(self.epoch, tuple(positions), self.composite)
+
+    def with_positions(self, positions: Sequence[StreamId]) -> Position:
+        return Position(self.epoch, tuple(positions), self.composite)
 
 
-AnyCursor = Cursor | CompositeCursor
+CompositeCursor = Position
+"""A composite cursor: a `Position` of a bucket in a Redis Cluster (`composite`, the default)."""
+
+AnyCursor = Cursor | Position
 
 
 def is_composite(text: str) -> bool:

@@ -67,7 +67,7 @@ class Faults:
         mark = Cursor.decode(cursor)
         removed = 0
         async with self.publisher.bucket() as bucket:
-            retention = await bucket.retention()
+            retention = await bucket.log.retention()
             if retention.epoch != mark.epoch:
                 raise ValueError(f"cursor {cursor} is not of this bucket (epoch {retention.epoch})")
             if retention.head <= mark.position:
@@ -77,8 +77,8 @@ class Faults:
                 )
             for _ in range(TRIM_ATTEMPTS):
                 # maxAge 1 ms: everything committed before the last millisecond goes.
-                removed += await bucket.trim(0.001)
-                if (await bucket.retention()).trimmed >= retention.head:
+                removed += await bucket.log.trim(0.001)
+                if (await bucket.log.retention()).trimmed >= retention.head:
                     return removed
                 await asyncio.sleep(0.001)  # Redis' clock must pass the head's millisecond
         raise AssertionError(f"the log was not trimmed past {cursor}")

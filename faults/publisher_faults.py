@@ -62,7 +62,7 @@ async def _trimmed_past(bucket: ChangeBucket, cursor: str, within: float) -> Non
     publisher runs every second: there is no event to wait on but the horizon itself)."""
     position = Cursor.decode(cursor).position
     deadline = time.monotonic() + scaled(within)
-    while (await bucket.retention()).trimmed < position:
+    while (await bucket.log.retention()).trimmed < position:
         if time.monotonic() > deadline:
             raise AssertionError(f"the log was not trimmed past {cursor} in {within} s")
         await asyncio.sleep(0.05)
@@ -77,7 +77,7 @@ async def _paced(writer: Writer, n: int) -> None:
 async def _behind_trim(size: Size, rig: Rig, paused: PublisherProcess, config: Path,
                        trim: bool, name: str) -> Row:
     """Pause `paused` (SIGSTOP), commit `size.trim_commits` changes at once, let the log be
-    trimmed to MAX_ITEMS past `paused`'s tail (by `bucket.trim` when `trim`, else by another
+    trimmed to MAX_ITEMS past `paused`'s tail (by `bucket.log.trim` when `trim`, else by another
     publisher's GC), then SIGCONT: `paused`'s listeners are owed every change, or a Resync."""
     assert paused.process is not None
     for recorder in rig.recorders:
@@ -89,7 +89,7 @@ async def _behind_trim(size: Size, rig: Rig, paused: PublisherProcess, config: P
     try:
         burst = await writer.commit_many(size.trim_commits)
         if trim:
-            await writer.bucket.trim(None, max_items=MAX_ITEMS)
+            await writer.bucket.log.trim(None, max_items=MAX_ITEMS)
         await _trimmed_past(writer.bucket, burst[0].cursor or "", within=10)
         await asyncio.sleep(max(0.0, size.fault - (time.monotonic() - started)))  # hold it
     finally:

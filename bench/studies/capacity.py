@@ -56,7 +56,7 @@ async def measure(url: str) -> dict[str, float]:
     client = aioredis.Redis.from_url(url)
     bucket = ChangeBucket(connect(url), "capacity")
     try:
-        await bucket.ensure()
+        await bucket.log.ensure()
         before = await _memory(client)
         changes = [Change("vm", object_id(n % 1000), ("nic",)) for n in range(LOG_CHANGES)]
         for start in range(0, LOG_CHANGES, BATCH * 10):
@@ -67,7 +67,7 @@ async def measure(url: str) -> dict[str, float]:
         started = time.perf_counter()
         after, read = ZERO, 0
         while True:
-            page = await bucket.read(after, count=READ_PAGE)
+            page = await bucket.log.read(after, count=READ_PAGE)
             if not page:
                 break
             read += len(page)
@@ -76,7 +76,7 @@ async def measure(url: str) -> dict[str, float]:
         read_seconds = time.perf_counter() - started
 
         await client.flushall()
-        await bucket.ensure()
+        await bucket.log.ensure()
         before = await _memory(client)
         puts = [Change.put("vm", object_id(n), ("state",), state(n)) for n in range(OBJECTS)]
         cpu = await _cpu(client)

@@ -119,7 +119,7 @@ Bugs the nemesis found, each fixed at its cause with a regression test of its ow
   witness is older than the current epoch's beginning (`{{name}}:epoch:at`: a bucket created
   again after Redis came back empty announced its loss by the epoch change already): every
   publisher closes its listeners with 4009, the loss is announced.
-  tests/publisher/bucket/test_bucket_witness.py
+  tests/publisher/bucket/log/test_commits.py
   `test_a_commit_with_a_witness_of_a_history_this_bucket_never_held_starts_a_new_epoch`.
 - **Kept connections stayed on a master of a split brain** (seed 12, 60 s: the feed reader,
   which moves between publisher 2, following the sentinels through its proxy, and publisher 0,
@@ -129,14 +129,15 @@ Bugs the nemesis found, each fixed at its cause with a regression test of its ow
   and closes only idle ones when the master moved. `SentinelPool` now asks every second while
   in use and closes every connection, in use too, once the sentinels name another master; the
   seed's next three runs were clean.
-  tests/publisher/bucket/test_bucket_sentinel.py
+  tests/publisher/bucket/redis/test_sentinel_pool.py
   `test_a_kept_connection_leaves_a_master_the_sentinels_replaced`.
 - **... and a connection in use still stayed there** (CI, seed 12, 60 s: the pull reader got
   713 items twice; one publisher answered `events` from the old master and the new one by turns
   for ten seconds, two epochs). redis-py's own look at the sentinels, made by every new
   connection, records the new master before the pool's look does, so the pool saw no change.
   Now every look, the pool's and each new connection's, closes every connection that leads to
-  another node than the master the sentinels name. tests/publisher/bucket/test_bucket_sentinel.py
+  another node than the master the sentinels name.
+  tests/publisher/bucket/redis/test_sentinel_pool.py
   `test_a_new_connection_that_finds_a_new_master_closes_those_in_use`.
 - **A tail ended silently and its publisher stayed ready** (seed 5079, 60 s: a connection
   closed under its handshake by the look above raised uvloop's `RuntimeError`, which no handler
@@ -169,7 +170,7 @@ Bugs the nemesis found, each fixed at its cause with a regression test of its ow
   partition and a fingerprint of its resource id, looked up (`XRANGE id id`) in the Redis that
   runs the next commit, one per connection with acknowledgements not checked since; one the
   Redis lacks starts a new epoch, whatever the epochs and heads (`{{name}}:epochs` and
-  `{{name}}:epoch:from` are gone). tests/publisher/bucket/test_bucket_witness.py
+  `{{name}}:epoch:from` are gone). tests/publisher/bucket/log/test_commits.py
   `test_a_witness_the_winner_lacks_starts_a_new_epoch_whatever_its_epoch_and_head` and
   `test_a_client_acknowledged_by_both_sides_at_once_keeps_a_witness_of_each` (both fail before).
 - **A publisher whose tail had not read a new epoch registered listeners in the old one** (the
@@ -191,7 +192,7 @@ Bugs the nemesis found, each fixed at its cause with a regression test of its ow
   demoted it 9.5 s later. For about a second publishers read the two epochs by turns, and the
   reader restarted from the old side's newest cursor, behind a change it had. Now the pool's
   connections (`FollowingConnection`) open again only to the master the sentinels name, and the
-  pool closes without waiting on a paused peer. tests/publisher/bucket/test_bucket_sentinel.py
+  pool closes without waiting on a paused peer. tests/publisher/bucket/redis/test_sentinel_pool.py
   `test_a_read_on_a_connection_closed_for_the_old_master_goes_to_the_new_one` (fails before).
 - **The Spark writers counted fewer tries than writes** (a bug of the nemesis, not the product;
   seed 7, 90 s, `--spark`: "received, never acknowledged"). A failover can lose a try's write and

@@ -1,21 +1,20 @@
 """The change bucket and the authoritative store, in Redis.
 
-    keys.py       the key layout of a bucket or shard (`Keys`) and the partition of a change
-    values.py     what goes in and comes out: `Change`, `LogEntry`, `StatePage`, `Committed`, ...
-    vector.py     a position in every shard (`Vector`): what a cursor names
-    markers.py    the keyset marker of bootstrap pages
-    scripts.py    the Lua scripts (`*.lua` beside it), loaded with importlib.resources
-    connection.py `connect` (any Redis URL) and the one place where redis-py's errors become ours
-    commits.py    one shard's commit path (`Committer`): commit.lua calls, single or streamed
-    shard.py      `Shard`: one slot-local log with one id sequence (tail, reads, trim, pages)
-    layout.py     which shards a bucket has: the one place that tells a Redis Cluster apart
-    core.py, writes.py, reads.py, client.py
-                  `ChangeBucket` (its shards and epoch, its commit path, its reads) and
-                  `open_bucket`
-    fleet.py, ledgers.py, cursor_sets.py, durable.py
-                  small stores of bucket-wide keys: the fleet's reports (`bucket.fleet`), the
-                  Spark ledgers (`bucket.ledgers`), the feed's cursor sets (`bucket.cursor_sets`),
-                  the durable consumers (`DurableStore`)
+    client.py     `ChangeBucket`, the service author's face (commit, commit_many, publish, get,
+                  page, wait_for_replicas, aclose), and `open_bucket`
+    log/          the log over the bucket's shards, a single Redis being one shard: `Log`
+                  (log.py: tail, reads, trim, epoch, pages: what the publisher uses, as
+                  `ChangeBucket.log`), its commits (writes.py), a shard (shard.py) and its
+                  commit path (commits.py), which shards a bucket has (layout.py)
+    values/       pure values: changes, log entries, pages and commits (changes.py), the key
+                  layout (keys.py), positions (vector.py), bootstrap markers (markers.py), the
+                  check of a change against the resources (validation.py)
+    stores/       small stores of bucket-wide keys: the fleet's reports, the Spark ledgers, the
+                  feed's cursor sets, the durable consumers
+    redis/        the transport: `connect` (any Redis URL) and the one place where redis-py's
+                  errors become ours (connection.py), a kept connection (channel.py), RESP
+                  (resp.py), Sentinel, Redis Cluster URLs and routing, the embedded server
+    lua/          the Lua scripts (`*.lua`), loaded with importlib.resources (scripts.py)
 
 This module re-exports what the rest of the tree uses.
 """
@@ -31,12 +30,11 @@ from publisher.bucket.client import (
     StreamStats,
     open_bucket,
 )
-from publisher.bucket.connection import connect, translate_redis_errors
-from publisher.bucket.keys import Keys, partition_of
-from publisher.bucket.markers import decode_marker, encode_marker
-from publisher.bucket.scripts import COMMIT
-from publisher.bucket.shard import TRIM_BATCH, Shard
-from publisher.bucket.values import (
+from publisher.bucket.log.log import Log
+from publisher.bucket.log.shard import TRIM_BATCH, Shard
+from publisher.bucket.lua.scripts import COMMIT
+from publisher.bucket.redis.connection import connect, translate_redis_errors
+from publisher.bucket.values.changes import (
     MAX_ID_BYTES,
     Change,
     Committed,
@@ -52,7 +50,9 @@ from publisher.bucket.values import (
     merge_partitions,
     parse_entry,
 )
-from publisher.bucket.vector import Vector, decode_vector, parse_vector
+from publisher.bucket.values.keys import Keys, partition_of
+from publisher.bucket.values.markers import decode_marker, encode_marker
+from publisher.bucket.values.vector import Vector, decode_vector, parse_vector
 
 COMMIT_LUA = COMMIT.text
 """The commit script's text, for a test that must commit with a synchronous client."""
@@ -72,6 +72,7 @@ __all__ = [
     "EncodedBatch",
     "KeyOf",
     "Keys",
+    "Log",
     "LogEntry",
     "LogRead",
     "Op",

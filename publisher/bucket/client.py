@@ -1,8 +1,13 @@
 """`ChangeBucket`: the change bucket and the authoritative store, in Redis.
 
-A bucket is a set of shards (`publisher.bucket.shard`), each a slot-local log with one id
+The service author's face: `commit`, `commit_many`, `publish`, `get`, `page`,
+`wait_for_replicas`, `aclose`. What the publisher itself does with the bucket (its tail, reads,
+trim, epoch) goes through `ChangeBucket.log` (`publisher.bucket.log.log.Log`), and the small
+stores of bucket-wide keys through `fleet`, `ledgers`, `cursor_sets` and `durables`.
+
+A bucket is a set of shards (`publisher.bucket.log.shard`), each a slot-local log with one id
 sequence whose scripts (commit, tail, read, retention, trim, page) run on one Redis; which shards
-a bucket has is decided from its client by `publisher.bucket.layout`, and nowhere else:
+a bucket has is decided from its client by `publisher.bucket.log.layout`, and nowhere else:
 
 - a single Redis or a Sentinel-managed Redis: one shard holding every partition (they share one
   id sequence): the bucket is `ordered`, a total order of its items, and its cursor is
@@ -20,38 +25,38 @@ the fleet's reports, feed cursor sets, Spark ledgers and durable consumers.
 `commit` writes the state and appends the item in one Lua script, so the store and the bucket
 never disagree. `trim` removes items older than maxAge and records the horizon; it is idempotent,
 so every publisher on a bucket may run it. redis-py's errors become ours in
-`publisher.bucket.connection` and nowhere else.
+`publisher.bucket.redis.connection` and nowhere else.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+import asyncio
+from collections.abc import Iterable, Sequence
 from functools import cached_property
+from typing import Any
 
+import redis.asyncio as aioredis
+
+from changefeed.errors import BucketUnavailable, ReplicationTimeout
 from changefeed.protocol import Resource
-from publisher.bucket.cluster_url import is_cluster_url
-from publisher.bucket.commits import StreamStats
-from publisher.bucket.connection import POOL_SIZE, POOL_TIMEOUT, connect
-from publisher.bucket.core import IDEMPOTENCY_KEYS
-from publisher.bucket.cursor_sets import CursorSets
-from publisher.bucket.fleet import FleetStore
-from publisher.bucket.layout import Settings
-from publisher.bucket.ledgers import SparkLedgers
-from publisher.bucket.reads import BucketReads
-from publisher.bucket.writes import (
-    BATCH,
-    REPLICAS_TIMEOUT,
-    Batch,
-    BucketWrites,
-    EncodedBatch,
-    KeyOf,
-)
+from publisher.bucket.log.commits import StreamStats
+from publisher.bucket.log.layout import Settings
+from publisher.bucket.log.log import IDEMPOTENCY_KEYS, Log
+from publisher.bucket.log.writes import BATCH, Batch, EncodedBatch, KeyOf
+from publisher.bucket.redis.cluster_url import is_cluster_url
+from publisher.bucket.redis.connection import POOL_SIZE, POOL_TIMEOUT, connect
+from publisher.bucket.stores.cursor_sets import CursorSets
+from publisher.bucket.stores.durable import DurableStore
+from publisher.bucket.stores.fleet import FleetStore
+from publisher.bucket.stores.ledgers import SparkLedgers
+from publisher.bucket.values.changes import Change, Piece, StatePage
+
+REPLICAS_TIMEOUT = 2.0
+"""Seconds `commit(..., replicas=N)` waits for the replicas by default."""
 
 
-class ChangeBucket(BucketWrites, BucketReads):
-    """Commits changes, reads the log and the store, and trims: one bucket, in a single Redis,
-    a Sentinel-managed Redis or a Redis Cluster (the client says which: see the module's
-    docstring). Its commit path is `BucketWrites`, its reads `BucketReads`, its shards and epoch
-    `BucketCore`.
+class ChangeBucket:
+    """Commits changes and reads the store: one bucket, in a single Redis, a Sentinel-managed
+    Redis or a Redis Cluster (the client says which: see the module's docstring).
 
     `partitions` is the partition count the bucket must have (the configured one); None accepts
     whatever the bucket was created with (1 for a new bucket). `idempotency_keys` bounds how many
@@ -60,6 +65,151 @@ class ChangeBucket(BucketWrites, BucketReads):
     >>> bucket = ChangeBucket(connect("redis://127.0.0.1:6379/0"), "changefeed", resources)
     >>> cursor = await bucket.commit("vm", vm_uuid, ["nic"], state, key=request_id)
     """
+
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        name: str,
+        resources: Iterable[Resource] | None = None,
+        partitions: int | None = None,
+        *,
+        idempotency_keys: int = IDEMPOTENCY_KEYS,
+    ) -> None:
+        self.redis = client
+        """The redis-py client: the bucket's own. Other modules use the methods."""
+        self.name = name
+        self.log = Log(client, name, resources, partitions, idempotency_keys=idempotency_keys)
+        """The log over the bucket's shards: the publisher's interface to it (tail, reads,
+        trim, epoch, retention, pages)."""
+        self.keys = self.log.keys
+
+    # --- committing ----------------------------------------------------------------------
+
+    async def commit(
+        self,
+        resource: str,
+        id: str,
+        sub_resources: Sequence[str],
+        state: Any = None,
+        *,
+        delete: bool = False,
+        key: str | None = None,
+        replicas: int = 0,
+        replicas_timeout: float = REPLICAS_TIMEOUT,
+    ) -> str:
+        """Store `state` (or delete it) and append the change item atomically; return its cursor.
+
+        A commit retried with the same idempotency `key` returns the first one's cursor and
+        writes nothing. With `replicas`, it returns only once that many replicas have the commit
+        (Redis WAIT), else raises ReplicationTimeout after `replicas_timeout` seconds (the
+        commit is written on the master all the same).
+
+        >>> cursor = await bucket.commit("vm", vm_uuid, ["nic"], {"uuid": vm_uuid}, key=request_id)
+        """
+        change = (
+            Change.delete(resource, id, sub_resources)
+            if delete
+            else Change.put(resource, id, sub_resources, state)
+        )
+        cursors = await self.commit_replicated(
+            [change], key=key, replicas=replicas, timeout=replicas_timeout
+        )
+        return cursors[0]
+
+    async def commit_many(self, changes: Iterable[Change], *, key: str | None = None) -> list[str]:
+        """Commit changes atomically per batch of BATCH, in order; returns their cursors.
+
+        Every change is validated before anything is sent; each batch is then encoded while
+        Redis runs the ones before it (up to WINDOW in flight), so a state that orjson cannot
+        encode fails its batch, after the batches before it are in. With an idempotency `key`,
+        batch n of the call is committed under `key` (n = 0) or `key#n`: a call retried with the
+        same key and the same changes writes only the batches that did not get in, and returns
+        every change's original cursor. In a Redis Cluster partition p's batches are committed
+        under `key/p` and `key/p#n`: a commit over several partitions is atomic per partition.
+
+        >>> cursors = await bucket.commit_many([Change.put("vm", id, ["nic"], state)], key=k)
+        """
+        changes = list(changes)
+        validate = self.log.validator.validate
+        for change in changes:
+            validate(change)
+        return await self.log.commit_many(changes, key)
+
+    async def commit_replicated(
+        self,
+        changes: Iterable[Change],
+        *,
+        key: str | None = None,
+        replicas: int = 0,
+        timeout: float = REPLICAS_TIMEOUT,
+    ) -> list[str]:
+        """`commit_many`, then wait until `replicas` replicas have the changes (none: no wait).
+
+        Raises ReplicationTimeout (with the cursors) when fewer replicas confirmed them within
+        `timeout` seconds: they are written on the master, and lost if it fails before a
+        replica has them.
+
+        >>> cursors = await bucket.commit_replicated(changes, key=k, replicas=1)
+        """
+        if replicas <= 0:
+            return await self.commit_many(changes, key=key)
+        changes = list(changes)
+        cursors = await self.commit_many(changes, key=key)
+        await self._replicated(changes, cursors, replicas, timeout)
+        return cursors
+
+    async def _replicated(
+        self, changes: Sequence[Change], cursors: list[str], replicas: int, timeout: float
+    ) -> None:
+        """Wait until `replicas` replicas of every shard written have the changes; raise
+        ReplicationTimeout (with the cursors) when fewer confirmed within `timeout`."""
+        written = {id(s): s for s in [await self.log.shard_of(c.changed_resource_id)
+                                      for c in changes]}
+        try:
+            counts = await asyncio.gather(
+                *(shard.wait_for_replicas(replicas, timeout) for shard in written.values())
+            )
+        except BucketUnavailable as exc:
+            raise ReplicationTimeout(
+                f"commit: written on the master, but whether {replicas} replica(s) have "
+                f"it is unknown: {exc}", cursors, replicas, 0,
+            ) from exc
+        acknowledged = min(counts, default=replicas)
+        if acknowledged < replicas:
+            raise ReplicationTimeout(
+                f"commit: written on the master, but only {acknowledged} of {replicas} "
+                f"replica(s) confirmed it within {timeout:g} s",
+                cursors, replicas, acknowledged,
+            )
+
+    async def wait_for_replicas(self, replicas: int, timeout: float) -> int:
+        """Wait up to `timeout` seconds until `replicas` replicas have every write the masters
+        acknowledged before this call; returns how many had them on the master that had fewest
+        (Redis WAIT, on each shard's master: `Shard.wait_for_replicas`)."""
+        return min(await self.log.wait_for_replicas(replicas, timeout))
+
+    async def publish(
+        self, resource: str, id: str, sub_resources: Sequence[str], *, key: str | None = None
+    ) -> str:
+        """Append a change item only (the service's store lives elsewhere). Returns the cursor."""
+        return (await self.commit_many([Change.publish(resource, id, sub_resources)], key=key))[0]
+
+    async def publish_many(
+        self, changes: Iterable[tuple[str, str, Sequence[str]]], *, key: str | None = None
+    ) -> list[str]:
+        """`publish` of several changes, committed as `commit_many` commits them."""
+        return await self.commit_many((Change.publish(r, i, s) for r, i, s in changes), key=key)
+
+    # --- reading the store ---------------------------------------------------------------
+
+    async def get(self, resource: str, id: str) -> bytes | None:
+        """The stored state of one resource object as JSON bytes, or None."""
+        return await self.log.get(resource, id)
+
+    async def page(self, resource: str, after_id: str | None, limit: int) -> StatePage:
+        """Up to `limit` stored states of `resource` with ids after `after_id`, in id order."""
+        start = "-" if after_id is None else "(" + after_id
+        return await self.log.page_pieces(resource, [Piece(start, "+")], limit)
 
     # --- small stores of bucket-wide keys ({name}) ---------------------------------------
 
@@ -78,9 +228,13 @@ class ChangeBucket(BucketWrites, BucketReads):
         """The cursor sets feed consumers store (save_cursors, load_cursors)."""
         return CursorSets(self.redis, self.keys)
 
+    @cached_property
+    def durables(self) -> DurableStore:
+        """The durable pull consumers of this bucket."""
+        return DurableStore(self.redis, self.keys)
+
     async def aclose(self) -> None:
-        for shard in self._shards:
-            await shard.aclose()
+        await self.log.aclose()
         await self.redis.aclose()
 
 

@@ -29,7 +29,7 @@ import structlog
 from changefeed.errors import BucketUnavailable, CaptureError, ChangeError
 from changefeed.protocol import Resource
 from publisher.bucket import BATCH, Change, ChangeBucket
-from publisher.bucket.capture_marks import CaptureMarks, Mark
+from publisher.bucket.stores.capture_marks import CaptureMarks, Mark
 from publisher.capture import pgoutput as po
 from publisher.capture.assemble import Transaction
 from publisher.capture.rows import RowChange, SetAside, plan
@@ -120,7 +120,7 @@ class CaptureRunner:
         mark = await self._retry(partial(self.marks.read, self.config.slot), "capture mark")
         if mark is None:
             return None
-        epoch = await self._retry(self.bucket.current_epoch, "read the epoch")
+        epoch = await self._retry(self.bucket.log.current_epoch, "read the epoch")
         return mark if epoch == mark.epoch else None
 
     async def copy_rows(self, rows: list[RowChange]) -> set[tuple[str, str]]:
@@ -150,9 +150,9 @@ class CaptureRunner:
             for start in range(0, len(stale), BATCH):
                 chunk = stale[start : start + BATCH]
                 await self._retry(partial(self.bucket.commit_many, chunk), "copy")
-        epoch = await self._retry(self.bucket.ensure, "epoch")
-        epoch = await self._retry(partial(self.bucket.renew_epoch, epoch), "epoch") or epoch
-        vector = await self._retry(self.bucket.head, "head")
+        epoch = await self._retry(self.bucket.log.ensure, "epoch")
+        epoch = await self._retry(partial(self.bucket.log.renew_epoch, epoch), "epoch") or epoch
+        vector = await self._retry(self.bucket.log.head, "head")
         head = str(vector.positions[0]) if vector is not None else ""
         mark = await self._retry(partial(self.marks.write, self.config.slot, epoch, lsn, head),
                                  "capture mark")
@@ -173,7 +173,7 @@ class CaptureRunner:
                       "copying the tables again", slot=self.config.slot)
             return False
         todo = [(txn, key) for txn, key, was in zip(txns, keys, known, strict=True)
-                if not (was and not self.bucket.sharded)]
+                if not (was and self.bucket.log.ordered)]
         if len(todo) < len(txns):
             log.info("capture: transactions sent again were applied already",
                      count=len(txns) - len(todo))
@@ -224,7 +224,7 @@ class CaptureRunner:
         stored: dict[tuple[str, str], Any] = {}
         for resource, ids in wanted.items():
             ordered = sorted(ids)
-            states = await self._retry(partial(self.bucket.states, resource, ordered), "states")
+            states = await self._retry(partial(self.bucket.log.states, resource, ordered), "states")
             for id, state in zip(ordered, states, strict=True):
                 stored[(resource, id)] = None if state is None else orjson.loads(state)
         return stored
@@ -251,7 +251,7 @@ class CaptureRunner:
         out = []
         for change in changes:
             try:
-                self.bucket.validate(change)
+                self.bucket.log.validate(change)
             except ChangeError as exc:
                 set_aside.append(SetAside(change.resource, change.changed_resource_id,
                                           str(exc), lsn))
@@ -265,9 +265,9 @@ class CaptureRunner:
         changes (applied already)."""
         if not batches:
             return []
-        if not self.bucket.sharded:
+        if self.bucket.log.ordered:
             try:
-                done = await self._retry(partial(self.bucket.commit_batches, batches), "commit")
+                done = await self._retry(partial(self.bucket.log.commit_batches, batches), "commit")
             except ChangeError as exc:
                 if "idempotency key" not in str(exc):
                     raise
@@ -277,12 +277,12 @@ class CaptureRunner:
 
     async def _commit_one(self, changes: list[Change], key: str) -> str | None:
         try:
-            if self.bucket.sharded:
+            if not self.bucket.log.ordered:
                 commit = partial(self.bucket.commit_many, changes, key=key)
                 cursors = await self._retry(commit, "commit")
                 return cursors[0].split(".", 1)[0]
             (committed,) = await self._retry(
-                partial(self.bucket.commit_batches, [(changes, key)]), "commit")
+                partial(self.bucket.log.commit_batches, [(changes, key)]), "commit")
         except ChangeError as exc:
             if "idempotency key" not in str(exc):
                 raise

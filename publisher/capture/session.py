@@ -28,7 +28,7 @@ from typing import Any, Protocol, TypeVar
 import structlog
 
 from changefeed.errors import CaptureError
-from publisher.bucket.capture_marks import Mark
+from publisher.bucket.stores.capture_marks import Mark
 from publisher.capture import database
 from publisher.capture import pgoutput as po
 from publisher.capture.assemble import Assembler, Transaction

@@ -68,7 +68,7 @@ def install(config_path: Path) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
 def status(config_path: Path, redis_url: str | None, as_json: bool) -> None:
     """The slot, its lag, the streaming publisher, the copy and the rows set aside."""
-    from publisher.bucket.capture_marks import CaptureMarks
+    from publisher.bucket.stores.capture_marks import CaptureMarks
     from publisher.capture.status import read_status
 
     config = _load(config_path, redis_url=redis_url)

@@ -24,7 +24,7 @@ from changefeed.client_options import credential_options
 from changefeed.credentials import Credentials, pick_token
 from changefeed.errors import ChangefeedError, ReplicationTimeout
 from publisher.bucket import REPLICAS_TIMEOUT, Change, open_bucket
-from publisher.bucket.embedded import EmbeddedRedis
+from publisher.bucket.redis.embedded import EmbeddedRedis
 from publisher.cli.seen import wait_seen_by_options
 from publisher.config.logs import set_level
 from publisher.config.settings import Config, load_config

@@ -18,9 +18,9 @@ from changefeed import configjs as cj
 from changefeed import longpoll
 from changefeed.errors import ConfigError
 from changefeed.protocol import Resource
-from publisher.bucket.cluster_url import cluster_section
-from publisher.bucket.sentinel import redis_url as any_redis_url
-from publisher.bucket.sentinel import sentinel_section
+from publisher.bucket.redis.cluster_url import cluster_section
+from publisher.bucket.redis.sentinel import redis_url as any_redis_url
+from publisher.bucket.redis.sentinel import sentinel_section
 from publisher.config.capture import Capture, parse_capture
 from publisher.config.checks import (
     BUCKET_KEYS,

@@ -47,7 +47,7 @@ class TotalOrder:
 
     def vector(self, epoch: str, head: StreamId) -> Vector:
         """Everything delivered, the window's head being `head`."""
-        return Vector(epoch, (head,))
+        return Vector(epoch, (head,), False)
 
     def position(self, shard: int, head: StreamId) -> StreamId:
         """What was delivered of shard `shard`, the window's head being `head`."""
@@ -77,7 +77,7 @@ class TotalOrder:
 
     def vector_at(self, epoch: str, position: StreamId) -> Vector | None:
         """The vector of window position `position`: the position itself."""
-        return Vector(epoch, (position,))
+        return Vector(epoch, (position,), False)
 
     def window_position(self, start: Vector) -> StreamId | None:
         """The window position the stream after `start` goes on from, when the window may
@@ -89,7 +89,7 @@ class TotalOrder:
     ) -> tuple[Vector, StreamId]:
         """Up to where a resume replays from Redis (the window's base), and the window
         position it then goes on from."""
-        return Vector(epoch, (base,)), base
+        return Vector(epoch, (base,), False), base
 
 
 class Stamped:
@@ -176,7 +176,7 @@ Order = TotalOrder | Stamped
 def order_of(bucket: Any) -> Order:
     """The order for `bucket`'s hub: `TotalOrder` for an ordered bucket (or none, in a
     benchmark of the fan-out alone), else `Stamped`."""
-    return Stamped() if bucket is not None and not bucket.ordered else TotalOrder()
+    return Stamped() if bucket is not None and not bucket.log.ordered else TotalOrder()
 
 
 __all__ = ["Order", "Stamped", "StampedEntry", "TotalOrder", "order_of"]

@@ -82,17 +82,17 @@ async def start_of(hub: Hub, since: str | None) -> tuple[Vector, bool]:
     cursor: Vector | None = None
     if since is not None:
         try:
-            cursor = await bucket.decode_cursor(since)
+            cursor = await bucket.log.decode_cursor(since)
         except CursorError:
-            if bucket.ordered:
+            if bucket.log.ordered:
                 raise
             parse_vector(since)  # not a cursor at all: refused on any bucket
-    retentions = await bucket.retentions()
+    retentions = await bucket.log.retentions()
     # Redis's epoch too: another publisher may have started a new one (a rollback) that this
     # one's tail has not read yet (a shard of a bucket in a Redis Cluster holds a copy).
     current = all(r.epoch == hub.epoch for r in retentions)
-    if current and not bucket.ordered:
-        current = await bucket.current_epoch() == hub.epoch
+    if current and not bucket.log.ordered:
+        current = await bucket.log.current_epoch() == hub.epoch
     if (
         cursor is not None
         and current
@@ -161,7 +161,7 @@ async def replay_shards(hub: Hub, conn: Subscriber, start: Vector, until: Vector
     past its position, a new epoch)."""
     composite = start.composite
     vector = start
-    shards = await hub.bucket.shards()
+    shards = await hub.bucket.log.shards()
     for s, shard in enumerate(shards):
         position, end = start.positions[s], until.positions[s]
         while position < end and not conn.closing:

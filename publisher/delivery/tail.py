@@ -172,7 +172,7 @@ class Tail:
         """Make run() return. A blocked read is abandoned (its connection aborted), not awaited
         to its end."""
         self._stopping.set()
-        self.bucket.abandon_reads()
+        self.bucket.log.abandon_reads()
 
     async def _read(self, s: int) -> LogRead | None:
         """The next read of shard `s`, or None when stopping. An ordered bucket's runs in run()'s
@@ -190,12 +190,12 @@ class Tail:
             raise
 
     async def _heads(self) -> list[LogRead]:
-        self._shards = await self.bucket.shards()
+        self._shards = await self.bucket.log.shards()
         return list(await asyncio.gather(*(s.tail(ZERO, None, 0) for s in self._shards)))
 
     async def start(self) -> None:
         """Learn the epoch and each shard's head; the window starts there."""
-        epoch = await self.bucket.ensure()
+        epoch = await self.bucket.log.ensure()
         reads = await self._heads()
         self._restart(reads)
         self.hub.restart(epoch, [read.head for read in reads])
@@ -351,12 +351,12 @@ class Tail:
         old = hub.epoch
         listeners = len(hub.connections)
         seen = " ".join(map(str, hub.vector.positions))
-        rollback = fault.rollback or (read.epoch is None and not self.bucket.ordered)
+        rollback = fault.rollback or (read.epoch is None and not self.bucket.log.ordered)
         if rollback:
-            await self.bucket.renew_epoch(old)
+            await self.bucket.log.renew_epoch(old)
         # The epoch as it now is; created with the bucket if it has none (Redis came back
         # empty), and the partition count checked again.
-        epoch = await self.bucket.ensure()
+        epoch = await self.bucket.log.ensure()
         reads = [read] if len(self._shards) == 1 else await self._heads()
         self._restart(reads)
         heads = [r.head for r in reads]

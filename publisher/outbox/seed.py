@@ -47,9 +47,9 @@ async def reseed(
             continue
         put, deleted = await seed_resource(conn, bucket, resource, query)
         log.info("outbox: store re-seeded", resource=name, put=put, deleted=deleted)
-    epoch = await bucket.current_epoch()
+    epoch = await bucket.log.current_epoch()
     if renew and epoch is not None:
-        epoch = await bucket.renew_epoch(epoch) or None
+        epoch = await bucket.log.renew_epoch(epoch) or None
     return epoch
 
 

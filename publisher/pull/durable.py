@@ -1,5 +1,5 @@
 """Durable pull consumers: create, fetch with a long poll, settle, delete (the publisher's half;
-the wire formats are `changefeed.durable`, the state in Redis `publisher.bucket.durable`).
+the wire formats are `changefeed.durable`, the state in Redis `publisher.bucket.stores.durable`).
 
 A fetch first hands out again the items whose deadline passed (an expired ack wait, a nak's
 delay), then reads the log after the consumer's position, keeps what its filter matches (up to
@@ -35,7 +35,7 @@ from changefeed.durable import (
 from changefeed.errors import ConsumerExists, CursorGone, NoSuchConsumer
 from changefeed.protocol import Resource
 from publisher.bucket import ChangeBucket, LogEntry
-from publisher.bucket.durable import COUNTERS, DurableStore, Redelivered, dead_to_wire
+from publisher.bucket.stores.durable import COUNTERS, Redelivered, dead_to_wire
 from publisher.config.settings import Durable as DurableSettings
 from publisher.delivery.hub import Hub
 
@@ -59,7 +59,7 @@ class Durables:
         resources: Mapping[str, Resource],
     ) -> None:
         self.bucket = bucket
-        self.store = DurableStore(bucket)
+        self.store = bucket.durables
         self.hub = hub
         self.settings = settings
         self.resources = resources
@@ -98,10 +98,10 @@ class Durables:
 
     async def _start(self, start: str) -> tuple[str, StreamId]:
         """The epoch and the position a new consumer starts after."""
-        retention = await self.bucket.retention()
+        retention = await self.bucket.log.retention()
         if retention.epoch is None:
-            await self.bucket.ensure()
-            retention = await self.bucket.retention()
+            await self.bucket.log.ensure()
+            retention = await self.bucket.log.retention()
         epoch = retention.epoch or ""
         if start == FIRST:
             return epoch, retention.trimmed
@@ -208,7 +208,7 @@ class Durables:
         pending = red.pending
         dead = 0
         for _ in range(SCANS):
-            read = await self.bucket.tail(position, None, SCAN)
+            read = await self.bucket.log.tail(position, None, SCAN)
             if read.epoch is None:
                 return out, pending, dead, read.head  # no bucket yet: wait for a commit
             renewed = None
@@ -216,7 +216,7 @@ class Durables:
             if read.epoch != epoch:
                 renewed = read.epoch  # the bucket was recreated: its new log from the start
                 base = ZERO
-                read = await self.bucket.tail(ZERO, None, SCAN)
+                read = await self.bucket.log.tail(ZERO, None, SCAN)
                 if read.epoch != renewed:
                     continue
             gap = (base, read.trimmed) if read.trimmed > base else None

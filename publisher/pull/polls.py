@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from changefeed import feed
-from changefeed.cursor import ZERO, CompositeCursor, Cursor, StreamId, is_composite
+from changefeed.cursor import ZERO, Cursor, Position, StreamId, is_composite
 from changefeed.errors import CursorError, CursorGone, ParamError
 from changefeed.longpoll import EventFilter, EventsReply, EventsRequest
 from changefeed.protocol import ChangeItem
@@ -53,8 +53,8 @@ def _edges(epoch: str, retentions: Sequence[Retention], ordered: bool) -> tuple[
         return (Cursor(epoch, retention.oldest).encode(),
                 Cursor(epoch, retention.head).encode())
     return (
-        CompositeCursor(epoch, tuple(r.trimmed for r in retentions)).encode(),
-        CompositeCursor(epoch, tuple(r.head for r in retentions)).encode(),
+        Position(epoch, tuple(r.trimmed for r in retentions)).encode(),
+        Position(epoch, tuple(r.head for r in retentions)).encode(),
     )
 
 
@@ -79,7 +79,7 @@ async def scan(
 ) -> Scan:
     """The eligible items after `start` (and before `before`, an ordered bucket's), oldest
     first by stream id, each with the cursor of everything scanned up to it, and `more`."""
-    shards = await bucket.shards()
+    shards = await bucket.log.shards()
     vector = reach = start
     found: list[ChangeItem] = []
     while True:
@@ -111,7 +111,7 @@ async def scan_newest(
     found: list[LogEntry] = []
     upper = before
     while True:
-        entries = await bucket.read_newest(upper, after, SCAN)
+        entries = await bucket.log.read_newest(upper, after, SCAN)
         more = select(entries, request.filter, request.max_results, found)
         if more or len(entries) < SCAN:
             break
@@ -126,14 +126,14 @@ async def _bounds(
     """Where a request's scan starts, its `after` and `before` as this bucket's vectors, and
     why the client missed items (None: it did not): a cursor of another kind or epoch is
     ignored, an `after` trimmed in any shard is missed."""
-    start = bucket.vector(epoch, [ZERO] * len(retentions))
+    start = bucket.log.vector(epoch, [ZERO] * len(retentions))
     after: Vector | None = None
     before: Vector | None = None
     for name, cursor in (("after", request.after), ("before", request.before)):
         if cursor is None:
             continue
         try:
-            vector = await bucket.decode_cursor(cursor.encode())
+            vector = await bucket.log.decode_cursor(cursor.encode())
         except CursorError as exc:
             return start, None, None, exc.why
         if vector.epoch != epoch:
@@ -150,11 +150,11 @@ async def _bounds(
 
 async def answer(bucket: ChangeBucket, hub: Hub, request: EventsRequest) -> EventsReply:
     """Run one `events` request: scan, and wait for new items when the ADR says so."""
-    if not bucket.ordered and (request.before is not None or not request.oldest_first):
+    if not bucket.log.ordered and (request.before is not None or not request.oldest_first):
         raise ParamError(NOT_ORDERED)
     loop_time = asyncio.get_running_loop().time
     deadline = loop_time() + request.wait
-    retentions = await bucket.retentions()
+    retentions = await bucket.log.retentions()
     epoch = retentions[0].epoch or ""
     start, after, before, missed = await _bounds(bucket, request, epoch, retentions)
     bound = None if before is None else before.positions[0]
@@ -181,7 +181,7 @@ async def answer(bucket: ChangeBucket, hub: Hub, request: EventsRequest) -> Even
         start = heads
         if not await hub.wait_beyond(heads.positions, remaining):
             break
-        retentions = await bucket.retentions()
+        retentions = await bucket.log.retentions()
         if retentions[0].epoch != epoch:
             missed = "the bucket was recreated while waiting"
             items, more, reach = [], False, start
@@ -193,8 +193,8 @@ async def answer(bucket: ChangeBucket, hub: Hub, request: EventsRequest) -> Even
             # them (it was stalled): say so now, with whatever eligible items are left.
             missed = "items after the cursor were trimmed while waiting"
     if items and not start.with_positions([r.head for r in retentions]).covers(reach):
-        retentions = await bucket.retentions()  # `newest` must not be older than an item
-    oldest, newest = _edges(epoch, retentions, bucket.ordered)
+        retentions = await bucket.log.retentions()  # `newest` must not be older than an item
+    oldest, newest = _edges(epoch, retentions, bucket.log.ordered)
     return EventsReply(tuple(items), more, oldest, newest, missed is not None, missed or "")
 
 
@@ -203,7 +203,7 @@ def _position(text: str, p: int, epoch: str, retention: Retention) -> StreamId:
     its position p). Raises ParamError or CursorGone."""
     if is_composite(text):
         try:
-            cursor = CompositeCursor.decode(text)
+            cursor = Position.decode(text)
         except CursorError:
             cursor = None
         if cursor is None or p >= len(cursor.positions):
@@ -222,9 +222,9 @@ async def respond_feed(
     """The NDJSON lines of one feed request. Its consumer (if any) must be one of
     `cursorsets.consumers` (the caller checks). Raises ParamError, CursorGone, CursorSetsFull."""
     cursors = await feed_cursors(bucket, request, partitions, cursorsets)
-    retentions = await bucket.retentions()
-    epoch = retentions[0].epoch or await bucket.ensure()
-    shard_of = {p: (await bucket.locate(p))[0].index for p in cursors}
+    retentions = await bucket.log.retentions()
+    epoch = retentions[0].epoch or await bucket.log.ensure()
+    shard_of = {p: (await bucket.log.locate(p))[0].index for p in cursors}
     positions = {
         p: _position(text, p, epoch, retentions[shard_of[p]]) for p, text in cursors.items()
     }
@@ -232,7 +232,7 @@ async def respond_feed(
         return []
     deadline = asyncio.get_running_loop().time() + request.wait
     while True:
-        read, heads, epochs = await bucket.read_partitions(positions, request.page_size)
+        read, heads, epochs = await bucket.log.read_partitions(positions, request.page_size)
         if epochs != {epoch}:
             # Redis lost history (the bucket was renewed or created again) after the cursors
             # were resolved against the old epoch, while the request waited perhaps: what was

@@ -123,7 +123,7 @@ class Service:
         self.id = publisher_id or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
         self.redis_url = config.bucket.redis_url
         self.bucket: ChangeBucket = open_bucket(config)
-        if not self.bucket.ordered and config.durable.consumers:
+        if not self.bucket.log.ordered and config.durable.consumers:
             raise ConfigError(
                 "durable.consumers", sorted(config.durable.consumers),
                 "none with a Redis Cluster bucket (a durable consumer's dispatch is one atomic "
@@ -253,7 +253,7 @@ class Service:
 
     async def _start(self) -> None:
         with contextlib.suppress(BucketUnavailable):
-            await self.bucket.ensure()
+            await self.bucket.log.ensure()
         server = self.config.server
         admission = self.admission
         # The socket first, not serving yet: a port in use fails here, before any task starts.
@@ -399,7 +399,7 @@ class Service:
             await asyncio.sleep(self.live.config.trim_every)
             config = self.live.config
             try:
-                removed = await self.bucket.trim(config.max_age, config.max_items)
+                removed = await self.bucket.log.trim(config.max_age, config.max_items)
             except BucketUnavailable as exc:
                 activity.redis_errors["trim"] += 1
                 log.warning("gc skipped: bucket unavailable", error=str(exc))

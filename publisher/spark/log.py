@@ -145,7 +145,7 @@ def read_range(
     owner = _executor_bucket(target)
     with asyncio.Runner() as runner:
         try:
-            shard = runner.run(owner.shards())[part.shard]
+            shard = runner.run(owner.log.shards())[part.shard]
             after = part.after
             while True:
                 entries = runner.run(shard.read(after, part.until, PAGE))
@@ -174,7 +174,7 @@ async def _states(bucket: ChangeBucket, entries: list[LogEntry]) -> list[str | N
         by_resource.setdefault(entry.resource, []).append(n)
     states: list[str | None] = [None] * len(entries)
     for resource, rows in by_resource.items():
-        found = await bucket.states(resource, [entries[n].changed_resource_id for n in rows])
+        found = await bucket.log.states(resource, [entries[n].changed_resource_id for n in rows])
         for n, state in zip(rows, found, strict=True):
             states[n] = None if state is None else state.decode()
     return states
@@ -201,13 +201,13 @@ def plan_store_read(options: SourceOptions) -> list[StoreRange]:
     """One partition per resource: those named, else every resource with a stored state."""
     if options.resources is not None:
         return [StoreRange(resource) for resource in options.resources]
-    found = with_bucket(options.target, lambda bucket: bucket.stored_resources())
+    found = with_bucket(options.target, lambda bucket: bucket.log.stored_resources())
     return [StoreRange(resource) for resource in found]
 
 
 def _vector(text: str, bucket: ChangeBucket, shards: int, epoch: str | None) -> Vector:
     """The cursor `text` of this bucket (of `epoch`, when known); CursorError otherwise."""
-    cursor = decode_vector(text, shards, not bucket.ordered)
+    cursor = decode_vector(text, shards, not bucket.log.ordered)
     if epoch is not None and cursor.epoch != epoch:
         raise CursorError(
             text, f"of another bucket epoch than this bucket's {epoch!r} (the bucket was "
@@ -261,7 +261,7 @@ def _ends(
 
 
 async def _epoch(bucket: ChangeBucket) -> str:
-    return await bucket.current_epoch() or await bucket.ensure()
+    return await bucket.log.current_epoch() or await bucket.log.ensure()
 
 
 def starting_cursor(options: SourceOptions) -> Vector:
@@ -269,11 +269,11 @@ def starting_cursor(options: SourceOptions) -> Vector:
 
     async def start(bucket: ChangeBucket) -> Vector:
         epoch = await _epoch(bucket)
-        retentions = await bucket.retentions()
+        retentions = await bucket.log.retentions()
         positions = _starts(options, bucket, retentions, epoch)
         if options.start not in ("earliest", "latest") and options.start_ms is None:
             return _vector(options.start, bucket, len(retentions), epoch)  # as given
-        return bucket.vector(epoch, positions)
+        return bucket.log.vector(epoch, positions)
 
     return with_bucket(options.target, start)
 
@@ -283,16 +283,16 @@ def plan_batch_read(options: SourceOptions) -> list[LogRange]:
     (inclusive), or to the head when the read is planned."""
 
     async def bounds(bucket: ChangeBucket) -> tuple[Vector, Vector] | None:
-        epoch = await bucket.current_epoch()
+        epoch = await bucket.log.current_epoch()
         if epoch is None:
             return None
-        retentions = await bucket.retentions()
+        retentions = await bucket.log.retentions()
         after = _starts(options, bucket, retentions, epoch)
         if options.start == "earliest" and options.start_ms is None:
             after = (ZERO,) * len(retentions)  # the whole retained log, even what a trim is
             # removing meanwhile
         until = _ends(options, bucket, retentions, epoch) or tuple(r.head for r in retentions)
-        return bucket.vector(epoch, after), bucket.vector(epoch, until)
+        return bucket.log.vector(epoch, after), bucket.log.vector(epoch, until)
 
     found = with_bucket(options.target, bounds)
     return [] if found is None else ranges(*found, options.partitions)
@@ -303,8 +303,8 @@ def stream_bound(options: SourceOptions) -> Vector | None:
 
     async def bound(bucket: ChangeBucket) -> Vector | None:
         epoch = await _epoch(bucket)
-        ends = _ends(options, bucket, await bucket.retentions(), epoch)
-        return None if ends is None else bucket.vector(epoch, ends)
+        ends = _ends(options, bucket, await bucket.log.retentions(), epoch)
+        return None if ends is None else bucket.log.vector(epoch, ends)
 
     return with_bucket(options.target, bound)
 
@@ -313,7 +313,7 @@ def head(options: SourceOptions) -> Vector | None:
     """The bucket's head (None before it has an epoch): each shard's."""
 
     async def head_of(bucket: ChangeBucket) -> Vector | None:
-        return await bucket.head()
+        return await bucket.log.head()
 
     return with_bucket(options.target, head_of)
 
@@ -325,7 +325,7 @@ def latest(
     further in all (merged by stream id), never past `bound`."""
 
     async def end_of(bucket: ChangeBucket) -> Vector:
-        retentions = await bucket.retentions()
+        retentions = await bucket.log.retentions()
         epoch = retentions[0].epoch
         _vector(start.encode(), bucket, len(retentions), epoch)
         after = resumable(start, retentions, options.fail_on_data_loss)
@@ -335,7 +335,7 @@ def latest(
         )
         if max_items is None:
             return start.with_positions([max(a, b) for a, b in zip(after, last, strict=True)])
-        shards = await bucket.shards()
+        shards = await bucket.log.shards()
         reads = [await shard.read(after[s], last[s], max_items) if last[s] > after[s] else []
                  for s, shard in enumerate(shards)]
         shard_of = {id(e): s for s, entries in enumerate(reads) for e in entries}

@@ -32,9 +32,9 @@ from changefeed.cursor import Cursor
 from changefeed.errors import ConfigError, CursorError, OptionError
 from changefeed.protocol import Resource
 from publisher.bucket import BATCH, REPLICAS_TIMEOUT, Op
-from publisher.bucket.embedded import EmbeddedRedis
-from publisher.bucket.sentinel import SCHEME
-from publisher.bucket.sentinel import redis_url as any_redis_url
+from publisher.bucket.redis.embedded import EmbeddedRedis
+from publisher.bucket.redis.sentinel import SCHEME
+from publisher.bucket.redis.sentinel import redis_url as any_redis_url
 from publisher.config.settings import load_config
 
 PIPELINE = 4

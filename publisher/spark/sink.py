@@ -1,7 +1,7 @@
 """The executors' side of a write: changes committed straight to the bucket, in pipelined chunks.
 
 Each task encodes its rows (`rows.RowEncoder`), cuts the changes into chunks of `batchSize` and
-commits each chunk atomically with the bucket's idempotent commit (`ChangeBucket.commit_stream`,
+commits each chunk atomically with the bucket's idempotent commit (`Log.commit_stream`,
 `pipeline` chunks in flight while the next one is encoded). A chunk's idempotency key names the
 write, the micro-batch, the task and the chunk's content::
 
@@ -145,14 +145,14 @@ async def _write_task(
     try:
         if options.query is not None and await bucket.ledgers.batch_recorded(writer, batch_id):
             return skip_task(batches, task)
-        encoder = RowEncoder(options, bucket.validate)
+        encoder = RowEncoder(options, bucket.log.validate)
         changes: Iterable[Encoded] = (
             change for batch in batches for change in encoder.encode(batch)
         )
         if options.sort_rows:
             changes = canonical(changes)  # a bad row fails here, before anything is sent
         keyed = keyed_chunks(chunks(changes, options.batch_size), writer, batch_id, task)
-        async for committed in bucket.commit_stream(keyed, options.pipeline, stats):
+        async for committed in bucket.log.commit_stream(keyed, options.pipeline, stats):
             done = _tally(done, committed)
         if options.replicas:
             await _replicated(bucket, options, done)
@@ -277,6 +277,6 @@ async def ping(target: Target) -> None:
     """Raise BucketUnavailable unless the bucket's Redis answers."""
     bucket = _bucket(target)
     try:
-        await bucket.ping(f"bucket {target.name!r} at {target.redis_url}")
+        await bucket.log.ping(f"bucket {target.name!r} at {target.redis_url}")
     finally:
         await bucket.aclose()

@@ -66,7 +66,7 @@ async def at_least(request: web.Request) -> web.Response | None:
     hub = request.app[HUB]
     bucket = request.app[BUCKET]
     try:
-        wanted = await bucket.decode_cursor(text)
+        wanted = await bucket.log.decode_cursor(text)
     except CursorError as exc:
         return json_error(400, "InvalidCursor", f"min_cursor: {exc}")
     limits = request.app[LIVE].config.limits
@@ -82,7 +82,7 @@ async def at_least(request: web.Request) -> web.Response | None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait
     while True:
-        head = await bucket.head()
+        head = await bucket.log.head()
         if head is None or head.epoch != wanted.epoch:
             return json_error(
                 409, "CursorGone",

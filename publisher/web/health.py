@@ -54,7 +54,7 @@ async def readyz(request: web.Request) -> web.Response:
     reasons = tail_reasons(app)
     redis: str = "ok"
     try:
-        await asyncio.wait_for(app[BUCKET].ping("readiness ping"), PING_TIMEOUT)
+        await asyncio.wait_for(app[BUCKET].log.ping("readiness ping"), PING_TIMEOUT)
     except BucketUnavailable as exc:
         redis = str(exc)
     except TimeoutError:

@@ -144,7 +144,7 @@ async def feed_get(request: web.Request) -> web.Response:
         return _forbidden_consumer(request, query.consumer)
     try:
         bucket = request.app[BUCKET]
-        partitions = await bucket.partition_count()
+        partitions = await bucket.log.partition_count()
         lines = await polls.respond_feed(
             bucket, request.app[HUB], query, partitions, config.feed
         )

@@ -45,7 +45,7 @@ async def handle_trace(request: web.Request) -> web.Response:
             404,
         )
     try:
-        vector = await hub.bucket.decode_cursor(text)
+        vector = await hub.bucket.log.decode_cursor(text)
     except CursorError as exc:
         return json_error(400, "InvalidCursor", f"cursor: {exc}")
     own = [(s, at) for s, at in enumerate(vector.positions) if at != ZERO] or [(0, ZERO)]

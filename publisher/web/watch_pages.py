@@ -48,7 +48,7 @@ async def page_watched(
 ) -> StatePage:
     """Up to `limit` stored states of `resource` whose ids `watch` sees, after `after_id`, in id
     order, with the bucket head read in the same snapshot."""
-    return await bucket.page_pieces(resource, pieces(watch, after_id), limit)
+    return await bucket.log.page_pieces(resource, pieces(watch, after_id), limit)
 
 
 __all__ = ["Piece", "page_watched", "pieces"]

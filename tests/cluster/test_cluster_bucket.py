@@ -71,7 +71,7 @@ async def test_idempotency_is_per_partition_and_a_partial_failure_says_what_was_
         assert f"not written in [{p}]" in str(raised.value)
         page = await bucket.page("vm", None, 100)
         assert len(page.ids) == 12 and all(s == b'{"n":1}' for s in page.states)
-        log_lengths = [await part.redis.xlen(part.keys.log) for part in await bucket.shards()]
+        log_lengths = [await part.redis.xlen(part.keys.log) for part in await bucket.log.shards()]
         assert sum(log_lengths) == 12, "nothing was appended twice"
     finally:
         await bucket.aclose()
@@ -93,9 +93,9 @@ async def test_the_usual_five_lines_work_with_a_cluster_url(
 ) -> None:
     bucket = ChangeBucket(connect(redis_cluster.url), bucket_name, RESOURCES, 4)
     try:
-        assert not bucket.ordered
+        assert not bucket.log.ordered
         cursor = await bucket.commit("vm", "vm-1", ["nic"], {"uuid": "vm-1"})
-        assert CompositeCursor.decode(cursor).epoch == await bucket.current_epoch()
+        assert CompositeCursor.decode(cursor).epoch == await bucket.log.current_epoch()
         await bucket.fleet.advertise("p-1", b"{}", 10)  # the fleet's keys: one slot, {name}
         assert [name for name, _, _ in await bucket.fleet.publishers()] == ["p-1"]
     finally:

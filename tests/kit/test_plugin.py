@@ -158,7 +158,7 @@ async def test_settings_give_the_publisher_your_resources(
         body = await response.json()
     assert [r["resource"] for r in body["resources"]] == ["disk"]
     assert changefeed_publisher.config.limits.page_size == 5
-    assert changefeed_bucket.name == "disks" and await changefeed_bucket.partition_count() == 2
+    assert changefeed_bucket.name == "disks" and await changefeed_bucket.log.partition_count() == 2
     cursor = await changefeed_bucket.commit("disk", "d1", ["size"], {"uuid": "d1", "size": 10})
     mirror = Mirror(changefeed_publisher.url, resource="disk", config=QUICK)
     async with running(mirror):

@@ -277,7 +277,7 @@ async def test_a_trimmed_cursor_raises_items_missed_with_the_oldest_available(
     bucket = publisher.bucket
     old = await commit(bucket, "old", 5)
     await asyncio.sleep(0.005)  # let every item become older than the 1 ms maxAge
-    assert await bucket.trim(0.001) == 5
+    assert await bucket.log.trim(0.001) == 5
     new = await commit(bucket, "new", 3)
     async with PullConsumer(publisher.url, after=old[1]) as consumer:
         with pytest.raises(ItemsMissed) as caught:

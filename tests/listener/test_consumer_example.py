@@ -54,7 +54,7 @@ async def test_the_audit_log_has_each_change_once_across_restarts_and_a_gap_line
     # While the service is down, changes happen and age out of the log: a gap.
     await commit("gone", 3)
     await asyncio.sleep(0.005)  # let every item become older than the 1 ms maxAge
-    assert await bucket.trim(0.001) == 11
+    assert await bucket.log.trim(0.001) == 11
     new = await commit("c", 2)
     await run_until(module, publisher.url, path, 11)
     written = lines(path)

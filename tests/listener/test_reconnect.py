@@ -104,7 +104,7 @@ async def test_a_bucket_trimmed_past_the_cursor_resyncs_once(
             for n in range(5):
                 await bucket.commit("vm", f"new-{n}", ["nic"], vm(f"new-{n}"))
             await asyncio.sleep(0.005)  # let every item become older than the 1 ms maxAge
-            assert await bucket.trim(0.001) >= 6
+            assert await bucket.log.trim(0.001) >= 6
             async with start_publisher(config):
                 await view.wait_for(lambda: view.counts["BootstrapDone"] == 2)
         assert view.counts["Resync"] == 1 and view.counts["BootstrapStart"] == 2

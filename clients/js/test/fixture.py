@@ -108,7 +108,7 @@ class Fixture:
                     changes.append(Change.put(resource, id, subs, state))
             return await bucket.commit_many(changes)
         if op == "trim":
-            return await self.bucket.trim(float(command["maxAge"]))
+            return await self.bucket.log.trim(float(command["maxAge"]))
         if op == "pki":
             from tests.pki import Pki  # trustme: a CA and a server certificate for 127.0.0.1
 

@@ -174,7 +174,7 @@ async def stream_entries(bucket: ChangeBucket, head: str) -> list[LogEntry]:
     after = StreamId.parse(head) if head else StreamId(0, 0)
     out: list[LogEntry] = []
     while True:
-        read = await bucket.read(after, None, 5000)
+        read = await bucket.log.read(after, None, 5000)
         out += read
         if len(read) < 5000:
             return out

@@ -18,7 +18,7 @@ from changefeed.protocol import Resource
 from changefeed_testing.postgres import PostgresServer
 from changefeed_testing.servers import PublisherProcess, free_port
 from publisher.bucket import ChangeBucket, connect
-from publisher.bucket.capture_marks import CaptureMarks, Mark
+from publisher.bucket.stores.capture_marks import CaptureMarks, Mark
 from publisher.capture import pgoutput as po
 from publisher.config.settings import Config
 from tests.conftest import PublisherFactory

@@ -13,7 +13,7 @@ import orjson
 import psycopg2
 
 from publisher.bucket import LogEntry
-from publisher.bucket.capture_marks import CaptureMarks
+from publisher.bucket.stores.capture_marks import CaptureMarks
 from publisher.capture.pgoutput import parse_lsn
 from publisher.config.settings import Config
 from publisher.server.service import Service

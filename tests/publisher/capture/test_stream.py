@@ -10,7 +10,7 @@ from collections.abc import Callable
 import orjson
 
 from publisher.bucket import LogEntry
-from publisher.bucket.capture_marks import CaptureMarks, Mark
+from publisher.bucket.stores.capture_marks import CaptureMarks, Mark
 from publisher.config.settings import Config
 from publisher.server.service import Service
 from tests.conftest import PublisherFactory

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from changefeed.errors import ConfigError
-from publisher.bucket.cluster_url import parse_cluster_url
-from publisher.bucket.sentinel import redis_url
+from publisher.bucket.redis.cluster_url import parse_cluster_url
+from publisher.bucket.redis.sentinel import redis_url
 from publisher.config.settings import parse_config
 
 RESOURCES = '[{resource: "vm", subResources: ["nic"], bootstrapRoute: "/vms"}]'

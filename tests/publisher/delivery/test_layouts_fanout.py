@@ -122,7 +122,7 @@ async def test_a_trimmed_cursor_is_not_resumed_and_a_lost_shard_is_a_new_epoch(
         await commit(service, "t", 12)
         items = await listener.take(12)
         old = items[0]["cursor"]
-        removed = await service.bucket.trim(None, 4)  # 4 items kept in all
+        removed = await service.bucket.log.trim(None, 4)  # 4 items kept in all
         assert removed >= 8
         stale = await register(service.ws_url, v1("vm", ["nic"], since=old))
         assert stale.reply["resumed"] is False
@@ -133,7 +133,7 @@ async def test_a_trimmed_cursor_is_not_resumed_and_a_lost_shard_is_a_new_epoch(
         # listener told to bootstrap again.
         epoch = service.hub.epoch
         shard, _ = own(items[0]["cursor"], items[0]["changedResourceId"])
-        lost = (await service.bucket.shards())[shard]
+        lost = (await service.bucket.log.shards())[shard]
         await lost.redis.delete(*await lost.streams(), lost.keys.epoch, lost.keys.last,
                                 lost.keys.trimmed)
         await asyncio.wait_for(listener.ws.wait_closed(), 15)
@@ -209,7 +209,7 @@ async def test_a_stalled_tail_under_another_writers_trim_closes_its_listeners(
         with stopped(b):
             burst = await bucket.commit_many(
                 Change.put("vm", f"b-{i:04}", ["nic"], {"n": i}) for i in range(2000))
-            assert await bucket.trim(None, 100) >= 1800
+            assert await bucket.log.trim(None, 100) >= 1800
         items, code, reason = await closing
         assert (code, reason) == (4009, TRIMMED)
         sent = {own(i["cursor"], i["changedResourceId"]) for i in items}

@@ -12,7 +12,7 @@ import pytest
 
 from changefeed.cursor import Cursor
 from publisher.bucket import Change
-from publisher.bucket.shard import Shard
+from publisher.bucket.log.shard import Shard
 from publisher.config.settings import Config
 from publisher.server.service import Service
 from publisher.web.http import EPOCH_NOT_READ
@@ -62,7 +62,7 @@ async def test_resume_from_the_window_and_from_redis_has_no_gap_and_no_duplicate
 async def test_since_outside_the_retained_log_is_not_resumed(publisher: Service) -> None:
     old = await _commit(publisher, 3, "old")
     await asyncio.sleep(0.2)
-    await publisher.bucket.trim(0.1)
+    await publisher.bucket.log.trim(0.1)
     fresh = await register(publisher.ws_url, v1("vm", ["nic"], since=old[0]))
     assert fresh.reply["resumed"] is False
     new = await _commit(publisher, 1, "new")

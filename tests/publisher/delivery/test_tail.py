@@ -170,7 +170,7 @@ async def _trimmed_past(bucket: ChangeBucket, position: StreamId, within: float 
     """Wait until another publisher's GC has trimmed the log past `position` (Redis holds the
     horizon; there is no event to wait on)."""
     deadline = time.monotonic() + scaled(within)
-    while (await bucket.retention()).trimmed < position:
+    while (await bucket.log.retention()).trimmed < position:
         assert time.monotonic() < deadline, "the other publisher's GC did not trim"
         await asyncio.sleep(0.05)
 
@@ -247,9 +247,9 @@ async def test_a_stalled_tail_under_another_writers_trim_closes_listeners_and_lo
             f"{b.url}/changefeeds/events?resource=vm&sub=alias&after={head}&wait_time=30s"))
         with stopped(b):
             burst = await bucket.commit_many(_changes("b", 2000))
-            removed = await bucket.trim(None, 100)
+            removed = await bucket.log.trim(None, 100)
             assert removed == 1910
-            horizon = (await bucket.retention()).trimmed
+            horizon = (await bucket.log.retention()).trimmed
             # Resumes at the horizon itself: it has missed nothing, it only waits for the tail.
             at_horizon = Cursor(Cursor.decode(burst[0]).epoch, horizon).encode()
             ahead = asyncio.create_task(register(
@@ -308,7 +308,7 @@ async def test_a_resume_replayed_from_redis_that_falls_behind_trimming_is_closed
         await eventually(lambda: conn.replaying and conn.last_sent is not None
                          and conn.transport.get_write_buffer_size() > 16384,
                          "the replay fills the socket")
-        await bucket.trim(None, 10)
+        await bucket.log.trim(None, 10)
         items, code, reason = await _until_closed(slow)
         assert (code, reason) == (4009, TRIMMED)
         got = [i["cursor"] for i in items]

@@ -74,7 +74,7 @@ async def _stored(redis_url: str) -> tuple[dict[str, bytes], str | None]:
     bucket = ChangeBucket(connect(redis_url), "test")
     try:
         page = await bucket.page("vm", None, 100)
-        return dict(zip(page.ids, page.states, strict=True)), await bucket.current_epoch()
+        return dict(zip(page.ids, page.states, strict=True)), await bucket.log.current_epoch()
     finally:
         await bucket.aclose()
 

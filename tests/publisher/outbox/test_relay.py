@@ -262,12 +262,12 @@ async def test_a_resync_by_hand_is_done_by_the_relaying_publisher(
             assert relay is not None
             await eventually(lambda: relay.stats.listening, "the relay listens")
             await conn.execute("""INSERT INTO vms VALUES ('vm-1', '{"uuid": "vm-1", "seq": 5}')""")
-            epoch = await service.bucket.current_epoch()
+            epoch = await service.bucket.log.current_epoch()
             asked = await resync(conn, service.bucket, config.outbox, config.resource_map, "vm")
             assert asked == f"changefeed-relay {service.id}"[:63]
             await eventually(lambda: relay.stats.reseeds == 1, "the relay re-seeded")
             stored = await service.bucket.get("vm", "vm-1")
             assert stored is not None and orjson.loads(stored)["seq"] == 5
-            assert await service.bucket.current_epoch() not in (None, epoch)  # one Resync each
+            assert await service.bucket.log.current_epoch() not in (None, epoch)  # one Resync each
     finally:
         await conn.close()

@@ -392,7 +392,7 @@ async def test_items_trimmed_before_they_were_read_are_a_gap_in_the_dead_letter_
     await create(http, service)
     committed = await commit(service, "g", 6)
     handed = await fetch(http, service, count=2)  # copied: a trim cannot lose them now
-    assert await service.bucket.trim(None, max_items=2) == 4
+    assert await service.bucket.log.trim(None, max_items=2) == 4
     reply = await fetch(http, service)
     assert cursors(reply) == committed[4:] and reply["dead_lettered"] == 1
     _status, dead = await call(http, service, "GET", f"{BASE}/billing/dead")

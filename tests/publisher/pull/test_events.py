@@ -177,7 +177,7 @@ async def test_wait_expiry_returns_empty(feed: Feed) -> None:
 async def test_missed_items_are_reported(feed: Feed) -> None:
     await asyncio.sleep(0.05)
     new = await feed.service.bucket.publish("vm", "after-trim", ["nic"])
-    await feed.service.bucket.trim(None, max_items=1)  # keep only the newest item
+    await feed.service.bucket.log.trim(None, max_items=1)  # keep only the newest item
     reply = await feed.get(after=feed.cursors[0])
     assert reply["missed"] is True and "trimmed" in reply["missed_reason"]
     assert [item["cursor"] for item in reply["items"]] == [new]

@@ -233,7 +233,7 @@ async def test_trimmed_cursor_is_gone(client: Client) -> None:
     await client.publish("t-1")
     _, checkpoints = await client.read(**FIRST)
     await client.publish(*(f"t-{i}" for i in range(2, 12)))
-    await client.service.bucket.trim(None, max_items=2)
+    await client.service.bucket.log.trim(None, max_items=2)
     status, message = await client.error(
         {"n": N, **{f"cursor{p}": c for p, c in checkpoints.items()}}
     )
@@ -251,7 +251,7 @@ async def test_an_epoch_that_changes_while_a_read_waits_is_gone(client: Client) 
     params = {"n": N, **{f"cursor{p}": c for p, c in checkpoints.items()}, "wait": scaled(30)}
     waiting = asyncio.create_task(client.error(params))
     await eventually(lambda: client.service.hub.waiting == 1, "the read waits on the hub")
-    assert await client.service.bucket.renew_epoch(Cursor.decode(old[0]).epoch)
+    assert await client.service.bucket.log.renew_epoch(Cursor.decode(old[0]).epoch)
     await client.publish("e-2")
     status, message = await asyncio.wait_for(waiting, scaled(10))
     assert status == 410 and "epoch changed" in message

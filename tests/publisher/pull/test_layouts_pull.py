@@ -47,7 +47,7 @@ async def test_the_pull_consumer_follows_the_bucket(
                 assert "oldest first" in body["message"]
             else:
                 assert r.status == 200 and len(body["items"]) == 11, body  # before: exclusive
-            await service.bucket.trim(None, PARTITIONS)
+            await service.bucket.log.trim(None, PARTITIONS)
             params = {"order": "oldest", "after": saved, "wait_time": "1ms"}
             async with http.get(url, params=params) as r:
                 reply = await r.json()

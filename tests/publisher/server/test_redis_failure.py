@@ -21,6 +21,7 @@ from publisher.bucket import COMMIT_LUA, Change
 from publisher.config.settings import Config
 from publisher.server.service import Service
 from tests.conftest import PublisherFactory
+from tests.publisher.bucket.commit_call import commit_arguments, cursors_of
 from tests.servers import RedisServer, eventually, scaled
 from tests.wsclient import refused, register, v1, v2
 
@@ -38,10 +39,10 @@ def _commit_blocking(service: Service, url: str, changes: list[Change]) -> list[
     The publisher runs in this test's event loop, so its tail cannot run meanwhile: these
     changes are in Redis before the tail can possibly have read them.
     """
-    keys, args = service.bucket.commit_arguments(changes)
+    keys, args = commit_arguments(service.bucket, changes)
     with redis.Redis.from_url(url) as client:
         reply = client.eval(COMMIT_LUA, len(keys), *keys, *args)
-    return service.bucket.cursors_of(reply)
+    return cursors_of(bytes(reply))
 
 
 async def test_redis_killed_and_restarted_mid_stream_skips_and_repeats_nothing(

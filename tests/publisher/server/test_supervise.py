@@ -60,7 +60,7 @@ async def test_trimming_goes_on_after_an_unexpected_error(
         await service.bucket.publish("vm", "a", ["nic"])
 
         async def trimmed() -> bool:
-            return (await service.bucket.retention()).oldest is None
+            return (await service.bucket.log.retention()).oldest is None
 
         for _ in range(100):
             if await trimmed():

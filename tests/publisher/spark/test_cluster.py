@@ -60,7 +60,7 @@ async def logged_ids(publisher: RunningPublisher) -> Counter[str]:
     """The changed ids of every item in the bucket's log, as the bucket reads it."""
     ids: Counter[str] = Counter()
     async with publisher.bucket() as bucket:
-        for log in await bucket.shards():  # each shard has positions of its own
+        for log in await bucket.log.shards():  # each shard has positions of its own
             after = StreamId(0, 0)
             while entries := await log.read(after, count=10_000):
                 ids.update(entry.changed_resource_id for entry in entries)

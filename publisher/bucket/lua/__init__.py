@@ -1,0 +1,1 @@
+"""The bucket's Lua scripts, as package data (`publisher.bucket.lua.scripts`)."""

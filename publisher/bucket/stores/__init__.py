@@ -1,0 +1,1 @@
+"""Small stores of bucket-wide keys: fleet, Spark ledgers, cursor sets, durable consumers."""

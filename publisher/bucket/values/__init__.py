@@ -1,0 +1,1 @@
+"""The bucket's pure values: what goes in and comes out, keys, positions and markers."""
