@@ -50,7 +50,9 @@ from publisher.bucket.values import (
     digest_of,
     encode_change,
     merge_partitions,
+    object_state,
     parse_entry,
+    state_refused,
 )
 from publisher.bucket.vector import Vector, decode_vector, parse_vector
 
@@ -88,9 +90,11 @@ __all__ = [
     "encode_change",
     "encode_marker",
     "merge_partitions",
+    "object_state",
     "open_bucket",
     "parse_entry",
     "parse_vector",
     "partition_of",
+    "state_refused",
     "translate_redis_errors",
 ]

@@ -149,7 +149,8 @@ async def test_dead_rows_are_set_aside_and_the_rows_behind_them_flow(
         async with start_publisher(config) as service:
             await outbox.cursor(conn, good, timeout=5)
             await outbox.cursor(conn, bad[1], timeout=5)
-            with pytest.raises(OutboxRowDead, match="is not a JSON object"):
+            with pytest.raises(OutboxRowDead, match="vm 'vm-3': a put's state must be a JSON "
+                                                    "object, got array"):
                 await outbox.cursor(conn, bad[3], timeout=5)
             with pytest.raises(OutboxRowDead, match="unknown sub-resource"):
                 await outbox.cursor(conn, bad[2], timeout=5)
