@@ -60,6 +60,12 @@ def _load(path: Path, **overrides: Any) -> Config:
         raise click.ClickException(str(exc)) from None
 
 
+def base_url(url: str) -> str:
+    """A publisher's URL as the user typed it, `http://` put before a `host:port` without a
+    scheme (as curl does)."""
+    return url if "://" in url else f"http://{url}"
+
+
 @contextlib.contextmanager
 def bucket_redis(config: Config, *, quiet: bool = False) -> Iterator[tuple[Config, str]]:
     """The config with a Redis URL: the configured one, else an embedded server's (started and
@@ -376,11 +382,13 @@ async def _publish(
 def stats(
     url: str, as_json: bool, fleet: bool, token_file: Path | None, cafile: Path | None
 ) -> None:
-    """Print a publisher's /changefeeds/stats readably (URL: the publisher's base URL).
+    """Print a publisher's /changefeeds/stats readably (URL: the publisher's base URL;
+    `host:port` alone means http://host:port).
 
     Registrations and addresses are shown to a token with the `stats` scope; counts to others.
     """
     credentials = _credentials(token_file, cafile)
+    url = base_url(url)
     stats_url = url.rstrip("/") + "/changefeeds/stats" + ("?scope=fleet" if fleet else "")
     try:
         body = asyncio.run(_get_json(stats_url, credentials, url))

@@ -28,7 +28,7 @@ import orjson
 from changefeed.credentials import Credentials
 from changefeed.cursor import Cursor
 from changefeed.errors import CursorError
-from publisher.cli.commands import _credentials
+from publisher.cli.commands import _credentials, base_url
 from publisher.delivery.trace import iso
 
 WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
@@ -239,7 +239,7 @@ def trace(cursor: str, url: str, this_publisher: bool, as_json: bool,
     except CursorError as exc:
         raise click.BadParameter(str(exc), param_hint="CURSOR") from None
     credentials = _credentials(token_file, cafile)
-    gathered = asyncio.run(gather(url, cursor, credentials, not this_publisher))
+    gathered = asyncio.run(gather(base_url(url), cursor, credentials, not this_publisher))
     if as_json:
         body = {
             "cursor": cursor,

@@ -3,20 +3,22 @@
 The server is `changefeed serve` on a copy of the sample config.js (its embedded Redis, a free
 port instead of 8080) in a temporary directory, which is also where the snippets run: the
 README says to run them from the directory of config.js. The only change to a snippet is the
-port in `127.0.0.1:8080`. A snippet that iterates a listener runs until it is stopped; every
-other snippet must finish with status 0.
+port in `127.0.0.1:8080`. A snippet that iterates a listener runs until it is stopped, by a
+SIGINT (Ctrl-C) after which it must exit with status 0 and no traceback; every other snippet
+must finish with status 0.
 """
 
 from __future__ import annotations
 
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from tests.servers import PublisherProcess, drain, free_port, scaled
+from tests.servers import PublisherProcess, default_sigint, drain, free_port, scaled
 
 ROOT = Path(__file__).parents[2]
 SNIPPET = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
@@ -61,7 +63,8 @@ def test_the_readme_python_snippets_run_against_the_sample_server(tmp_path: Path
         assert server.url == f"http://127.0.0.1:{port}"
         for script in listeners:
             process = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path,
-                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                       preexec_fn=default_sigint)
             lines: list[str] = []
             drain(process, lines)
             running.append((process, lines))
@@ -76,6 +79,10 @@ def test_the_readme_python_snippets_run_against_the_sample_server(tmp_path: Path
         for process, lines in running:
             for cursor in cursors:
                 wait_for_line(process, lines, rf"^Change\(.*cursor='{re.escape(cursor)}'")
+        for process, lines in running:  # Ctrl-C ends a listener quietly
+            process.send_signal(signal.SIGINT)
+            assert process.wait(scaled(10)) == 0, "".join(lines)
+            assert "Traceback" not in "".join(lines) and "KeyboardInterrupt" not in "".join(lines)
     finally:
         for process, _ in running:
             process.kill()

@@ -128,6 +128,9 @@ async def test_serve_with_embedded_redis_publish_stats_and_sigterm(short_dir: Pa
         assert "1 listener(s)" in output
         row = next(line for line in output.splitlines() if "cli-listener" in line)
         assert "tcns" in row and "vm" in row and "nic" in row and cursor in row
+        # A host:port without a scheme is taken for http://, as curl does.
+        status, bare = await changefeed("stats", server.url.removeprefix("http://"))
+        assert status == 0 and "1 listener(s)" in bare, bare
 
         # SIGTERM: listeners are told 1001, the process exits cleanly, the embedded Redis goes.
         assert server.process is not None
