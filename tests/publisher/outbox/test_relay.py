@@ -90,9 +90,11 @@ async def test_cursor_gives_read_your_writes(
             await listener.wait_for(cursor, timeout=5)
             stored = await service.bucket.get("vm", "vm-1")
             assert stored is not None and orjson.loads(stored) == {"n": 1, "uuid": "vm-1"}
-            async with aiohttp.ClientSession() as http:  # as docs/http.md says: jsonb's text
-                async with http.get(service.url + "/vms/vm-1") as response:
-                    assert await response.text() == '{"n": 1, "uuid": "vm-1"}'
+            async with (  # as docs/http.md says: jsonb's text
+                aiohttp.ClientSession() as http,
+                http.get(service.url + "/vms/vm-1") as response,
+            ):
+                assert await response.text() == '{"n": 1, "uuid": "vm-1"}'
             tx = conn.transaction()
             await tx.start()
             rolled = await outbox.put(conn, "vm", "vm-2", ["state"], {"uuid": "vm-2"})
