@@ -104,7 +104,7 @@ class RowEncoder:
         if self.options.state == "column":
             column = self.options.state_column
             if state is None:
-                raise ChangeError(f"row {id!r}: {column!r} is null (a put needs a state)")
+                raise state_refused(self.options.resource, id, "null")
             try:
                 encoded = orjson.dumps(orjson.loads(state))
             except orjson.JSONDecodeError as exc:
