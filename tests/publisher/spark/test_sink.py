@@ -217,6 +217,10 @@ def test_a_put_whose_state_is_not_an_object_fails_the_job(
     with pytest.raises(PySparkException,
                        match="vm 'b': a put's state must be a JSON object, got array"):
         write(rows.coalesce(1), options, resource="vm", subResources="nic", stateColumn="j")
+    rows = spark.createDataFrame([("a", None)], "id string, j string")
+    with pytest.raises(PySparkException, match=r"vm 'a': a put's state must be a JSON object, "
+                                               r"got null"):
+        write(rows, options, resource="vm", subResources="nic", stateColumn="j")
     rows = spark.createDataFrame([("a", "publish"), ("b", "put")], "id string, op string")
     with pytest.raises(PySparkException, match=r"vm 'b': a put's state must be a JSON object, "
                                                r"got null \(a change without a state is a "
