@@ -42,12 +42,15 @@ def syntax_error(text: str, error: ValueError, source: str | None = None) -> Con
     keeps the lines of the text, so json5's line is the file's."""
     position = _fault_position(text, str(error))
     if position is None:
-        return ConfigError("<file>", text[:40] + "...", f"a JavaScript object literal ({error})")
+        start, expected = text[:40] + "...", f"a JavaScript object literal ({error})"
+        return ConfigError("<file>", start, expected,
+                           f"{source or 'config.js'}: got {start!r}, expected {expected}")
     line, column, what = position
-    where = f"{source or '<file>'}:{line}" + (f":{column}" if column else "")
+    where = f"{source or 'config.js'}:{line}" + (f":{column}" if column else "")
     lines = text.splitlines()
     found = lines[line - 1].strip()[:60] if line <= len(lines) else ""
-    return ConfigError(where, found, f"a JavaScript object literal ({what})")
+    expected = f"a JavaScript object literal ({what})"
+    return ConfigError(where, found, expected, f"{where}: got {found!r}, expected {expected}")
 
 
 def _fault_position(text: str, message: str) -> tuple[int, str | None, str] | None:

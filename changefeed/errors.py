@@ -70,6 +70,7 @@ and `listener.consumer`. `changefeed.retry.is_retryable` decides if a listener f
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -84,11 +85,16 @@ class ConfigError(ChangefeedError):
     The message names the key, the value found and what was expected.
     """
 
-    def __init__(self, key: str, value: Any, expected: str) -> None:
-        self.key = key
+    def __init__(self, key: str, value: Any, expected: str, said: str = "") -> None:
+        self.key = key  # "<file>", said otherwise: the file itself is unreadable or not JS
         self.value = value
         self.expected = expected
-        super().__init__(f"config key {key!r}: got {value!r}, expected {expected}")
+        super().__init__(said or f"config key {key!r}: got {_js(value)}, expected {expected}")
+
+
+def _js(value: Any) -> str:
+    """`value` as config.js spells it: a string quoted, the rest as JSON (`true`, `null`)."""
+    return repr(value) if isinstance(value, str) else json.dumps(value, default=repr)
 
 
 class ListenFailed(ChangefeedError):

@@ -64,7 +64,8 @@ def load_listener_config(path: str | Path, section: str | None = None) -> Listen
     try:
         text = path.read_text()
     except OSError as exc:
-        raise ConfigError("<file>", str(path), f"a readable config.js ({exc.strerror})") from None
+        raise ConfigError("<file>", str(path), f"a readable config.js ({exc.strerror})",
+                          f"cannot read the config file {path}: {exc.strerror}") from None
     return parse_listener_config(text, section)
 
 

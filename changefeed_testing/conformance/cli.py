@@ -49,8 +49,9 @@ def bucket_url(config: Path, redis_url: str | None) -> Iterator[str]:
 @click.option("--resource", default="vm", show_default=True,
               help="The resource the checks register for.")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="The publisher's config.js: the item and resume checks commit change items "
-                   "through its bucket.")
+              help="The publisher's config.js: the item and resume checks write probe changes "
+                   "into its live bucket (change items of ids conformance-<run>-<n>, no state; "
+                   "listeners of the resource receive them), named in the report.")
 @click.option("--redis-url", help="With --config: overrides its bucket.redisUrl.")
 @click.option("--publish-command", metavar="CMD",
               help="A shell command that causes one change: {resource}, {id} and {sub} are "
@@ -74,8 +75,9 @@ def conformance(
     docs/protocol.md describes it: registration v1/v2, bad registrations and their close codes,
     the shape and order of items, resuming with `since`.
 
-    Item and resume checks need a way to cause changes: --config (commits through the bucket)
-    or --publish-command; without, they say they could not run.
+    Item and resume checks need a way to cause changes: --config (they write probe changes
+    into the live bucket, named in the report) or --publish-command; without, they say they
+    could not run.
     """
     if list_checks:
         for check in checks():

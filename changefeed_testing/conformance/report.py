@@ -20,6 +20,8 @@ def summary(report: Report) -> str:
 def text(report: Report, width: int = 160) -> str:
     """One line per check: group, name, result, seconds, and what was seen or wrong."""
     lines = [f"changefeed conformance {report.url} (resource {report.resource})", ""]
+    if report.probes:
+        lines[1:1] = [probes(report)]
     name_width = max(len(o.name) for o in report.outcomes) if report.outcomes else 10
     group = ""
     for outcome in report.outcomes:
@@ -37,12 +39,21 @@ def text(report: Report, width: int = 160) -> str:
     return "\n".join(lines)
 
 
+def probes(report: Report) -> str:
+    """What the checks wrote into the publisher's bucket, named."""
+    ids = report.probes
+    named = ids[0] if len(ids) == 1 else f"{ids[0]} .. {ids[-1]}"
+    return (f"wrote {len(ids)} probe change(s) of {report.resource} into the live bucket: "
+            f"{named} (listeners of {report.resource} receive them)")
+
+
 def as_json(report: Report) -> str:
     body: dict[str, Any] = {
         "url": report.url,
         "resource": report.resource,
         "passed": report.passed,
         "counts": {s.name.lower(): report.count(s) for s in Status},
+        "probes": list(report.probes),
         "checks": [
             {"name": o.name, "group": o.group, "status": o.status.name.lower(),
              "detail": o.detail, "seconds": round(o.seconds, 3)}

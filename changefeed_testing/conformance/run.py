@@ -28,6 +28,9 @@ class Report:
     url: str
     resource: str
     outcomes: tuple[Outcome, ...]
+    probes: tuple[str, ...] = ()
+    """The ids of the changes of `resource` the checks caused (committed into the live
+    bucket, and sent to its listeners)."""
 
     def count(self, status: Status) -> int:
         return sum(1 for outcome in self.outcomes if outcome.status is status)
@@ -57,5 +60,5 @@ async def run_check(target: Target, check: Check) -> Outcome:
 async def run_checks(target: Target, only: Sequence[str] = ()) -> Report:
     """Run every check (or those named in `only`, plus `resources`) against `target`."""
     outcomes = [await run_check(target, check) for check in checks(only)]
-    return Report(target.url, target.resource, tuple(outcomes))
+    return Report(target.url, target.resource, tuple(outcomes), tuple(target.probes))
 

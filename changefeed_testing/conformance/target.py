@@ -46,6 +46,8 @@ class Target:
     resources: dict[str, list[str]] | None = None
     """Resource -> sub-resources, from GET /changefeeds (the `resources` check fills it)."""
     run: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
+    probes: list[str] = field(default_factory=list)
+    """The ids of the changes the checks caused, in order (they are in the live bucket)."""
     _ids: itertools.count[int] = field(default_factory=itertools.count)
 
     def __post_init__(self) -> None:
@@ -97,6 +99,7 @@ class Target:
         """Cause a change item of the resource; its cursor when the change maker knows it."""
         if self.changes is None:
             raise NotRun("no way to cause a change: pass --config or --publish-command")
+        self.probes.append(id)
         return await self.changes.make(self.resource, id, sub)
 
 

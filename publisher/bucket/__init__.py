@@ -48,7 +48,9 @@ from publisher.bucket.values.changes import (
     digest_of,
     encode_change,
     merge_partitions,
+    object_state,
     parse_entry,
+    state_refused,
 )
 from publisher.bucket.values.keys import Keys, partition_of
 from publisher.bucket.values.markers import decode_marker, encode_marker
@@ -89,9 +91,11 @@ __all__ = [
     "encode_change",
     "encode_marker",
     "merge_partitions",
+    "object_state",
     "open_bucket",
     "parse_entry",
     "parse_vector",
     "partition_of",
+    "state_refused",
     "translate_redis_errors",
 ]

@@ -22,11 +22,12 @@ import structlog
 
 from changefeed.client_options import credential_options
 from changefeed.credentials import Credentials, pick_token
-from changefeed.errors import ChangefeedError, ReplicationTimeout
+from changefeed.errors import ChangeError, ChangefeedError, ConfigError, ReplicationTimeout
 from publisher.bucket import REPLICAS_TIMEOUT, Change, open_bucket
 from publisher.bucket.redis.embedded import EmbeddedRedis
 from publisher.cli.seen import wait_seen_by_options
 from publisher.config.logs import set_level
+from publisher.config.security import check_exposure
 from publisher.config.settings import Config, load_config
 from publisher.server.lifecycle import Supervisor
 from publisher.server.service import Service
@@ -57,6 +58,12 @@ def _load(path: Path, **overrides: Any) -> Config:
         return load_config(path).with_overrides(**overrides)
     except ChangefeedError as exc:
         raise click.ClickException(str(exc)) from None
+
+
+def base_url(url: str) -> str:
+    """A publisher's URL as the user typed it, `http://` put before a `host:port` without a
+    scheme (as curl does)."""
+    return url if "://" in url else f"http://{url}"
 
 
 @contextlib.contextmanager
@@ -137,6 +144,10 @@ def serve(
     """
     follow_parent()
     config = _load(config_path, host=host, port=port, redis_url=redis_url)
+    try:  # before anything starts (an embedded Redis, workers): nothing left behind
+        check_exposure(config.server.host, config.security)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
     log_level: str | None = (ctx.find_root().obj or {}).get("log_level")
     if workers > 1:
         _serve_workers(ctx, config, config_path, workers, loop, log_level)
@@ -253,7 +264,7 @@ async def _serve(
 @click.argument("resource")
 @click.argument("changed_id", metavar="ID")
 @click.option("--sub", "subs", required=True, help="Comma-separated sub-resources, e.g. nic,alias.")
-@click.option("--data", help="The new state as JSON: stored with the change.")
+@click.option("--data", help="The new state, a JSON object: stored with the change.")
 @click.option("--delete", is_flag=True, help="Remove the stored state with the change.")
 @click.option(
     "--key",
@@ -290,30 +301,23 @@ def publish(
 ) -> str:
     """Commit one change and print its cursor (the last line of output).
 
-    With --data the state is stored and the item appended atomically; with --delete the state
-    is removed; with neither, only the change item is appended. When Redis did not answer a sent
-    commit, the error says the outcome is unknown: run the same command again with the same
-    --key to commit it exactly once. With --replicas, a commit the replicas did not confirm in
-    time fails (exit 1) after printing its cursor: it is written on the master only.
+    With --data (a JSON object) the state is stored and the item appended atomically; with
+    --delete the state is removed; with neither, only the change item is appended. When Redis
+    did not answer a sent commit, the error says the outcome is unknown: run the same command
+    again with the same --key to commit it exactly once. With --replicas, a commit the replicas
+    did not confirm in time fails (exit 1) after printing its cursor: it is written on the
+    master only.
     """
     if data is not None and delete:
         raise click.UsageError("--data and --delete exclude each other")
-    state: Any = None
-    if data is not None:
-        try:
-            state = orjson.loads(data)
-        except orjson.JSONDecodeError as exc:
-            raise click.BadParameter(f"not JSON: {exc}", param_hint="--data") from None
-    config = _load(config_path, redis_url=redis_url)
     sub_resources = [s.strip() for s in subs.split(",") if s.strip()]
+    change = _change(resource, changed_id, sub_resources, data, delete)
+    config = _load(config_path, redis_url=redis_url)
     try:
         with bucket_redis(config, quiet=True) as (config, _):
             assert config.bucket.redis_url is not None
             cursor = asyncio.run(
-                _publish(
-                    config, resource, changed_id, sub_resources, state, data is not None, delete,
-                    key, replicas, replicas_timeout,
-                )
+                _publish(config, change, key, replicas, replicas_timeout)
             )
     except ReplicationTimeout as exc:
         click.echo(exc.cursors[-1])
@@ -324,14 +328,27 @@ def publish(
     return cursor
 
 
+def _change(
+    resource: str, changed_id: str, subs: list[str], data: str | None, delete: bool
+) -> Change:
+    """The change `publish` commits: a put of `data` (a JSON object), a delete, or a publish."""
+    if delete:
+        return Change.delete(resource, changed_id, subs)
+    if data is None:
+        return Change.publish(resource, changed_id, subs)
+    try:
+        state = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise click.BadParameter(f"not JSON: {exc}", param_hint="--data") from None
+    try:
+        return Change.put(resource, changed_id, subs, state)
+    except ChangeError as exc:
+        raise click.BadParameter(str(exc), param_hint="--data") from None
+
+
 async def _publish(
     config: Config,
-    resource: str,
-    changed_id: str,
-    subs: list[str],
-    state: Any,
-    store: bool,
-    delete: bool,
+    change: Change,
     key: str | None,
     replicas: int = 0,
     replicas_timeout: float = REPLICAS_TIMEOUT,
@@ -341,14 +358,6 @@ async def _publish(
         config.bucket.redis_url, config.bucket.name, config.resources, config.bucket.partitions
     )
     try:
-        if store or delete:
-            change = (
-                Change.delete(resource, changed_id, subs)
-                if delete
-                else Change.put(resource, changed_id, subs, state)
-            )
-        else:
-            change = Change.publish(resource, changed_id, subs)
         cursors = await bucket.commit_replicated(
             [change], key=key, replicas=replicas, timeout=replicas_timeout
         )
@@ -373,11 +382,13 @@ async def _publish(
 def stats(
     url: str, as_json: bool, fleet: bool, token_file: Path | None, cafile: Path | None
 ) -> None:
-    """Print a publisher's /changefeeds/stats readably (URL: the publisher's base URL).
+    """Print a publisher's /changefeeds/stats readably (URL: the publisher's base URL;
+    `host:port` alone means http://host:port).
 
     Registrations and addresses are shown to a token with the `stats` scope; counts to others.
     """
     credentials = _credentials(token_file, cafile)
+    url = base_url(url)
     stats_url = url.rstrip("/") + "/changefeeds/stats" + ("?scope=fleet" if fleet else "")
     try:
         body = asyncio.run(_get_json(stats_url, credentials, url))

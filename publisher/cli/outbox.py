@@ -11,9 +11,17 @@ from typing import Any, TypeVar
 import click
 import orjson
 
+from changefeed.cursor import ZERO, StreamId
 from changefeed.errors import ChangefeedError
 from publisher.bucket import open_bucket
-from publisher.cli.commands import _credentials, _get_json, _load, config_option, redis_option
+from publisher.cli.commands import (
+    _credentials,
+    _get_json,
+    _load,
+    bucket_redis,
+    config_option,
+    redis_option,
+)
 from publisher.cli.seen import wait_seen_by_options
 from publisher.config.outbox import Outbox
 from publisher.config.settings import Config
@@ -128,7 +136,57 @@ def cursor(config_path: Path, row: int, resource: str, changed_id: str, subs: st
            timeout: float) -> str:
     """Wait until outbox row ROW (the change of RESOURCE ID that changefeed.put/delete/publish
     returned) is in the bucket and print its cursor; with --wait-seen-by, then wait until
-    listeners were sent it. Exit 1 when the row is dead or not relayed in time."""
-    found = _run(_load(config_path), lambda conn, _: row_cursor(conn, row, timeout=timeout))
+    listeners were sent it. Exit 1 when the row is dead or not relayed in time, or is the
+    change of another resource or id."""
+    config = _load(config_path)
+    said = (resource, changed_id)
+    checked: list[bool] = []
+
+    async def work(conn: Any, _: Outbox) -> str:
+        found = await conn.fetchrow(_ROW, row)
+        if found is not None:  # not relayed yet, or dead
+            _check_row(row, said, (found["resource"], found["changed_id"]))
+            checked.append(True)
+        return await row_cursor(conn, row, timeout=timeout)
+
+    found = _run(config, work)
+    if not checked:  # relayed already: the bucket's log says whose change it is
+        with bucket_redis(config, quiet=True) as (running, _):
+            assert running.bucket.redis_url is not None
+            logged = asyncio.run(_logged(running, found))
+        if logged is not None:
+            _check_row(row, said, logged)
     click.echo(found)
     return found
+
+
+_ROW = """
+SELECT resource, changed_id FROM changefeed.outbox WHERE id = $1
+UNION ALL SELECT resource, changed_id FROM changefeed.outbox_dead WHERE id = $1
+"""
+
+
+def _check_row(row: int, said: tuple[str, str], found: tuple[str, str]) -> None:
+    if said != found:
+        raise click.ClickException(
+            f"outbox row {row} is the change of {found[0]} {found[1]!r}, not of "
+            f"{said[0]} {said[1]!r} (RESOURCE and ID name the row's own change)"
+        )
+
+
+async def _logged(config: Config, cursor: str) -> tuple[str, str] | None:
+    """(resource, id) of the change at `cursor` in the bucket's log (None: trimmed since)."""
+    assert config.bucket.redis_url is not None
+    bucket = open_bucket(config.bucket.redis_url, config.bucket.name, config.resources,
+                         config.bucket.partitions)
+    try:
+        vector = await bucket.log.decode_cursor(cursor)
+        own = [(s, at) for s, at in enumerate(vector.positions) if at != ZERO]
+        if len(own) != 1:
+            return None
+        shard, at = (await bucket.log.shards())[own[0][0]], own[0][1]
+        before = StreamId(at.ms, at.seq - 1) if at.seq else StreamId(at.ms - 1, 2**64 - 1)
+        entries = await shard.read(before, at, 1)
+    finally:
+        await bucket.aclose()
+    return (entries[0].resource, entries[0].changed_resource_id) if entries else None

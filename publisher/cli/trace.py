@@ -14,6 +14,7 @@ only the one at URL. docs/operations.md#tracing-a-change shows the output.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +28,7 @@ import orjson
 from changefeed.credentials import Credentials
 from changefeed.cursor import Cursor
 from changefeed.errors import CursorError
-from publisher.cli.commands import _credentials
+from publisher.cli.commands import _credentials, base_url
 from publisher.delivery.trace import iso
 
 WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
@@ -81,11 +82,35 @@ def _ms(value: Any) -> str:
     return f"+{value:.1f} ms" if isinstance(value, int | float) else "?"
 
 
-def render(cursor: Cursor, gathered: Gathered) -> list[str]:
-    """The readable report. Pure."""
+OUT_OF_LOG = frozenset({"OtherEpoch", "NoSuchChange"})
+"""The answers of a publisher whose log has no change at the cursor."""
+SKEW_MS = 60_000
+"""How far past the host's clock a cursor's time may be (Redis's clock ahead of the host's)
+and still be taken for a commit's."""
+
+
+def committed_at(cursor: Cursor, gathered: Gathered, now: float) -> str | None:
+    """When the change at `cursor` was committed (its cursor's time), or None when the cursor
+    is not in the log: the start of a bucket (0-0), a time to come, or no publisher's log has
+    it. Pure."""
+    ms = cursor.position.ms
+    if any(a.status == 200 for a in gathered.answers.values()):
+        return iso(ms / 1000)
+    if ms == 0 or ms > now * 1000 + SKEW_MS:
+        return None
+    codes = {a.body.get("code") for a in gathered.answers.values()}
+    if codes and codes <= OUT_OF_LOG:
+        return None
+    return iso(ms / 1000)
+
+
+def render(cursor: Cursor, gathered: Gathered, now: float | None = None) -> list[str]:
+    """The readable report (`now`: the host's clock, time.time() by default). Pure but for
+    that default."""
+    at = committed_at(cursor, gathered, time.time() if now is None else now)
     lines = [f"change {cursor.encode()}",
-             f"committed  {iso(cursor.position.ms / 1000)} (write times: ms after it; "
-             "--json for each time)"]
+             f"committed  {at} (write times: ms after it; --json for each time)" if at else
+             "committed  not in the log (no change of the log has this cursor)"]
     traced = listeners = 0
     for publisher_id, answer in sorted(gathered.answers.items()):
         body = answer.body
@@ -214,11 +239,11 @@ def trace(cursor: str, url: str, this_publisher: bool, as_json: bool,
     except CursorError as exc:
         raise click.BadParameter(str(exc), param_hint="CURSOR") from None
     credentials = _credentials(token_file, cafile)
-    gathered = asyncio.run(gather(url, cursor, credentials, not this_publisher))
+    gathered = asyncio.run(gather(base_url(url), cursor, credentials, not this_publisher))
     if as_json:
         body = {
             "cursor": cursor,
-            "committedAt": iso(wanted.position.ms / 1000),
+            "committedAt": committed_at(wanted, gathered, time.time()),
             "publishers": [{"address": a.address, "status": a.status, **a.body}
                            for _, a in sorted(gathered.answers.items())],
             "unreached": gathered.unreached,
@@ -231,4 +256,7 @@ def trace(cursor: str, url: str, this_publisher: bool, as_json: bool,
         raise click.ClickException("no publisher has a trace of this change")
 
 
-__all__ = ["Answer", "Gathered", "advertised", "gather", "peer_address", "render", "trace"]
+__all__ = [
+    "Answer", "Gathered", "advertised", "committed_at", "gather", "peer_address", "render",
+    "trace",
+]

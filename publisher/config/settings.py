@@ -242,7 +242,8 @@ def load_config(path: str | Path) -> Config:
     try:
         text = path.read_text()
     except OSError as exc:
-        raise ConfigError("<file>", str(path), f"a readable config.js ({exc.strerror})") from None
+        raise ConfigError("<file>", str(path), f"a readable config.js ({exc.strerror})",
+                          f"cannot read the config file {path}: {exc.strerror}") from None
     return parse_config(text, base=path.resolve().parent, source=str(path))
 
 

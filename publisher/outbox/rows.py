@@ -13,7 +13,7 @@ import orjson
 from changefeed.errors import ChangeError
 from changefeed.protocol import Resource
 from changefeed.watch import MAX_ID_BYTES
-from publisher.bucket import Change
+from publisher.bucket import Change, state_refused
 
 CLAIM = """
 UPDATE changefeed.outbox o SET batch = c.first
@@ -99,7 +99,7 @@ def change_of(row: Row, resources: Mapping[str, Resource]) -> Change | Dead:
     if row.op != "put":
         return Dead(row, f"unknown op {row.op!r}")
     if row.kind != "object" or row.state is None:
-        return Dead(row, f"state is not a JSON object (got {row.kind or 'null'})")
+        return Dead(row, str(state_refused(row.resource, row.changed_id, row.kind or "null")))
     # PostgreSQL's text of the jsonb, committed as it is: no decoding and encoding again.
     state = orjson.Fragment(row.state.encode())
     return Change.put(row.resource, row.changed_id, row.sub_resources, state)

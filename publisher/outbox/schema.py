@@ -107,8 +107,12 @@ BEGIN
             USING ERRCODE = '22023';
     END IF;
     IF p_op = 'put' AND (p_state IS NULL OR jsonb_typeof(p_state) <> 'object') THEN
-        RAISE EXCEPTION 'changefeed.put: state must be a JSON object (got %)',
-            coalesce(jsonb_typeof(p_state), 'NULL') USING ERRCODE = '22023';
+        -- The message of publisher.bucket.state_refused, spelt out again.
+        RAISE EXCEPTION 'changefeed.put: % %: a put''s state must be a JSON object, got %',
+            p_resource, quote_literal(p_id), coalesce(jsonb_typeof(p_state), 'null')
+                || CASE WHEN coalesce(jsonb_typeof(p_state), 'null') = 'null'
+                    THEN ' (a change without a state is a publish)' ELSE '' END
+            USING ERRCODE = '22023';
     END IF;
     INSERT INTO changefeed.outbox (resource, changed_id, sub_resources, op, state)
         VALUES (p_resource, p_id, p_subs, p_op, p_state) RETURNING id INTO row_id;

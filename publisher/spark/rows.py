@@ -5,8 +5,8 @@ Pure code, run on the executors. The columns are those `SinkOptions` checked on 
 column of a record batch is turned into Python values once (Arrow's `to_pylist`), and each row
 straight into the commit script's arguments (`Encoded`: the state as JSON bytes), without a
 `Change` in between. What only the data can get wrong (a null or too long id, an unknown op, a
-state that is not JSON, an unknown sub-resource) raises `ChangeError` naming the row's id when
-that row is reached, so the chunks before it are committed first.
+put's state that is not a JSON object, an unknown sub-resource) raises `ChangeError` naming the
+row's id when that row is reached, so the chunks before it are committed first.
 
 Map columns become JSON objects, as Spark's `to_json` writes them (Arrow gives maps as lists of
 key-value pairs).
@@ -22,7 +22,7 @@ import orjson
 import pyarrow as pa
 
 from changefeed.errors import ChangeError
-from publisher.bucket import MAX_ID_BYTES, Change, Encoded
+from publisher.bucket import MAX_ID_BYTES, Change, Encoded, object_state, state_refused
 from publisher.spark.options import OPS, SinkOptions
 
 Check = Callable[[Change], None]
@@ -104,12 +104,13 @@ class RowEncoder:
         if self.options.state == "column":
             column = self.options.state_column
             if state is None:
-                raise ChangeError(f"row {id!r}: {column!r} is null (a put needs a state)")
+                raise state_refused(self.options.resource, id, "null")
             try:
-                return orjson.dumps(orjson.loads(state))
+                encoded = orjson.dumps(orjson.loads(state))
             except orjson.JSONDecodeError as exc:
                 raise ChangeError(f"row {id!r}: {column!r} is not JSON ({exc})") from None
-        return b"null"
+            return object_state(self.options.resource, id, encoded)
+        raise state_refused(self.options.resource, id, "null")
 
 
 def chunks(changes: Iterable[Encoded], size: int) -> Iterator[list[Encoded]]:

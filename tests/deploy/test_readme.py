@@ -3,22 +3,24 @@
 The server is `changefeed serve` on a copy of the sample config.js (its embedded Redis, a free
 port instead of 8080) in a temporary directory, which is also where the snippets run: the
 README says to run them from the directory of config.js. The only change to a snippet is the
-port in `127.0.0.1:8080`. A snippet that iterates a listener runs until it is stopped; every
-other snippet must finish with status 0. Standard output holds only what the snippets print: the
-libraries log through `logging`, and an application that configures nothing sees none of their
-debug and info lines (docs/logging.md, "The client libraries").
+port in `127.0.0.1:8080`. A snippet that iterates a listener runs until it is stopped, by a
+SIGINT (Ctrl-C) after which it must exit with status 0 and no traceback; every other snippet
+must finish with status 0. Standard output holds only what the snippets print: the libraries
+log through `logging`, and an application that configures nothing sees none of their debug and
+info lines (docs/logging.md, "The client libraries").
 """
 
 from __future__ import annotations
 
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from tests.servers import PublisherProcess, drain, free_port, scaled
+from tests.servers import PublisherProcess, default_sigint, drain, free_port, scaled
 
 ROOT = Path(__file__).parents[2]
 SNIPPET = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
@@ -66,7 +68,8 @@ def test_the_readme_python_snippets_run_against_the_sample_server(tmp_path: Path
         for n, script in enumerate(listeners):
             with (tmp_path / f"listener{n}.stderr").open("wb") as stderr:
                 process = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path,
-                                           stdout=subprocess.PIPE, stderr=stderr)
+                                           stdout=subprocess.PIPE, stderr=stderr,
+                                           preexec_fn=default_sigint)
             lines: list[str] = []
             drain(process, lines)
             running.append((process, lines))
@@ -84,6 +87,11 @@ def test_the_readme_python_snippets_run_against_the_sample_server(tmp_path: Path
                 wait_for_line(process, lines, rf"^ChangeEvent\(.*cursor='{re.escape(cursor)}'")
             others_printed = [line for line in lines if not PRINTED_EVENT.match(line)]
             assert not others_printed, "".join(others_printed)
+        for n, (process, lines) in enumerate(running):  # Ctrl-C ends a listener quietly
+            process.send_signal(signal.SIGINT)
+            assert process.wait(scaled(10)) == 0, "".join(lines)
+            said = "".join(lines) + (tmp_path / f"listener{n}.stderr").read_text()
+            assert "Traceback" not in said and "KeyboardInterrupt" not in said, said
     finally:
         for process, _ in running:
             process.kill()

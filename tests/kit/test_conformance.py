@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import sys
 from collections.abc import AsyncIterator
 from typing import Any
@@ -40,6 +41,11 @@ async def test_the_publisher_conforms(changefeed_publisher: RunningPublisher) ->
                                      str(changefeed_publisher.config_path))
     assert code == 0, output
     assert "27 checks: 27 passed, 0 failed, 0 not run" in output
+    probes = re.search(r"^wrote (\d+) probe change\(s\) of vm into the live bucket: "
+                       r"(conformance-\w+-)0 \.\. (conformance-\w+-)(\d+) \(listeners of vm "
+                       r"receive them\)$", output, re.M)
+    assert probes is not None, output
+    assert probes[2] == probes[3] and int(probes[4]) + 1 == int(probes[1]) > 0
     for name in ("registration-v1", "registration-v2", "bad-binary-frame", "item-shape",
                  "resume", "resume-foreign-since"):
         assert f"  {name} " in output

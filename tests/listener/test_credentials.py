@@ -122,7 +122,7 @@ async def test_a_listener_reads_its_token_from_the_environment(
                         bootstrap=False, config=FAST) as feed:
         first = asyncio.create_task(anext(feed))
         await eventually(lambda: bool(tls.service.hub.connections), "the listener registered")
-        await tls.service.bucket.commit("vm", "c", ["nic"], None)
+        await tls.service.bucket.commit("vm", "c", ["nic"], {"uuid": "c"})
         async with asyncio.timeout(scaled(10)):
             event = await first
         assert isinstance(event, Change) and event.id == "c"
@@ -215,7 +215,7 @@ async def test_changefeed_snoop_takes_a_token_file_and_refuses_without(
         async with asyncio.timeout(scaled(15)):
             while b'"event": "registered"' not in await process.stderr.readline():
                 pass
-            cursor = await tls.service.bucket.commit("vm", "s", ["nic"], None)
+            cursor = await tls.service.bucket.commit("vm", "s", ["nic"], {"uuid": "s"})
             line = orjson.loads(await process.stdout.readline())
         assert line["cursor"] == cursor
     finally:

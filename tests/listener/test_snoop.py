@@ -12,7 +12,7 @@ from changefeed.protocol import ChangeItem
 from listener.events import ChangeEvent
 from listener.snoop import format_change
 from publisher.server.service import Service
-from tests.servers import scaled
+from tests.servers import default_sigint, scaled
 
 
 async def read_line(stream: asyncio.StreamReader) -> str:
@@ -27,6 +27,7 @@ async def test_snoop_prints_changes_as_json_lines_and_stops_on_ctrl_c(publisher:
         sys.executable, "-m", "changefeed_cli", "--log-format", "json", "snoop",
         publisher.url, "vm", "--sub", "nic,alias",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        preexec_fn=default_sigint,
     )
     assert process.stdout is not None and process.stderr is not None
     try:
@@ -58,6 +59,7 @@ async def test_snoop_shows_reconnects_and_resumes(publisher: Service) -> None:
         sys.executable, "-m", "changefeed_cli", "--log-format", "json", "snoop",
         publisher.url, "vm", "--since", before,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        preexec_fn=default_sigint,
     )
     assert process.stdout is not None and process.stderr is not None
     try:
@@ -79,6 +81,7 @@ async def test_snoop_with_ids_and_prefixes_prints_only_those(publisher: Service)
         sys.executable, "-m", "changefeed_cli", "--log-format", "json", "snoop",
         publisher.url, "vm", "--prefix", "servers", "--id", "x",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        preexec_fn=default_sigint,
     )
     assert process.stdout is not None and process.stderr is not None
     try:

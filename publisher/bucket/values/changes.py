@@ -15,6 +15,7 @@ from typing import Any, Literal
 import orjson
 
 from changefeed.cursor import AnyCursor, Cursor, StreamId
+from changefeed.errors import ChangeError
 from changefeed.protocol import ChangeItem
 from changefeed.watch import MAX_ID_BYTES
 
@@ -31,6 +32,12 @@ class Change:
     op: Op = "publish"
     state: Any = None
 
+    def __post_init__(self) -> None:
+        if self.op == "put" and type(self.state) is not dict:
+            given = _encoded_type(self.state)
+            if given is not None and given != "object":
+                raise state_refused(self.resource, self.changed_resource_id, given)
+
     @classmethod
     def put(cls, resource: str, id: str, sub_resources: Sequence[str], state: Any) -> Change:
         return cls(resource, id, tuple(sub_resources), "put", state)
@@ -42,6 +49,42 @@ class Change:
     @classmethod
     def publish(cls, resource: str, id: str, sub_resources: Sequence[str]) -> Change:
         return cls(resource, id, tuple(sub_resources), "publish")
+
+
+def state_refused(resource: str, id: str, given: str) -> ChangeError:
+    """The error of a put whose state is not a JSON object, `given` being the JSON type it has
+    (`null` for none): one form on every path (`Change`, the Spark sink's rows, the outbox's
+    rows and its SQL functions, which spell it out again)."""
+    hint = " (a change without a state is a publish)" if given == "null" else ""
+    return ChangeError(
+        f"{resource} {id!r}: a put's state must be a JSON object, got {given}{hint}"
+    )
+
+
+def object_state(resource: str, id: str, state: bytes) -> bytes:
+    """`state` (a put's state, as JSON) if it is an object, else `state_refused`'s error."""
+    if state[:1] == b"{" or state.lstrip()[:1] == b"{":
+        return state
+    raise state_refused(resource, id, json_type(state))
+
+
+def json_type(encoded: bytes) -> str:
+    """The JSON type of the JSON text `encoded` (as PostgreSQL's `jsonb_typeof` names it)."""
+    first = encoded.lstrip()[:1]
+    return _JSON_TYPES.get(first, "number" if first else "nothing")
+
+
+_JSON_TYPES = {b"{": "object", b"[": "array", b'"': "string", b"t": "boolean",
+               b"f": "boolean", b"n": "null"}
+
+
+def _encoded_type(state: Any) -> str | None:
+    """The JSON type `state` encodes to (None: orjson cannot encode it, which the commit's
+    encoding reports)."""
+    try:
+        return json_type(orjson.dumps(state))
+    except orjson.JSONEncodeError:
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,8 +358,11 @@ __all__ = [
     "StatePage",
     "digest_of",
     "encode_change",
+    "json_type",
     "merge_partitions",
+    "object_state",
     "pack_changes",
     "parse_entry",
+    "state_refused",
     "unpack_bulk",
 ]

@@ -72,6 +72,24 @@ async def test_unknown_resources_and_bad_ids_are_refused_before_writing(
     assert await plain.xlen(bucket.keys.log) == 0, "a refused batch writes nothing"
 
 
+async def test_a_put_whose_state_is_not_an_object_is_refused_before_writing(
+    bucket: ChangeBucket, plain: aioredis.Redis
+) -> None:
+    with pytest.raises(ChangeError, match=r"^vm 'x1': a put's state must be a JSON object, "
+                                          r"got null \(a change without a state is a publish\)$"):
+        await bucket.commit("vm", "x1", ["nic"])
+    with pytest.raises(ChangeError, match=r"^vm 'x2': a put's state must be a JSON object, "
+                                          r"got array$"):
+        await bucket.commit("vm", "x2", ["nic"], ["nic"])
+    with pytest.raises(ChangeError, match=r"got string$"):
+        await bucket.commit_many([Change.publish("vm", "ok", ["nic"]),
+                                  Change("vm", "x3", ("nic",), "put", "str")])
+    assert await plain.xlen(bucket.keys.log) == 0, "a refused state writes nothing"
+    await bucket.commit("vm", "x4", ["nic"], {"uuid": "x4"})
+    await bucket.commit("vm", "x4", ["nic"], delete=True)  # a delete needs no state
+    assert await plain.xlen(bucket.keys.log) == 2
+
+
 async def test_trim_removes_old_items_and_records_the_horizon(bucket: ChangeBucket) -> None:
     # Ages far apart (1.5 s, and an age limit of 1 s), so a slow machine between the last
     # publish and the trims cannot make the new item old too (CI once trimmed 6).

@@ -128,6 +128,9 @@ async def test_serve_with_embedded_redis_publish_stats_and_sigterm(short_dir: Pa
         assert "1 listener(s)" in output
         row = next(line for line in output.splitlines() if "cli-listener" in line)
         assert "tcns" in row and "vm" in row and "nic" in row and cursor in row
+        # A host:port without a scheme is taken for http://, as curl does.
+        status, bare = await changefeed("stats", server.url.removeprefix("http://"))
+        assert status == 0 and "1 listener(s)" in bare, bare
 
         # SIGTERM: listeners are told 1001, the process exits cleanly, the embedded Redis goes.
         assert server.process is not None
@@ -261,6 +264,33 @@ async def test_publish_with_a_key_commits_once_and_prints_the_first_cursor(
     assert status != 0 and "idempotency key 'deploy-42' was first used" in output, output
     status, output = await changefeed("publish", "--help")
     assert "--key" in output and "Idempotency key" in output
+
+
+async def test_serve_on_a_public_address_without_auth_refuses_before_starting_redis(
+    short_dir: Path,
+) -> None:
+    state = short_dir / "state"
+    config = write_config(short_dir / "config.js", None, stateDir=str(state),
+                          server={"host": "0.0.0.0", "port": 0})
+    status, output = await changefeed("serve", "--config", str(config), cwd=short_dir)
+    assert status == 1, output
+    assert "Error: config key 'server.host': got '0.0.0.0', expected 127.0.0.1" in output
+    assert "embedded redis" not in output, output
+    assert not state.exists(), "nothing started, nothing left behind"
+
+
+async def test_publish_refuses_a_state_that_is_not_an_object(
+    short_dir: Path, redis_server: RedisServer
+) -> None:
+    config = write_config(short_dir / "config.js", redis_server.url)
+    for data, given in [("[1,2]", "array"), ('"str"', "string"), ("null", "null")]:
+        status, output = await changefeed(
+            "publish", "--config", str(config), "vm", "x1", "--sub", "nic", "--data", data)
+        assert status == 2, output
+        assert f"Invalid value for --data: vm 'x1': a put's state must be a JSON object, " \
+               f"got {given}" in output, output
+    with redis.Redis.from_url(redis_server.url) as client:
+        assert client.xlen("{test}:log") == 0
 
 
 async def test_publish_with_replicas_that_do_not_confirm_prints_the_cursor_and_fails(

@@ -3,8 +3,8 @@ itself runs against real publishers in test_trace_route.py)."""
 
 from __future__ import annotations
 
-from changefeed.cursor import Cursor
-from publisher.cli.trace import Answer, Gathered, advertised, peer_address, render
+from changefeed.cursor import Cursor, StreamId
+from publisher.cli.trace import Answer, Gathered, advertised, committed_at, peer_address, render
 
 
 def test_a_wildcard_host_is_replaced_by_the_host_asked() -> None:
@@ -35,3 +35,24 @@ def test_the_report_shows_each_publisher_and_the_total() -> None:
     assert "publisher p2 (http://b:1)\n  NotTraced: not traced: older" in text
     assert "publisher p3: not reached (no answer from it at http://c:1)" in text
     assert lines[-1] == "written to 3 listener(s) by 1 of 3 publisher(s)"
+
+
+def test_a_cursor_outside_the_log_has_no_commit_time() -> None:
+    now = 1_732_000_000.0
+    head = Cursor.decode("abcdefghij.0192f3a4b5c6a3")
+    fresh = Cursor.decode(Cursor(head.epoch, StreamId(0, 0)).encode())
+    future = Cursor(head.epoch, StreamId(int(now * 1000) * 3000, 0))
+    not_read = Gathered({"p1": Answer("http://a:1", 404, {"code": "NotReadYet"})})
+    for cursor, gathered in [
+        (fresh, Gathered({"p1": Answer("http://a:1", 404, {"code": "NotTraced"})})),
+        (future, not_read),
+        (head, Gathered({"p1": Answer("http://a:1", 404, {"code": "NoSuchChange"}),
+                         "p2": Answer("http://b:1", 404, {"code": "OtherEpoch"})})),
+    ]:
+        assert committed_at(cursor, gathered, now) is None
+        assert render(cursor, gathered, now)[1] == (
+            "committed  not in the log (no change of the log has this cursor)")
+    # In the log, or it may be: the cursor's time.
+    assert committed_at(head, not_read, now) == "2024-11-03T20:08:30.918Z"
+    older = Gathered({"p1": Answer("http://a:1", 404, {"code": "NotTraced"})})
+    assert render(head, older, now)[1].startswith("committed  2024-11-03T20:08:30.918Z")

@@ -81,7 +81,7 @@ def test_javascript_forms() -> None:
             "resources[0].bootstrapRoute",
             "present",
         ),
-        ("{resources: [" + VM + "]", "<file>:1:87", "JavaScript object literal"),
+        ("{resources: [" + VM + "]", "config.js:1:87", "JavaScript object literal"),
         ("{resources: [" + VM + "], server: {maxConnections: 0}}", "server.maxConnections",
          "positive integer"),
         ("{resources: [" + VM + "], server: {maxConnections: 10, maxConnectionsPerClient: 11}}",
@@ -109,7 +109,10 @@ def test_javascript_forms() -> None:
         ("{resources: [" + VM + "], trace: {items: -1}}", "trace.items",
          "an integer from 0 (no trace) to 100000"),
         ("{resources: [" + VM + "], trace: {items: 100001}}", "trace.items", "to 100000"),
-        ("{resources: [" + VM + "], trace: {items: true}}", "trace.items", "to 100000"),
+        ("{resources: [" + VM + "], trace: {items: true}}", "trace.items", "got true, expected"),
+        ("{resources: [" + VM + "], trace: {items: null}}", "trace.items", "got null, expected"),
+        ("{resources: [" + VM + "], trace: {items: [false, {a: null}]}}", "trace.items",
+         "got [false, {\"a\": null}], expected"),
         ("{resources: [" + VM + "], trace: {maxAge: -5}}", "trace.maxAge", "a positive number"),
         ("{resources: [" + VM + "], trace: {size: 1}}", "trace.size", "known keys"),
     ],
@@ -119,7 +122,9 @@ def test_invalid_config_names_key_value_and_expectation(text: str, key: str, exp
         parse_config(text)
     assert info.value.key == key
     assert expected in str(info.value)
-    assert f"config key {key!r}" in str(info.value)
+    where = key if key.startswith("config.js:") else f"config key {key!r}"
+    assert str(info.value).startswith(where + ": got "), str(info.value)
+    assert "True" not in str(info.value) and "None" not in str(info.value)  # JS spellings
 
 
 def test_overrides_are_validated() -> None:
@@ -169,8 +174,11 @@ def test_a_redis_password_is_never_shown() -> None:
 
 
 def test_missing_file(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"readable config\.js"):
+    with pytest.raises(ConfigError) as error:
         load_config(tmp_path / "absent.js")
+    assert str(error.value) == (
+        f"cannot read the config file {tmp_path / 'absent.js'}: No such file or directory")
+    assert error.value.key == "<file>"
 
 
 def test_bucket_sentinel_becomes_a_sentinel_url_and_excludes_redis_url() -> None:
@@ -187,3 +195,31 @@ def test_bucket_sentinel_becomes_a_sentinel_url_and_excludes_redis_url() -> None
     with pytest.raises(ConfigError) as raised:
         parse_config(both)
     assert raised.value.key == "bucket.sentinel"
+
+
+def test_the_sample_errors_of_config_md_are_the_loaders(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    doc = (Path(__file__).parents[3] / "docs" / "config.md").read_text()
+    start = doc.index("```\nError: config key 'maxAge'") + 4
+    sample = doc[start : doc.index("```", start)].splitlines()
+    vm = '{resource: "vm", subResources: ["nic"], bootstrapRoute: "/vms"}'
+    texts = [
+        f"{{resources: [{vm}], maxAge: -5}}",
+        f"{{resources: [{vm}], maxAge: true}}",
+        f"{{resources: [{vm}], colour: 1}}",
+        f"{{resources: [{vm}, {vm}]}}",
+        f"{{resources: [{vm}], bucket: {{redisUrl: 'http://x'}}}}",
+        None,  # no file
+        "module.exports = {\n  maxAge: 3600,\n  maxAge: 60,\n  resources: []};\n",
+        "module.exports = {\n  maxAge: 3600,\n  resources: [,\n",
+    ]
+    monkeypatch.chdir(tmp_path)
+    said = []
+    for text in texts:
+        if text is not None:
+            Path("config.js").write_text(text)
+        with pytest.raises(ConfigError) as error:
+            load_config("config.js" if text is not None else "nope.js")
+        said.append(f"Error: {error.value}")
+    assert said == sample

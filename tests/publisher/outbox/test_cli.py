@@ -126,11 +126,21 @@ def test_cursor_waits_for_the_relay(
     row, dead_row = str(put[0][0]), str(dead[0][0])
     waiting = run(config, "cursor", row, "vm", "vm-1", "--sub", "state", "--timeout", "0.2")
     assert waiting.exit_code == 1 and "still waits in the outbox" in waiting.output
+    for resource, id in [("vm", "vm-2"), ("network", "vm-1")]:  # pending: another row's change
+        wrong = run(config, "cursor", row, resource, id, "--sub", "state", "--timeout", "0.2")
+        assert wrong.exit_code == 1, wrong.output
+        assert (f"outbox row {row} is the change of vm 'vm-1', not of {resource} {id!r}"
+                in wrong.output), wrong.output
     publisher = PublisherProcess(config).start()
     try:
         relayed = run(config, "cursor", row, "vm", "vm-1", "--sub", "state")
         assert relayed.exit_code == 0, relayed.output
         assert relayed.output.strip().count(".") == 1  # <epoch>.<position>
+        wrong = run(config, "cursor", row, "vm", "vm-2", "--sub", "state")  # relayed: the log
+        assert wrong.exit_code == 1, wrong.output
+        assert f"outbox row {row} is the change of vm 'vm-1', not of vm 'vm-2'" in wrong.output
+        wrong = run(config, "cursor", dead_row, "vm", "d-1", "--sub", "size")  # dead
+        assert "is the change of disk 'd-1', not of vm 'd-1'" in wrong.output, wrong.output
         gone = run(config, "cursor", dead_row, "disk", "d-1", "--sub", "size")
         assert gone.exit_code == 1 and "unknown resource 'disk'" in gone.output
     finally:

@@ -90,6 +90,11 @@ async def test_cursor_gives_read_your_writes(
             await listener.wait_for(cursor, timeout=5)
             stored = await service.bucket.get("vm", "vm-1")
             assert stored is not None and orjson.loads(stored) == {"n": 1, "uuid": "vm-1"}
+            async with (  # as docs/http.md says: jsonb's text
+                aiohttp.ClientSession() as http,
+                http.get(service.url + "/vms/vm-1") as response,
+            ):
+                assert await response.text() == '{"n": 1, "uuid": "vm-1"}'
             tx = conn.transaction()
             await tx.start()
             rolled = await outbox.put(conn, "vm", "vm-2", ["state"], {"uuid": "vm-2"})
@@ -149,7 +154,8 @@ async def test_dead_rows_are_set_aside_and_the_rows_behind_them_flow(
         async with start_publisher(config) as service:
             await outbox.cursor(conn, good, timeout=5)
             await outbox.cursor(conn, bad[1], timeout=5)
-            with pytest.raises(OutboxRowDead, match="is not a JSON object"):
+            with pytest.raises(OutboxRowDead, match="vm 'vm-3': a put's state must be a JSON "
+                                                    "object, got array"):
                 await outbox.cursor(conn, bad[3], timeout=5)
             with pytest.raises(OutboxRowDead, match="unknown sub-resource"):
                 await outbox.cursor(conn, bad[2], timeout=5)

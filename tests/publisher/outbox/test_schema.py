@@ -73,8 +73,13 @@ async def test_rollback_leaves_nothing(database: str) -> None:
          f"id longer than {MAX_ID_BYTES} bytes"),
         ("SELECT changefeed.publish('vm', 'a', ARRAY[]::text[])", "at least one sub-resource"),
         ("SELECT changefeed.publish('', 'a', ARRAY['nic'])", "resource must be a non-empty"),
-        ("SELECT changefeed.put('vm', 'a', ARRAY['nic'], '[1]')", "state must be a JSON object"),
-        ("SELECT changefeed.put('vm', 'a', ARRAY['nic'], NULL)", "state must be a JSON object"),
+        ("SELECT changefeed.put('vm', 'a', ARRAY['nic'], '[1]')",
+         "^changefeed.put: vm 'a': a put's state must be a JSON object, got array$"),
+        ("SELECT changefeed.put('vm', 'a', ARRAY['nic'], NULL)",
+         r"^changefeed.put: vm 'a': a put's state must be a JSON object, got null \(a change "
+         r"without a state is a publish\)$"),
+        ("SELECT changefeed.put('vm', 'a', ARRAY['nic'], 'null')", "got null \\(a change"),
+        ("SELECT changefeed.put('vm', 'a', ARRAY['nic'], '\"s\"')", "got string$"),
     ],
 )
 async def test_refusals_fail_the_transaction_at_the_call(

@@ -210,6 +210,25 @@ def test_a_bad_row_fails_the_job_and_the_abort_says_what_was_written(
     assert abort_report([first, None, second])["tasks_failed"] == 1
 
 
+def test_a_put_whose_state_is_not_an_object_fails_the_job(
+    spark: SparkSession, redis_server: RedisServer, options: dict[str, str]
+) -> None:
+    rows = spark.createDataFrame([("a", '{"x": 1}'), ("b", "[1, 2]")], "id string, j string")
+    with pytest.raises(PySparkException,
+                       match="vm 'b': a put's state must be a JSON object, got array"):
+        write(rows.coalesce(1), options, resource="vm", subResources="nic", stateColumn="j")
+    rows = spark.createDataFrame([("a", None)], "id string, j string")
+    with pytest.raises(PySparkException, match=r"vm 'a': a put's state must be a JSON object, "
+                                               r"got null"):
+        write(rows, options, resource="vm", subResources="nic", stateColumn="j")
+    rows = spark.createDataFrame([("a", "publish"), ("b", "put")], "id string, op string")
+    with pytest.raises(PySparkException, match=r"vm 'b': a put's state must be a JSON object, "
+                                               r"got null \(a change without a state is a "
+                                               r"publish\)"):
+        write(rows.coalesce(1), options, resource="vm", subResources="nic", opColumn="op")
+    assert log_of(redis_server.url) == []  # the chunk with the bad row was not sent
+
+
 def test_a_retried_task_that_sees_its_rows_in_another_order_publishes_nothing_twice(
     redis_server: RedisServer,
 ) -> None:

@@ -3,11 +3,14 @@ as package data. No Redis."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from importlib.resources import files
 
+import orjson
 import pytest
 
 from changefeed.cursor import Cursor, StreamId
+from changefeed.errors import ChangeError
 from publisher.bucket import (
     COMMIT_LUA,
     Change,
@@ -16,8 +19,41 @@ from publisher.bucket import (
     decode_marker,
     digest_of,
     encode_marker,
+    object_state,
+    state_refused,
 )
 from publisher.bucket.lua import scripts
+
+
+@dataclass
+class Vm:
+    uuid: str
+
+
+def test_a_put_takes_only_a_json_object_as_state() -> None:
+    for state, given in [([1, 2], "array"), ("str", "string"), (3, "number"), (1.5, "number"),
+                         (True, "boolean"), (None, "null"), (orjson.Fragment(b"[1]"), "array")]:
+        with pytest.raises(ChangeError) as refused:
+            Change.put("vm", "x1", ["nic"], state)
+        assert str(refused.value) == str(state_refused("vm", "x1", given))
+        assert str(refused.value).startswith(f"vm 'x1': a put's state must be a JSON object, "
+                                             f"got {given}")
+    assert str(state_refused("vm", "x1", "null")).endswith(
+        "got null (a change without a state is a publish)")
+    for state in [{}, {"a": [1]}, Vm("x1"), orjson.Fragment(b' {"a": 1}')]:
+        Change.put("vm", "x1", ["nic"], state)  # what orjson encodes as an object
+    Change.publish("vm", "x1", ["nic"])
+    Change.delete("vm", "x1", ["nic"])
+
+
+def test_an_encoded_state_is_checked_alike() -> None:
+    assert object_state("vm", "a", b'{"x": 1}') == b'{"x": 1}'
+    assert object_state("vm", "a", b'\n {}') == b'\n {}'
+    for encoded, given in [(b"[]", "array"), (b'"s"', "string"), (b"-1", "number"),
+                           (b"false", "boolean"), (b"null", "null"), (b"", "nothing")]:
+        with pytest.raises(ChangeError, match=f"^vm 'a': a put's state must be a JSON object, "
+                                              f"got {given}"):
+            object_state("vm", "a", encoded)
 
 
 def test_digest_names_the_changes_in_order() -> None:
