@@ -16,7 +16,7 @@ import pytest
 
 from publisher.config.settings import Config, load_config
 from publisher.server.service import Service
-from tests.servers import RedisCluster, RedisServer, write_config
+from tests.servers import RedisCluster, RedisServer, scaled, write_config
 
 DUMP_BEFORE_TIMEOUT = 10.0
 """Seconds before a test's timeout at which its asyncio tasks' stacks are printed."""
@@ -40,6 +40,17 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     from tests.scheduling import SharedWorkers
 
     return SharedWorkers(config, log, SHARED_WORKERS)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """pytest-timeout's limit (`timeout` in pyproject) is a guard against a hung test, scaled
+    like every other timeout of the tests (`scaled`: doubled under several xdist workers), for
+    the tests that set none of their own: the first Spark test also starts Spark's JVM."""
+    limit = float(config.getini("timeout") or 0)
+    if limit:
+        for item in items:
+            if item.get_closest_marker("timeout") is None:
+                item.add_marker(pytest.mark.timeout(scaled(limit)))
 
 
 @pytest.fixture(autouse=True)
