@@ -1,6 +1,6 @@
 """The per-connection delivery decision: what the fan-out does with a new entry for one
 connection it matches. Pure: the facts in, a `Verdict` out; the fan-out (publisher.delivery.fanout)
-carries it out, for one entry or a batch, and a catch-up asks `room` before each write.
+carries it out, for one entry or a batch, and a catch-up asks it before each write.
 
 | the connection                              | verdict  | the fan-out                          |
 | ------------------------------------------- | -------- | ------------------------------------ |
@@ -35,22 +35,20 @@ SENT = frozenset({CHUNK, FRAME})
 """The verdicts that write the entry."""
 
 
-def decide(conn: Subscriber, closing: bool, queued: int, send_buffer: int) -> Verdict:
+def decide(
+    conn: Subscriber, closing: bool, queued: int, send_buffer: int, catching_up: bool = False
+) -> Verdict:
     """What the fan-out does with a new entry for `conn`, whose transport is `closing` and
-    holds `queued` bytes (see the module's table)."""
-    if not conn.live:
-        return FOLD if conn.coalesced is not None and not conn.closing else PASS
-    return room(conn, closing, queued, send_buffer)
+    holds `queued` bytes (see the module's table). `catching_up`: asked by `conn`'s own
+    catch-up before it writes, as if `conn` were live (`SKIP`, `BEHIND`: wait for it to drain,
+    else what to write)."""
+    if conn.live or catching_up:
+        if closing or conn.closing:
+            return SKIP
+        if queued > send_buffer:
+            return BEHIND
+        return CHUNK if conn.sse else FRAME
+    return FOLD if conn.coalesced is not None and not conn.closing else PASS
 
 
-def room(conn: Subscriber, closing: bool, queued: int, send_buffer: int) -> Verdict:
-    """Whether `conn` can be written an item now, live or catching up: `SKIP` (closing),
-    `BEHIND` (past `send_buffer`: wait for it to drain, or fall behind), else what to write."""
-    if closing or conn.closing:
-        return SKIP
-    if queued > send_buffer:
-        return BEHIND
-    return CHUNK if conn.sse else FRAME
-
-
-__all__ = ["BEHIND", "CHUNK", "FOLD", "FRAME", "PASS", "SENT", "SKIP", "Verdict", "decide", "room"]
+__all__ = ["BEHIND", "CHUNK", "FOLD", "FRAME", "PASS", "SENT", "SKIP", "Verdict", "decide"]

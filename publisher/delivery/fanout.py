@@ -150,6 +150,7 @@ class FanOut:
         written: list[Subscriber] | None = [] if trace is not None else None
         send_buffer = self.send_buffer
         position = entry.position
+        frame = entry.frame
         delivered = sent = sse_sent = 0
         for conn in self.routes.matching(
             entry.resource, entry.sub_resources, entry.changed_resource_id
@@ -158,7 +159,7 @@ class FanOut:
             verdict = decide(conn, transport.is_closing(), transport.get_write_buffer_size(),
                              send_buffer)
             if verdict is FRAME:
-                data = entry.frame
+                data = frame
             elif verdict is CHUNK:
                 data = sse_of(entry, self._order, epoch)
                 sse_sent += 1
@@ -209,6 +210,7 @@ class FanOut:
                 continue  # already seen (a re-read after a Redis reconnect)
             entry = self._append(raw, epoch)
             fresh.append(entry)
+            position = entry.position
             taken = False
             for conn in self.routes.matching(
                 entry.resource, entry.sub_resources, entry.changed_resource_id
@@ -232,7 +234,7 @@ class FanOut:
                     continue
                 queued.frames.append(frame)
                 queued.size += len(frame)
-                conn.sent(entry.position)
+                conn.sent(position)
                 taken = True
             if taken:
                 written.append(entry)

@@ -40,7 +40,7 @@ from changefeed.sse import close_chunks
 from publisher.bucket import ChangeBucket, LogEntry, Vector
 from publisher.delivery import fanout, replay
 from publisher.delivery.counters import Counters
-from publisher.delivery.decision import BEHIND, SKIP, room
+from publisher.delivery.decision import BEHIND, SKIP, decide
 from publisher.delivery.fanout import FanOut
 from publisher.delivery.lagging import Lagging
 from publisher.delivery.order import order_of
@@ -283,10 +283,11 @@ class Hub:
             trace.wrote_late(position, conn.registration.service, time.time())
 
     async def writable(self, conn: Subscriber) -> bool:
-        """Wait until `conn` can take another item (its `room`); False when it is closing."""
+        """Wait until `conn`, catching up, can take another item (`decide`); False when it is
+        closing."""
         transport = conn.transport
-        verdict = room(conn, transport.is_closing(), transport.get_write_buffer_size(),
-                       self.fanout.send_buffer)
+        verdict = decide(conn, transport.is_closing(), transport.get_write_buffer_size(),
+                         self.fanout.send_buffer, catching_up=True)
         if verdict is BEHIND:
             # The transport pauses its protocol above `send_buffer` (set at registration);
             # this is aiohttp's own wait for it to drain below the low-water mark.

@@ -21,7 +21,6 @@ from publisher.delivery.decision import (
     SKIP,
     Verdict,
     decide,
-    room,
 )
 from publisher.delivery.fanout import FanOut
 from publisher.delivery.lagging import Lagging
@@ -109,14 +108,17 @@ def test_a_connection_in_a_coalesced_catch_up_folds_unless_it_is_closing() -> No
     assert decide(conn, False, 0, BUFFER) is PASS
 
 
-def test_room_is_the_live_half_of_the_decision_for_any_connection() -> None:
-    """A catch-up asks `room` before each write, live or not."""
+def test_a_catch_up_is_answered_as_if_its_connection_were_live() -> None:
+    """A catch-up asks before each write: `BEHIND` means wait for the socket to drain."""
     conn = _conn()
     conn.fall_behind(ZERO)
-    assert room(conn, False, 0, BUFFER) is FRAME
-    assert room(conn, False, BUFFER + 1, BUFFER) is BEHIND
-    assert room(conn, True, 0, BUFFER) is SKIP
-    assert room(_conn(sse=True), False, 0, BUFFER) is CHUNK
+    assert decide(conn, False, 0, BUFFER, catching_up=True) is FRAME
+    assert decide(conn, False, BUFFER + 1, BUFFER, catching_up=True) is BEHIND
+    assert decide(conn, True, 0, BUFFER, catching_up=True) is SKIP
+    coalescing = _conn(sse=True, coalesce=True)
+    coalescing.fall_behind(ZERO)
+    coalescing.coalesce(10)
+    assert decide(coalescing, False, 0, BUFFER, catching_up=True) is CHUNK
 
 
 def test_every_verdict_is_reached() -> None:
