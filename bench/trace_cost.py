@@ -80,7 +80,7 @@ def hub_seconds_per_delivery(traced: bool, listeners: int, batch: int, batches: 
     transports of two services, `batch` entries per call: the fan-out alone, no sockets."""
     hub = Hub(Window(10_000, StreamId(0, 0)), None, 1 << 20)  # type: ignore[arg-type]
     hub.epoch = "bencheepoch"
-    hub.trace = TraceLog(Trace().items, None) if traced else None
+    hub.fanout.trace_with(TraceLog(Trace().items, None) if traced else None)
     kind = ChangeKind("vm", ("nic",))
     for n in range(listeners):
         registration = Registration(f"i{n}", ("bench", "billing")[n % 2], (kind,), 1)

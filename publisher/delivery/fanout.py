@@ -1,63 +1,42 @@
-"""The fan-out of a batch: `Hub.fan_out` of several new entries at once (the tail fell behind).
+"""The fan-out: route each new log entry to the connections it matches and carry out, for each,
+the delivery decision (publisher.delivery.decision).
 
-Each connection gets one write per batch: the frames of every entry it matches, joined, so a
-connection costs one system call for all of them instead of one per entry. A connection takes
-frames while what it has queued, counting those of this batch, is within the hub's
-`send_buffer`; past it, it falls behind after the last frame it took. The batch is routed
-(`_route`), written (`_write`), then counted (`_account`): one call of each per batch, none per
-entry or connection. A single entry (the common case) takes `Hub._publish_one` instead.
+An entry's websocket frame is built once and the same bytes are written to every matching
+connection's transport, without awaiting. One entry (a tail read of one commit, the common case)
+is written at once to each connection (`_one`); a batch (the tail fell behind) is routed
+(`_route`), then each connection is written once, the frames of every entry it matches joined
+(`_write`), so it costs one system call for all of them. Both ask `decide` per connection and
+entry: in a batch a connection's `queued` counts the frames of the batch queued for it.
 """
 
 from __future__ import annotations
 
 import time
-from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
-
-import structlog
 
 from changefeed.cursor import StreamId
+from changefeed.protocol import text_frame
+from changefeed.sse import change_chunk
 from publisher.bucket import LogEntry
-from publisher.delivery.coalesce import Coalesced, CoalesceOverflow
+from publisher.delivery.counters import Counters
+from publisher.delivery.decision import BEHIND, CHUNK, FOLD, FRAME, decide
+from publisher.delivery.lagging import Lagging
+from publisher.delivery.order import Order, StampedEntry
 from publisher.delivery.subscribers import Routes, Subscriber
 from publisher.delivery.trace import TraceLog
+from publisher.delivery.waiters import Waiters
 from publisher.delivery.window import Window, WindowEntry
 
-log = structlog.get_logger(__name__)
-
-
-class Hub(Protocol):
-    """What the fan-out uses of the hub (`publisher.delivery.hub.Hub`)."""
-
-    window: Window
-    routes: Routes
-    send_buffer: int
-    epoch: str
-    coalesce_ids: int
-    coalesced: Counter[str]
-    _coalescible: set[Subscriber]
-    _lagging: set[Subscriber]
-    trace: TraceLog | None
-    observe_latency: Callable[[float], None] | None
-    delivered: int
-    bytes_written: int
-    sse_delivered: int
-
-    def encode(self, entry: LogEntry) -> WindowEntry: ...
-    def sse_of(self, entry: WindowEntry) -> bytes: ...
-    def close_slow(self, conn: Subscriber) -> None: ...
-    def _folded(self, conn: Subscriber, entry: WindowEntry) -> bool: ...
-    def _fall_behind(self, conn: Subscriber, position: StreamId) -> None: ...
-    def _published(self, overflowed: Iterable[Subscriber]) -> None: ...
+Close = Callable[[Subscriber], None]
 
 
 @dataclass(slots=True)
 class Pending:
-    """What one batch will write to a connection, and its queue size with it."""
+    """What one batch will write to a connection, and its transport's queue with it."""
 
     size: int
+    closing: bool
     frames: list[bytes] = field(default_factory=list)
 
 
@@ -71,69 +50,210 @@ class Routed:
     written: list[WindowEntry]
     """The new entries taken by at least one live connection."""
     sse_sent: int
-    overflowed: set[Subscriber]
+    overflowed: dict[Subscriber, None]
     """Coalescing connections whose catch-up passed its limit: closed after the writes."""
 
 
-def publish_batch(hub: Hub, entries: Sequence[LogEntry]) -> None:
-    """Append `entries` to the hub's window and write them to live matching connections."""
-    trace = hub.trace
-    read_at = time.time() if trace is not None else 0.0
-    routed = _route(hub, entries)
-    delivered, sent = _write(routed.pending)
-    _account(hub, routed, delivered, sent, read_at)
-    hub._published(routed.overflowed)
-
-
-def _route(hub: Hub, entries: Sequence[LogEntry]) -> Routed:
-    """Append each new entry to the window and queue its frame for every live connection it
-    matches that has room; fold it into the coalesced catch-ups of the lagging ones."""
-    window = hub.window
-    send_buffer = hub.send_buffer
-    pending: dict[Subscriber, Pending] = {}
-    written: list[WindowEntry] = []
-    fresh: list[WindowEntry] = []
-    sse_sent = 0
-    overflowed: set[Subscriber] = set()
-    for raw in entries:
-        if raw.position <= window.head:
-            continue  # already seen (a re-read after a Redis reconnect)
-        entry = hub.encode(raw)
-        previous = window.head
-        if hub._coalescible and len(window) >= window.capacity:
-            coalesce_before(hub, window.oldest())
-        window.append(entry)
-        fresh.append(entry)
-        matching = hub.routes.matching(
-            entry.resource, entry.sub_resources, entry.changed_resource_id
+def encode(entry: LogEntry, epoch: str) -> WindowEntry:
+    """`entry` of `epoch` encoded once for every connection."""
+    payload = entry.item(epoch).encode()
+    if isinstance(entry, StampedEntry):
+        return WindowEntry(
+            entry.position, entry.resource, entry.sub_resources, entry.changed_resource_id,
+            payload, text_frame(payload), cursor=entry.cursor, published=entry.published,
         )
-        taken = False
-        for conn in matching:
-            if not conn.live:
-                if conn.coalesced is not None and not hub._folded(conn, entry):
-                    overflowed.add(conn)
-                continue
-            queued = pending.get(conn)
-            if queued is None:
-                transport = conn.transport
-                if transport.is_closing():
-                    continue
-                queued = pending[conn] = Pending(transport.get_write_buffer_size())
-            if queued.size > send_buffer:
-                hub._fall_behind(conn, previous)
-                continue
-            if conn.sse:
-                frame = hub.sse_of(entry)
+    return WindowEntry(entry.position, entry.resource, entry.sub_resources,
+                       entry.changed_resource_id, payload, text_frame(payload))
+
+
+def sse_of(entry: WindowEntry, order: Order, epoch: str) -> bytes:
+    """`entry` as a server-sent event's chunk, built once for every SSE subscriber."""
+    chunk = entry.sse
+    if chunk is None:
+        chunk = entry.sse_chunk(change_chunk(
+            order.cursor(epoch, entry.position, entry.cursor), entry.payload))
+    return chunk
+
+
+class FanOut:
+    """Writes each new entry to the live connections it matches; `catch_up` starts the catch-up
+    of one that fell behind, `close_slow` closes one whose coalesced catch-up overflowed or that
+    the window moved past."""
+
+    def __init__(
+        self, window: Window, routes: Routes, lagging: Lagging, counters: Counters,
+        waiters: Waiters, order: Order, send_buffer: int, *, catch_up: Close, close_slow: Close,
+    ) -> None:
+        self.window = window
+        self.routes = routes
+        self.send_buffer = send_buffer
+        """Bytes a live connection's transport may hold before it falls behind."""
+        self.trace: TraceLog | None = None
+        """The delivery trace (publisher.delivery.trace), None when `trace.items` is 0."""
+        self.observe_latency: Callable[[float], None] | None = None
+        """Called once per new item written to at least one live listener, with the seconds
+        from its commit (its Redis time) to the write: the metrics' histogram."""
+        self._lagging = lagging
+        self._counters = counters
+        self._waiters = waiters
+        self._order = order
+        self._catch_up = catch_up
+        self._close_slow = close_slow
+
+    def limit(self, send_buffer: int) -> None:
+        """A reloaded `limits.sendBuffer`."""
+        self.send_buffer = send_buffer
+
+    def trace_with(self, trace: TraceLog | None) -> None:
+        """Record the delivery trace in `trace` (None: stop)."""
+        self.trace = trace
+
+    def observe(self, latency: Callable[[float], None] | None) -> None:
+        """Report each new item's commit -> write seconds to `latency`."""
+        self.observe_latency = latency
+
+    def publish(self, entries: Sequence[LogEntry], epoch: str) -> None:
+        """Append new log entries of `epoch` to the window and write them to the live matching
+        connections; then close whom the window moved past and wake the waiters."""
+        if len(entries) == 1:
+            overflowed: Sequence[Subscriber] = self._one(entries[0], epoch)
+        else:
+            overflowed = self._batch(entries, epoch)
+        for conn in overflowed:
+            self._close_slow(conn)
+        for conn in self._lagging.fallen(self.window):
+            self._close_slow(conn)
+        self._waiters.wake()
+
+    def _behind(self, conn: Subscriber, position: StreamId) -> None:
+        self._lagging.fall_behind(conn, position)
+        self._catch_up(conn)
+
+    def _append(self, raw: LogEntry, epoch: str) -> WindowEntry:
+        entry = encode(raw, epoch)
+        for conn in self._lagging.before_append(self.window):
+            self._close_slow(conn)
+        self.window.append(entry)
+        return entry
+
+    def _one(self, raw: LogEntry, epoch: str) -> list[Subscriber]:
+        """One entry: each connection it matches is carried out its verdict at once, with no
+        per-connection bookkeeping beyond a list of whom it was written to when the delivery
+        trace is on. The coalescing connections that overflowed are returned."""
+        previous = self.window.head
+        overflowed: list[Subscriber] = []
+        if raw.position <= previous:
+            return overflowed
+        entry = self._append(raw, epoch)
+        trace = self.trace
+        read_at = time.time() if trace is not None else 0.0
+        written: list[Subscriber] | None = [] if trace is not None else None
+        send_buffer = self.send_buffer
+        position = entry.position
+        frame = entry.frame
+        delivered = sent = sse_sent = 0
+        for conn in self.routes.matching(
+            entry.resource, entry.sub_resources, entry.changed_resource_id
+        ):
+            transport = conn.transport
+            verdict = decide(conn, transport.is_closing(), transport.get_write_buffer_size(),
+                             send_buffer)
+            if verdict is FRAME:
+                data = frame
+            elif verdict is CHUNK:
+                data = sse_of(entry, self._order, epoch)
                 sse_sent += 1
             else:
-                frame = entry.frame
-            queued.frames.append(frame)
-            queued.size += len(frame)
-            conn.last_sent = entry.position
-            taken = True
-        if taken:
-            written.append(entry)
-    return Routed(pending, fresh, written, sse_sent, overflowed)
+                if verdict is FOLD and not self._lagging.fold(conn, entry):
+                    overflowed.append(conn)
+                elif verdict is BEHIND:
+                    self._behind(conn, previous)
+                continue
+            transport.write(data)
+            conn.sent(position)
+            delivered += 1
+            sent += len(data)
+            if written is not None:
+                written.append(conn)
+        if trace is not None:
+            assert written is not None
+            trace.published_one(epoch, position, written, read_at, time.time())
+        if delivered:
+            self._counters.wrote(delivered, sent, sse_sent)
+            if self.observe_latency is not None:
+                committed = entry.published or position.ms
+                self.observe_latency(max(time.time() * 1000 - committed, 0.0) / 1000)
+        return overflowed
+
+    def _batch(self, entries: Sequence[LogEntry], epoch: str) -> list[Subscriber]:
+        """Several entries: routed, written (one write per connection), then counted."""
+        trace = self.trace
+        read_at = time.time() if trace is not None else 0.0
+        routed = self._route(entries, epoch)
+        delivered, sent = _write(routed.pending)
+        self._account(routed, epoch, delivered, sent, read_at)
+        return list(routed.overflowed)
+
+    def _route(self, entries: Sequence[LogEntry], epoch: str) -> Routed:
+        """Append each new entry to the window and queue its frame for every connection whose
+        verdict is to write it (its queue counting what the batch queued for it already)."""
+        window = self.window
+        send_buffer = self.send_buffer
+        pending: dict[Subscriber, Pending] = {}
+        written: list[WindowEntry] = []
+        fresh: list[WindowEntry] = []
+        sse_sent = 0
+        overflowed: dict[Subscriber, None] = {}
+        for raw in entries:
+            previous = window.head
+            if raw.position <= previous:
+                continue  # already seen (a re-read after a Redis reconnect)
+            entry = self._append(raw, epoch)
+            fresh.append(entry)
+            position = entry.position
+            taken = False
+            for conn in self.routes.matching(
+                entry.resource, entry.sub_resources, entry.changed_resource_id
+            ):
+                queued = pending.get(conn)
+                if queued is None:
+                    transport = conn.transport
+                    queued = pending[conn] = Pending(transport.get_write_buffer_size(),
+                                                     transport.is_closing())
+                verdict = decide(conn, queued.closing, queued.size, send_buffer)
+                if verdict is FRAME:
+                    frame = entry.frame
+                elif verdict is CHUNK:
+                    frame = sse_of(entry, self._order, epoch)
+                    sse_sent += 1
+                else:
+                    if verdict is FOLD and not self._lagging.fold(conn, entry):
+                        overflowed[conn] = None
+                    elif verdict is BEHIND:
+                        self._behind(conn, previous)
+                    continue
+                queued.frames.append(frame)
+                queued.size += len(frame)
+                conn.sent(position)
+                taken = True
+            if taken:
+                written.append(entry)
+        return Routed(pending, fresh, written, sse_sent, overflowed)
+
+    def _account(
+        self, routed: Routed, epoch: str, delivered: int, sent: int, read_at: float
+    ) -> None:
+        """Count a written batch: the counters, the delivery trace and the latency metric."""
+        self._counters.wrote(delivered, sent, routed.sse_sent)
+        if self.trace is not None:
+            self.trace.published(epoch, routed.fresh, routed.pending, delivered, read_at,
+                                 time.time())
+        observe_latency = self.observe_latency
+        if routed.written and observe_latency is not None:
+            now_ms = time.time() * 1000
+            for entry in routed.written:
+                committed = entry.published or entry.position.ms
+                observe_latency(max(now_ms - committed, 0.0) / 1000)
 
 
 def _write(pending: dict[Subscriber, Pending]) -> tuple[int, int]:
@@ -149,45 +269,4 @@ def _write(pending: dict[Subscriber, Pending]) -> tuple[int, int]:
     return delivered, sent
 
 
-def _account(hub: Hub, routed: Routed, delivered: int, sent: int, read_at: float) -> None:
-    """Count a written batch: the hub's counters, the delivery trace and the latency metric."""
-    hub.delivered += delivered
-    hub.bytes_written += sent
-    hub.sse_delivered += routed.sse_sent
-    if hub.trace is not None:
-        hub.trace.published(hub.epoch, routed.fresh, routed.pending, delivered, read_at,
-                            time.time())
-    observe_latency = hub.observe_latency
-    if routed.written and observe_latency is not None:
-        now_ms = time.time() * 1000
-        for entry in routed.written:
-            committed = entry.published or entry.position.ms
-            observe_latency(max(now_ms - committed, 0.0) / 1000)
-
-
-def coalesce_before(hub: Hub, oldest: WindowEntry | None) -> None:
-    """The window is about to drop `oldest`: switch every coalescible connection not sent
-    it yet to a coalesced catch-up, holding what the window has for it."""
-    if oldest is None:
-        return
-    for conn in [c for c in hub._coalescible if c.position < oldest.position]:
-        hub._coalescible.discard(conn)
-        hub._lagging.discard(conn)
-        coalesced = conn.coalesced = Coalesced(hub.coalesce_ids)
-        hub.coalesced["started"] += 1
-        try:
-            for entry in hub.window.after(conn.position):
-                if conn.wants(entry):
-                    coalesced.fold(entry.resource, entry.sub_resources,
-                                   entry.changed_resource_id, entry.position, entry.cursor,
-                                   entry.published)
-        except CoalesceOverflow:
-            hub.close_slow(conn)
-            continue
-        log.info(
-            "slow consumer: coalesced catch-up",
-            instance=conn.registration.instance,
-            service=conn.registration.service,
-            remote=conn.remote,
-            ids=len(coalesced),
-        )
+__all__ = ["FanOut", "Pending", "Routed", "encode", "sse_of"]

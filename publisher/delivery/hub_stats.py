@@ -1,42 +1,24 @@
 """What the hub reports of its connections: /changefeeds/stats registrations and the coalesced
-catch-ups (`Hub.stats`, `Hub.coalescing`), read off the hub without changing it."""
+catch-ups, read off the hub and the tail without changing them."""
 
 from __future__ import annotations
 
 import time
-from collections import Counter
-from typing import Any, Protocol
+from typing import Any
 
 from changefeed.cursor import ZERO, Cursor, StreamId
-from publisher.bucket import Vector
-from publisher.delivery.order import Order
-from publisher.delivery.subscribers import Subscriber
-from publisher.delivery.window import Window
-
-
-class Hub(Protocol):
-    """What the reports read of the hub (`publisher.delivery.hub.Hub`)."""
-
-    connections: set[Subscriber]
-    coalesced: Counter[str]
-    epoch: str
-    heads: tuple[StreamId, ...]
-    unread: int
-    order: Order
-    window: Window
-
-    @property
-    def vector(self) -> Vector: ...
+from publisher.delivery.hub import Hub
+from publisher.delivery.tail import Tail
 
 
 def coalescing(hub: Hub) -> dict[str, int]:
     """The coalesced catch-ups since start (`started`, `finished`, `items`, `sent`), and
     `listeners` in one now with `pending` ids between them (what they hold in memory)."""
     sets = [c.coalesced for c in hub.connections if c.coalesced is not None]
-    return {**hub.coalesced, "listeners": len(sets), "pending": sum(map(len, sets))}
+    return {**hub.counters.coalesced, "listeners": len(sets), "pending": sum(map(len, sets))}
 
 
-def registrations(hub: Hub, publisher_id: str) -> list[dict[str, Any]]:
+def registrations(hub: Hub, tail: Tail, publisher_id: str) -> list[dict[str, Any]]:
     """One entry per registered (connection, resource), as /changefeeds/stats shows them.
 
     `itemsBehindHead` is what the connection may still be due: the matching window items
@@ -47,7 +29,7 @@ def registrations(hub: Hub, publisher_id: str) -> list[dict[str, Any]]:
     if hub.epoch:
         vector = hub.vector
         head = vector.with_positions(
-            [max(h, at) for h, at in zip(hub.heads, vector.positions, strict=True)]
+            [max(h, at) for h, at in zip(tail.heads, vector.positions, strict=True)]
         ).encode()
     sent = {}
     if hub.order.composite:
@@ -55,7 +37,7 @@ def registrations(hub: Hub, publisher_id: str) -> list[dict[str, Any]]:
     out = []
     for conn in hub.connections:
         reg = conn.registration
-        behind = hub.unread
+        behind = tail.unread
         if conn.coalesced is not None:
             behind += len(conn.coalesced)
         elif not conn.live:
@@ -87,3 +69,6 @@ def _cursor_sent(hub: Hub, last: StreamId | None, sent: dict[StreamId, str | Non
     if hub.order.composite:
         return sent.get(last)
     return Cursor(hub.epoch, last).encode()
+
+
+__all__ = ["coalescing", "registrations"]

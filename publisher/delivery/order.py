@@ -68,8 +68,8 @@ class TotalOrder:
         """The cursor of the window entry at `position` (stamped with `stamped`)."""
         return Cursor(epoch, position).encode()
 
-    remember = 0
-    """Unused: a window position is the change's own."""
+    def keep(self, changes: int) -> None:
+        """Nothing to keep: a window position is the change's own."""
 
     def local(self, shard: int, position: StreamId) -> StreamId | None:
         """The window position of the change at `position` of `shard`: the same."""
@@ -106,6 +106,10 @@ class Stamped:
         """Everything delivered: each shard's newest position delivered."""
         self._serial = 0
         self._ms = 0
+
+    def keep(self, changes: int) -> None:
+        """Let `local` find the window positions of the newest `changes` changes (0: none)."""
+        self.remember = changes
 
     def _next(self, ms: int) -> StreamId:
         self._serial += 1

@@ -60,8 +60,7 @@ def sweep(hub: Hub, interval: float) -> tuple[int, int]:
     for conn in hub.connections:
         if conn.sse or conn.closing:
             continue
-        action = verdict(conn.quiet)
-        conn.quiet += 1
+        action = verdict(conn.swept())
         if action is Verdict.PING:
             transport = conn.transport
             if not transport.is_closing():
@@ -78,8 +77,7 @@ def sweep(hub: Hub, interval: float) -> tuple[int, int]:
             remote=conn.remote,
             seconds=interval / 2,
         )
-        hub.closed["noPong"] += 1
-        hub.close_now(conn, CloseCode.GOING_AWAY, reason)
+        hub.close_now(conn, CloseCode.GOING_AWAY, reason, "noPong")
     return pinged, len(dead)
 
 

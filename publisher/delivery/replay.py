@@ -21,8 +21,6 @@ else than what the hub delivered (`Hub.vector`) is resumed in a task of its own 
 
 from __future__ import annotations
 
-import asyncio
-from collections import Counter
 from typing import Protocol
 
 import structlog
@@ -33,8 +31,11 @@ from changefeed.protocol import ChangeItem, CloseCode, text_frame
 from changefeed.sse import change_chunk
 from publisher.bucket import ChangeBucket, Vector, parse_vector
 from publisher.delivery.coalesce import Coalesced
+from publisher.delivery.counters import Counters
+from publisher.delivery.lagging import Lagging
 from publisher.delivery.order import Order
 from publisher.delivery.subscribers import Subscriber
+from publisher.delivery.waiters import Waiters
 from publisher.delivery.window import Window, WindowEntry
 
 log = structlog.get_logger(__name__)
@@ -44,28 +45,28 @@ REPLAY_BATCH = 1000
 
 
 class Hub(Protocol):
-    """What a resume uses of the hub (`publisher.delivery.hub.Hub`)."""
+    """The public face of the hub (`publisher.delivery.hub.Hub`) a resume uses: named here
+    because the hub starts these loops (its module imports this one)."""
 
     bucket: ChangeBucket
     epoch: str
     order: Order
     window: Window
-    closed: Counter[str]
-    coalesced: Counter[str]
-    delivered: int
-    bytes_written: int
-    _advanced: asyncio.Event
+    counters: Counters
+    lagging: Lagging
+    waiters: Waiters
 
     @property
     def vector(self) -> Vector: ...
     def sse_of(self, entry: WindowEntry) -> bytes: ...
     def close_slow(self, conn: Subscriber) -> None: ...
-    def close_now(self, conn: Subscriber, code: int, reason: str) -> None: ...
+    def close_now(
+        self, conn: Subscriber, code: int, reason: str, cause: str | None = None
+    ) -> None: ...
     def close_trimmed(self, conn: Subscriber) -> None: ...
     def close_recreated(self, conn: Subscriber) -> None: ...
-    def _go_live(self, conn: Subscriber) -> None: ...
-    async def _writable(self, conn: Subscriber) -> bool: ...
-    def _wrote_one(self, conn: Subscriber, position: StreamId | None, size: int) -> None: ...
+    async def writable(self, conn: Subscriber) -> bool: ...
+    def wrote_one(self, conn: Subscriber, position: StreamId | None, size: int) -> None: ...
 
 
 async def start_of(hub: Hub, since: str | None) -> tuple[Vector, bool]:
@@ -121,7 +122,7 @@ async def resume(hub: Hub, conn: Subscriber, start: Vector) -> None:
         epoch = hub.epoch
         while not hub.vector.covers(start) and not conn.closing and hub.epoch == epoch:
             # A cursor from a publisher whose tail is ahead of ours: wait for ours.
-            await hub._advanced.wait()
+            await hub.waiters.advanced()
         if conn.closing:
             return
         if hub.epoch != epoch or start.epoch != hub.epoch:
@@ -130,7 +131,7 @@ async def resume(hub: Hub, conn: Subscriber, start: Vector) -> None:
         position = await replay_to_window(hub, conn, start)
         if position is None:
             return
-        conn.position = position
+        conn.passed(position)
         await catch_up(hub, conn)  # checks the window before it first awaits
     except _ENDINGS as exc:
         _ended(hub, conn, "resume", exc)
@@ -179,7 +180,7 @@ async def replay_shards(hub: Hub, conn: Subscriber, start: Vector, until: Vector
             for row in rows:
                 vector = vector.advanced(s, row.position)
                 if conn.wants(row):
-                    if not await hub._writable(conn):
+                    if not await hub.writable(conn):
                         return False
                     cursor = vector.encode()
                     payload = ChangeItem(row.resource, row.sub_resources,
@@ -188,7 +189,7 @@ async def replay_shards(hub: Hub, conn: Subscriber, start: Vector, until: Vector
                     frame = change_chunk(cursor, payload) if conn.sse else text_frame(payload)
                     conn.transport.write(frame)
                     # An ordered bucket's log positions are window positions too.
-                    hub._wrote_one(conn, None if composite else row.position, len(frame))
+                    hub.wrote_one(conn, None if composite else row.position, len(frame))
                 position = row.position
     return not conn.closing
 
@@ -203,7 +204,7 @@ async def catch_up(hub: Hub, conn: Subscriber) -> None:
             window = hub.window
             if conn.position > window.head:
                 # A cursor from a publisher whose tail is ahead of ours: wait for ours.
-                await hub._advanced.wait()
+                await hub.waiters.advanced()
                 continue
             if not window.covers(conn.position):
                 # A resuming connection that fell out of the window replays again from
@@ -216,22 +217,22 @@ async def catch_up(hub: Hub, conn: Subscriber) -> None:
                 position = await replay_to_window(hub, conn, start)
                 if position is None:
                     return
-                conn.position = position
+                conn.passed(position)
                 continue
             entries = window.after(conn.position)
             if not entries:
-                hub._go_live(conn)
+                hub.lagging.go_live(conn)
                 return
             for entry in entries:
                 if conn.wants(entry):
-                    if not await hub._writable(conn):
+                    if not await hub.writable(conn):
                         return
                     if conn.coalesced is not None:
                         break  # switched while it waited: `entry` is in its set
                     frame = hub.sse_of(entry) if conn.sse else entry.frame
                     conn.transport.write(frame)
-                    hub._wrote_one(conn, entry.position, len(frame))
-                conn.position = entry.position
+                    hub.wrote_one(conn, entry.position, len(frame))
+                conn.passed(entry.position)
     except _ENDINGS as exc:
         _ended(hub, conn, "catch-up", exc)
 
@@ -242,20 +243,17 @@ async def drain_coalesced(hub: Hub, conn: Subscriber, coalesced: Coalesced) -> N
     awaited in between."""
     while not conn.closing:
         if not coalesced:
-            hub._go_live(conn)  # only when nothing it wanted fell out of the window
+            hub.lagging.go_live(conn)  # only when nothing it wanted fell out of the window
             return
-        if not await hub._writable(conn):
+        if not await hub.writable(conn):
             return
         item, position = coalesced.pop(hub.epoch)
         frame = text_frame(item.encode())
         conn.transport.write(frame)
-        conn.last_sent = position
-        hub.delivered += 1
-        hub.bytes_written += len(frame)
+        conn.sent(position)
+        hub.counters.wrote(1, len(frame))
         if item.caught_up:
-            hub.coalesced["finished"] += 1
-            hub.coalesced["items"] += coalesced.folded
-            hub.coalesced["sent"] += coalesced.sent_ids
+            hub.counters.coalescing_finished(coalesced.folded, coalesced.sent_ids)
             log.info(
                 "slow consumer caught up",
                 instance=conn.registration.instance,
@@ -264,7 +262,7 @@ async def drain_coalesced(hub: Hub, conn: Subscriber, coalesced: Coalesced) -> N
                 items=coalesced.folded,
                 sent=coalesced.sent_ids,
             )
-            hub._go_live(conn)
+            hub.lagging.go_live(conn)
             return
 
 

@@ -67,6 +67,63 @@ class Subscriber:
     def __post_init__(self) -> None:
         self.kinds = {kind.resource: kind for kind in self.registration.kinds}
 
+    def sent(self, position: StreamId) -> None:
+        """It was written the item at window position `position`."""
+        self.last_sent = position
+
+    def passed(self, position: StreamId) -> None:
+        """Catching up: it was sent, or did not want, everything up to `position`."""
+        self.position = position
+
+    def fall_behind(self, position: StreamId) -> None:
+        """Not live any more: it catches up from `position` (the last entry it was sent)."""
+        self.live = False
+        self.position = position
+
+    def resume_at(self, position: StreamId) -> None:
+        """Registered behind the window head: replays what it missed, then catches up from
+        window position `position`."""
+        self.live = False
+        self.replaying = True  # not closed as slow while it replays from Redis
+        self.position = position
+
+    def coalesce(self, limit: int) -> Coalesced:
+        """Switched to a coalesced catch-up of at most `limit` ids: its set, empty."""
+        self.coalesced = Coalesced(limit)
+        return self.coalesced
+
+    def go_live(self) -> None:
+        """Caught up: written by the fan-out again."""
+        self.live = True
+        self.replaying = False
+        self.coalesced = None
+        self.task = None
+
+    def follow(self, task: asyncio.Task[None]) -> None:
+        """`task` catches it up (or resumes it); cancelled when it is removed."""
+        self.task = task
+
+    def close(self) -> bool:
+        """Mark it closing; False when it was already."""
+        if self.closing:
+            return False
+        self.closing = True
+        return True
+
+    def heard(self) -> None:
+        """The listener sent something (the keepalive's count starts again)."""
+        self.quiet = 0
+
+    def swept(self) -> int:
+        """A keepalive sweep looked at it: the sweeps it was silent before this one."""
+        quiet = self.quiet
+        self.quiet = quiet + 1
+        return quiet
+
+    def identified(self, identity: Identity) -> None:
+        """Its credentials, checked again, are `identity` now."""
+        self.identity = identity
+
     def wants(self, entry: WindowEntry | LogEntry) -> bool:
         """True when `entry` is for this connection: its sub-resources and its watch."""
         kind = self.kinds.get(entry.resource)

@@ -167,6 +167,10 @@ class Tail:
         self._stopping = asyncio.Event()
         self._shards: list[Shard] = []
         self._follow: list[_Follow] = []
+        self.heads: tuple[StreamId, ...] = (hub.window.head,)
+        """Each shard's head at the last read of it."""
+        self.unread = 0
+        """Log entries after the window head at the last reads (items the tail is behind)."""
 
     def stop(self) -> None:
         """Make run() return. A blocked read is abandoned (its connection aborted), not awaited
@@ -198,7 +202,7 @@ class Tail:
         epoch = await self.bucket.log.ensure()
         reads = await self._heads()
         self._restart(reads)
-        self.hub.restart(epoch, [read.head for read in reads])
+        self.hub.restart(epoch, self.heads)
         self.healthy = True
         self.started.set()
         log.info("tail started", epoch=epoch, head=self.hub.vector.encode(), shards=len(reads))
@@ -211,7 +215,8 @@ class Tail:
             _Follow(read.partitions or (olds[s].partitions if s < len(olds) else 1), read.added)
             for s, read in enumerate(reads)
         ]
-        self.hub.unread = 0
+        self.heads = tuple(read.head for read in reads)
+        self.unread = 0
 
     async def run(self) -> None:
         delays = None
@@ -286,14 +291,14 @@ class Tail:
         if isinstance(fault, Gap):
             self._skip_gap(s, fault)
         follow.added = added_after(read, follow.added, fault)
-        heads = hub.heads
+        heads = self.heads
         if len(heads) == 1:
-            hub.heads = (read.head,)
+            self.heads = (read.head,)
         else:
-            hub.heads = (*heads[:s], read.head, *heads[s + 1:])
+            self.heads = (*heads[:s], read.head, *heads[s + 1:])
         added = follow.added
         follow.unread = 0 if added is None or read.added is None else read.added - added
-        hub.unread = follow.unread if len(self._follow) == 1 else sum(
+        self.unread = follow.unread if len(self._follow) == 1 else sum(
             f.unread for f in self._follow
         )
         if read.entries:
@@ -359,7 +364,7 @@ class Tail:
         epoch = await self.bucket.log.ensure()
         reads = [read] if len(self._shards) == 1 else await self._heads()
         self._restart(reads)
-        heads = [r.head for r in reads]
+        heads = self.heads
         if rollback:
             self.faults.rollbacks += 1
             log.error(
@@ -382,15 +387,14 @@ class Tail:
         """How far the tail is behind the bucket's head at its last reads: in items, and in
         seconds of commit time (the largest, over the shards, of the head's Redis time less
         that of the last item read)."""
-        hub = self.hub
-        if hub.unread <= 0:
-            return max(hub.unread, 0), 0.0
+        if self.unread <= 0:
+            return max(self.unread, 0), 0.0
         seconds = max(
             (max(head.ms - at.ms, 0) for head, at in
-             zip(hub.heads, hub.vector.positions, strict=True) if head > at and at != ZERO),
+             zip(self.heads, self.hub.vector.positions, strict=True) if head > at and at != ZERO),
             default=0,
         )
-        return hub.unread, seconds / 1000
+        return self.unread, seconds / 1000
 
     def stats(self) -> dict[str, Any]:
         """The tail's part of /changefeeds/stats."""
@@ -400,8 +404,8 @@ class Tail:
         out = {
             "healthy": self.healthy,
             "position": vector.encode() if epoch else None,
-            "bucketHead": vector.with_positions(hub.heads).encode() if epoch else None,
-            "itemsBehind": hub.unread,
+            "bucketHead": vector.with_positions(self.heads).encode() if epoch else None,
+            "itemsBehind": self.unread,
             "secondsBehind": self.lag()[1],
             "trimGaps": self.faults.trim_gaps,
             "itemsLost": self.faults.items_lost,

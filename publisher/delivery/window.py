@@ -29,12 +29,17 @@ class WindowEntry:
     """The payload as a complete websocket text frame."""
     sse: bytes | None = field(default=None, repr=False)
     """The payload as a server-sent event's HTTP chunk, built by the first SSE subscriber
-    written to (`Hub.sse_of`): websocket-only fan-out never pays for it."""
+    written to (publisher.delivery.fanout.sse_of): websocket-only fan-out never pays for it."""
     cursor: str | None = field(default=None, repr=False)
     """The cursor the entry was stamped with (`publisher.delivery.order.Stamped`); None when it
     is built from the position (`TotalOrder`)."""
     published: int | None = field(default=None, repr=False)
     """The commit's Redis time (ms) when the position is not its stream id (`Stamped`)."""
+
+    def sse_chunk(self, chunk: bytes) -> bytes:
+        """Keep `chunk`, the payload as a server-sent event's chunk, for every SSE subscriber."""
+        self.sse = chunk
+        return chunk
 
 
 class Window:

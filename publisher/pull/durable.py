@@ -188,7 +188,7 @@ class Durables:
                 messages += new
                 dead += gaps
             remaining = deadline - loop.time()
-            if messages or remaining <= 0 or self.hub.released:
+            if messages or remaining <= 0 or self.hub.waiters.released:
                 return FetchReply(tuple(messages), pending, dead)
             if past is None and room > 0:
                 continue  # more of the log to read: no waiting

@@ -165,7 +165,7 @@ class Service:
         self.app.middlewares.append(edge(self.metrics, self.access))
         self.access.connections_refused = lambda: sum(self.admission.refusals.values())
         self.access.trusted = config.server.trusted_proxies
-        self.hub.observe_latency = self.metrics.latency.observe
+        self.hub.fanout.observe(self.metrics.latency.observe)
         self._trace(config)
         self.app[ACCESS] = self.access
         self.app[LIVE] = self.live
@@ -317,8 +317,8 @@ class Service:
         fixed = fixed_changes(old, config)
         applied = keep_fixed(old, config)
         self.live.config = self.config = applied
-        self.hub.send_buffer = applied.limits.send_buffer
-        self.hub.coalesce_ids = applied.limits.coalesce_ids
+        self.hub.fanout.limit(applied.limits.send_buffer)
+        self.hub.lagging.limit(applied.limits.coalesce_ids)
         self.admission.most = applied.server.max_connections
         self.admission.per_client = applied.server.max_connections_per_client
         self.admission.exempt = Trusted(applied.server.trusted_proxies)
@@ -332,15 +332,16 @@ class Service:
     def _trace(self, config: Config) -> None:
         """Record the delivery trace as `config.trace` says (started, resized or stopped)."""
         trace = config.trace
+        fanout = self.hub.fanout
         if not trace.enabled:
-            self.hub.trace = None
-        elif self.hub.trace is None:
-            self.hub.trace = TraceLog(trace.items, trace.max_age)
+            fanout.trace_with(None)
+        elif fanout.trace is None:
+            fanout.trace_with(TraceLog(trace.items, trace.max_age))
         else:
-            self.hub.trace.resize(trace.items, trace.max_age, time.time())
+            fanout.trace.resize(trace.items, trace.max_age, time.time())
         # A bucket in a Redis Cluster: the hub remembers which window position each of the
         # newest changes got, for the trace route to find a commit's cursor.
-        self.hub.order.remember = trace.items if trace.enabled else 0
+        self.hub.order.keep(trace.items if trace.enabled else 0)
 
     async def stop(self) -> None:
         if self._server is not None:

@@ -26,6 +26,7 @@ from aiohttp import web
 
 from changefeed.errors import BucketUnavailable
 from publisher.delivery.hub import Hub
+from publisher.delivery.hub_stats import coalescing, registrations
 from publisher.web.access import identity_of
 from publisher.web.app_keys import ACCESS, BUCKET, CAPTURE, HUB, LIFECYCLE, LIVE, OUTBOX, TAIL
 from publisher.web.health import tail_reasons
@@ -45,11 +46,11 @@ def local_stats(app: web.Application) -> dict[str, Any]:
         outbox["capture"] = capture.report()
     return {
         "listeners": len(hub.connections),
-        "registrations": hub.stats(publisher_id),
+        "registrations": registrations(hub, app[TAIL], publisher_id),
         "publisher": publisher_id,
         "tail": app[TAIL].stats(),
-        "closed": dict(hub.closed),
-        "coalesced": hub.coalescing(),
+        "closed": dict(hub.counters.closed),
+        "coalesced": coalescing(hub),
         "refused": app[ACCESS].counts(),
         "sse": sse_stats(hub),
         **outbox,
@@ -60,9 +61,9 @@ def sse_stats(hub: Hub) -> dict[str, Any]:
     """The server-sent events streams: open now, items written, streams ended by whom."""
     return {
         "subscribers": sum(1 for conn in hub.connections if conn.sse),
-        "itemsSent": hub.sse_delivered,
-        "disconnects": {"listener": hub.sse_ended["listener"],
-                        "publisher": hub.sse_ended["publisher"]},
+        "itemsSent": hub.counters.sse_delivered,
+        "disconnects": {"listener": hub.counters.sse_ended["listener"],
+                        "publisher": hub.counters.sse_ended["publisher"]},
     }
 
 
@@ -78,9 +79,9 @@ def report(app: web.Application, url: str, started_at: float) -> dict[str, Any]:
         "startedAt": _iso(started_at),
         "advertisedAt": _iso(time.time()),
         "ttl": app[LIVE].config.fleet.ttl,
-        "itemsDelivered": hub.delivered,
-        "bytesWritten": hub.bytes_written,
-        "longPollsWaiting": hub.waiting,
+        "itemsDelivered": hub.counters.delivered,
+        "bytesWritten": hub.counters.bytes_written,
+        "longPollsWaiting": hub.waiters.waiting,
         "ready": not tail_reasons(app),
         "draining": app[LIFECYCLE].draining,
     }

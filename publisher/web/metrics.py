@@ -146,11 +146,11 @@ class _Collector(Collector):
         hub = self.app[HUB]
         yield CounterMetricFamily(
             "changefeed_items_delivered", "Change items written to listeners (one per listener).",
-            value=hub.delivered,
+            value=hub.counters.delivered,
         )
         yield CounterMetricFamily(
             "changefeed_written_bytes", "Bytes of change items written to listeners.",
-            value=hub.bytes_written,
+            value=hub.counters.bytes_written,
         )
         yield GaugeMetricFamily(
             "changefeed_sse_subscribers", "Open server-sent events streams (/changefeeds/sse).",
@@ -159,7 +159,7 @@ class _Collector(Collector):
         yield CounterMetricFamily(
             "changefeed_sse_items_sent",
             "Change items written to server-sent events streams (in items_delivered too).",
-            value=hub.sse_delivered,
+            value=hub.counters.sse_delivered,
         )
         sse_ended = CounterMetricFamily(
             "changefeed_sse_disconnects",
@@ -167,7 +167,7 @@ class _Collector(Collector):
             labels=["by"],
         )
         for by in ("listener", "publisher"):
-            sse_ended.add_metric([by], hub.sse_ended[by])
+            sse_ended.add_metric([by], hub.counters.sse_ended[by])
         yield sse_ended
 
     def _closes(self) -> Iterator[_Family]:
@@ -175,34 +175,34 @@ class _Collector(Collector):
         hub = self.app[HUB]
         yield CounterMetricFamily(
             "changefeed_slow_consumer_closes", "Listeners closed with 4008 (slow consumer).",
-            value=hub.closed["slowConsumer"],
+            value=hub.counters.closed["slowConsumer"],
         )
         yield CounterMetricFamily(
             "changefeed_no_pong_closes",
             "Listeners closed with 1001 for not answering a ping (dead peers).",
-            value=hub.closed["noPong"],
+            value=hub.counters.closed["noPong"],
         )
         yield CounterMetricFamily(
             "changefeed_credentials_revoked_closes",
             "Listeners closed with 1008: their token or identity was revoked or expired.",
-            value=hub.closed["credentialsRevoked"],
+            value=hub.counters.closed["credentialsRevoked"],
         )
         yield CounterMetricFamily(
             "changefeed_coalesced_catch_ups",
             "Coalesced catch-ups of slow listeners (registered with coalesce) that ended live.",
-            value=hub.coalesced["finished"],
+            value=hub.counters.coalesced["finished"],
         )
         yield CounterMetricFamily(
             "changefeed_coalesced_items",
             "Change items folded into coalesced catch-ups (sent as one item per id).",
-            value=hub.coalesced["items"],
+            value=hub.counters.coalesced["items"],
         )
         resyncs = CounterMetricFamily(
             "changefeed_resyncs", "Listeners closed with 4009 (bootstrap again), by cause.",
             labels=["cause"],
         )
         for cause, label in RESYNC_CAUSES.items():
-            resyncs.add_metric([label], hub.closed[cause])
+            resyncs.add_metric([label], hub.counters.closed[cause])
         yield resyncs
 
     def _tail(self) -> Iterator[_Family]:
@@ -249,7 +249,7 @@ class _Collector(Collector):
         """The long polls waiting, the trimming, readiness and draining."""
         yield GaugeMetricFamily(
             "changefeed_long_polls_waiting", "Long polls (events, feed) waiting for new items.",
-            value=self.app[HUB].waiting,
+            value=self.app[HUB].waiters.waiting,
         )
         yield CounterMetricFamily(
             "changefeed_items_trimmed", "Items this publisher trimmed from the log.",

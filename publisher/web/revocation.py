@@ -53,14 +53,14 @@ def revoke(hub: Hub, authenticator: Authenticator, at: datetime) -> int:
                 again.scopes, [kind.resource for kind in conn.registration.kinds]
             )
             if not refused:
-                conn.identity = again
+                conn.identified(again)
                 continue
             why = f"identity {again.name!r} lacks listen:{refused[0]}"
         log.warning("listener closed: credentials no longer valid", identity=identity.name,
                     why=why, instance=conn.registration.instance,
                     service=conn.registration.service, remote=conn.remote)
-        hub.closed["credentialsRevoked"] += 1
-        hub.close_now(conn, CloseCode.POLICY_VIOLATION, f"credentials no longer valid: {why}")
+        hub.close_now(conn, CloseCode.POLICY_VIOLATION, f"credentials no longer valid: {why}",
+                      "credentialsRevoked")
         closed += 1
     return closed
 

@@ -90,7 +90,7 @@ async def handle_sse(request: web.Request) -> web.StreamResponse:
         await _keep_alive(app, conn, send_buffer)
     finally:
         hub.remove(conn)
-        hub.sse_ended["publisher" if conn.closing else "listener"] += 1
+        hub.counters.sse_end("publisher" if conn.closing else "listener")
         bound.info("sse listener disconnected", listeners=len(hub.connections),
                    reason="closed by publisher" if conn.closing else "closed by listener")
     return response

@@ -350,7 +350,7 @@ async def _read_until_closed(ws: web.WebSocketResponse, conn: Subscriber) -> tup
         message = await ws.receive()
         if message.type in _CLOSED:
             break
-        conn.quiet = 0
+        conn.heard()
         if message.type is WSMsgType.PONG:
             continue
         if message.type is WSMsgType.PING:

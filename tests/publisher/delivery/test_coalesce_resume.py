@@ -41,14 +41,14 @@ async def test_coalesce_ids_from_config_applies_at_start(
 ) -> None:
     config = layout_config(PARTITIONS, limits={**LIMITS, "coalesceIds": 10})
     async with start_publisher(config) as service:
-        assert service.hub.coalesce_ids == 10, "the configured bound, not the default"
+        assert service.hub.lagging.coalesce_ids == 10, "the configured bound, not the default"
         slow = await RawListener.register(
             service.url, v1("vm", ["nic", "alias"], instance="coalescing", coalesce=True))
         committed = 0
         while _conn(service, "coalescing") is not None:
             assert committed < MAX_ITEMS, "never closed"
             committed += len(await _commit(service, committed, BATCH))
-        assert service.hub.coalesced["started"] == 1
+        assert service.hub.counters.coalesced["started"] == 1
         *_, close = await slow.read_to_end()
         assert close[0] == 0x8, close
         assert struct.unpack("!H", close[1][:2])[0] == 4008
@@ -66,7 +66,8 @@ async def _fall_behind(service: Service) -> list[tuple[str, list[str], str]]:
         assert conn is not None, "the coalescing listener was closed"
         assert len(committed) < MAX_ITEMS, "the coalescing listener never fell behind"
         committed += await _commit(service, len(committed), BATCH)
-    assert hub.coalesced["started"] >= 1  # more when a catch-up ended in the socket buffers
+    # More than one when a catch-up ended in the socket buffers.
+    assert hub.counters.coalesced["started"] >= 1
     return committed
 
 

@@ -23,6 +23,7 @@ import pytest
 from publisher.bucket import Change
 from publisher.config.settings import Config
 from publisher.delivery.hub import Subscriber
+from publisher.delivery.hub_stats import coalescing
 from publisher.server.service import Service
 from tests.conftest import PublisherFactory
 from tests.publisher.delivery.test_hub import LONG, RawListener
@@ -102,7 +103,7 @@ async def test_a_coalescing_listener_is_not_closed_and_gets_each_id_once_then_li
         # Commit until the listener without the flag is closed and the coalescing one has
         # folded more than a window's worth of items.
         hub = service.hub
-        while _conn(service, "plain") is not None or hub.coalesced["started"] == 0 or (
+        while _conn(service, "plain") is not None or hub.counters.coalesced["started"] == 0 or (
             (conn := _conn(service, "coalescing")) is not None
             and conn.coalesced is not None and conn.coalesced.folded < 3 * LIMITS["window"]
         ):
@@ -113,7 +114,7 @@ async def test_a_coalescing_listener_is_not_closed_and_gets_each_id_once_then_li
         conn = _conn(service, "coalescing")
         assert conn is not None and conn.coalesced is not None, "not closed: coalescing"
         assert len(conn.coalesced) <= IDS, "bounded by the ids, not the items"
-        now = service.hub.coalescing()
+        now = coalescing(service.hub)
         assert (now["listeners"], now["pending"]) == (1, len(conn.coalesced))
         assert len(hub.window) <= LIMITS["window"]
         folded = conn.coalesced.folded
@@ -152,8 +153,9 @@ async def test_a_coalescing_listener_is_not_closed_and_gets_each_id_once_then_li
         last = [bool(i.get("caughtUp")) for i in coalesced]
         assert last == [False] * (len(coalesced) - 1) + [True]
         # Accounting: every committed item it wanted was sent exactly or folded in, once.
-        assert len(exact) + hub.coalesced["items"] == len(wanted)
-        assert hub.coalesced["finished"] == 1 and hub.coalesced["sent"] == len(coalesced)
+        assert len(exact) + hub.counters.coalesced["items"] == len(wanted)
+        counted = hub.counters.coalesced
+        assert counted["finished"] == 1 and counted["sent"] == len(coalesced)
 
         # Live again: the next change arrives as a plain item, with nothing in between.
         assert conn.live and conn.coalesced is None
@@ -201,8 +203,9 @@ async def test_past_coalesce_ids_the_listener_is_closed_with_4008(
             batch = await _commit(service, len(committed), BATCH)
             committed += batch
             await healthy.take(BATCH)
-        assert service.hub.coalesced["started"] == 1 and service.hub.coalesced["finished"] == 0
-        assert service.hub.closed == {"slowConsumer": 1}, "closed once, counted once"
+        counted = service.hub.counters.coalesced
+        assert counted["started"] == 1 and counted["finished"] == 0
+        assert service.hub.counters.closed == {"slowConsumer": 1}, "closed once, counted once"
         *texts, close = await slow.read_to_end()
         assert close[0] == 0x8, close
         code, reason = struct.unpack("!H", close[1][:2])[0], close[1][2:].decode()

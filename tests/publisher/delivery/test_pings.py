@@ -79,7 +79,7 @@ async def test_a_listener_that_answers_no_ping_is_closed_within_two_intervals(
         # Pinged after one to 1.5 intervals of silence, closed half an interval later.
         assert 1.25 * INTERVAL <= silent <= 2 * INTERVAL + scaled(0.5)
         await eventually(lambda: not service.hub.connections, "the listener is forgotten")
-    assert service.hub.closed["noPong"] == 1
+    assert service.hub.counters.closed["noPong"] == 1
     samples, _, _ = await scrape(service)
     assert samples["changefeed_no_pong_closes_total", ()] == 1
     closes = [e for e in logs if e["event"] == "listener closed: no pong"]
@@ -109,7 +109,7 @@ async def test_listeners_that_answer_pings_stay_and_keep_receiving(pinging: Serv
         assert orjson.loads(message.data)["cursor"] == cursor
         assert (await plain.next())["cursor"] == cursor
         assert len(service.hub.connections) == 2
-    assert service.hub.closed["noPong"] == 0
+    assert service.hub.counters.closed["noPong"] == 0
     await plain.ws.close()
 
 

@@ -313,7 +313,7 @@ async def test_a_resume_replayed_from_redis_that_falls_behind_trimming_is_closed
         assert (code, reason) == (4009, TRIMMED)
         got = [i["cursor"] for i in items]
         assert got == cursors[1: 1 + len(got)] and len(got) < len(cursors) - 10
-        assert service.hub.closed["trimGap"] == 1
+        assert service.hub.counters.closed["trimGap"] == 1
 
 
 def _snapshot_redis(tmp: Path) -> RedisServer:

@@ -142,7 +142,7 @@ async def test_paging_backwards_to_the_end_then_polling_the_head(feed: Feed) -> 
     # Then poll forward from the newest item seen: a new item ends the wait at once.
     hub = feed.service.hub
     poll = asyncio.create_task(feed.get(after=feed.cursors[7], wait_time=scaled(30)))
-    await eventually(lambda: hub.waiting == 1, "the poll waits on the hub")
+    await eventually(lambda: hub.waiters.waiting == 1, "the poll waits on the hub")
     assert not poll.done(), "nothing new yet: the request waits"
     new = await feed.service.bucket.publish("vm", "late", ["nic"])
     reply = await asyncio.wait_for(poll, scaled(10))
@@ -155,11 +155,13 @@ async def test_a_wait_ends_only_for_an_eligible_item(feed: Feed) -> None:
     poll = asyncio.create_task(
         feed.get(after=feed.cursors[7], resource="network", wait_time="30s")
     )
-    await eventually(lambda: hub.waiting == 1, "the poll waits on the hub")
-    waits = hub.waits
+    await eventually(lambda: hub.waiters.waiting == 1, "the poll waits on the hub")
+    waits = hub.waiters.waits
     await feed.service.bucket.publish("vm", "not-for-it", ["nic"])
     # The new item wakes the poll; it scans, finds nothing for its filter, and waits again.
-    await eventually(lambda: hub.waits == waits + 1 and hub.waiting == 1, "the poll waits again")
+    waiters = hub.waiters
+    await eventually(lambda: waiters.waits == waits + 1 and waiters.waiting == 1,
+                     "the poll waits again")
     assert not poll.done(), "an item the filter does not match must not end the wait"
     wanted = await feed.service.bucket.publish("network", "n3", ["ips"])
     reply = await asyncio.wait_for(poll, scaled(10))
@@ -335,7 +337,7 @@ async def test_shutdown_answers_waiting_long_polls(
                     return r.status, await r.json()
 
             waiting = asyncio.create_task(poll())
-            await eventually(lambda: service.hub.waiting == 1, "the poll waits on the hub")
+            await eventually(lambda: service.hub.waiters.waiting == 1, "the poll waits on the hub")
             assert not waiting.done(), "nothing new: the request waits"
             # A stop must not sit out the 60 s wait: the poll is answered, empty, at once.
             await asyncio.wait_for(service.stop(), scaled(10))

@@ -121,7 +121,7 @@ async def test_first_last_and_waiting(client: Client) -> None:
     waiting = asyncio.create_task(
         client.read(**{f"cursor{p}": c for p, c in checkpoints.items()}, wait=scaled(30))
     )
-    await eventually(lambda: client.service.hub.waiting == 1, "the read waits on the hub")
+    await eventually(lambda: client.service.hub.waiters.waiting == 1, "the read waits on the hub")
     assert not waiting.done()
     new = await client.publish("after-1")
     events, _ = await asyncio.wait_for(waiting, scaled(10))
@@ -250,7 +250,7 @@ async def test_an_epoch_that_changes_while_a_read_waits_is_gone(client: Client) 
     _, checkpoints = await client.read(**{f"cursor{p}": "_last" for p in range(N)})
     params = {"n": N, **{f"cursor{p}": c for p, c in checkpoints.items()}, "wait": scaled(30)}
     waiting = asyncio.create_task(client.error(params))
-    await eventually(lambda: client.service.hub.waiting == 1, "the read waits on the hub")
+    await eventually(lambda: client.service.hub.waiters.waiting == 1, "the read waits on the hub")
     assert await client.service.bucket.log.renew_epoch(Cursor.decode(old[0]).epoch)
     await client.publish("e-2")
     status, message = await asyncio.wait_for(waiting, scaled(10))

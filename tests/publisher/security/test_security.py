@@ -490,7 +490,7 @@ async def test_a_reload_closes_the_listeners_whose_identity_it_revoked_not_those
     await service.bucket.publish("vm", "v1", ["nic"])
     assert (await rotated.next())["changedResourceId"] == "v1"
     assert len(service.hub.connections) == 1
-    assert service.hub.closed["credentialsRevoked"] == 2
+    assert service.hub.counters.closed["credentialsRevoked"] == 2
     assert (await secure.request("GET", "/vms", old_tcns))[0] == 401
     await rotated.close()
 

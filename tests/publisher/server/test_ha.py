@@ -16,6 +16,7 @@ from websockets.exceptions import ConnectionClosed
 from changefeed.cursor import Cursor
 from publisher.bucket import Change
 from publisher.config.settings import Config
+from publisher.delivery.hub_stats import registrations
 from publisher.server.service import Service
 from tests.conftest import PublisherFactory
 from tests.servers import RedisServer
@@ -142,9 +143,9 @@ async def test_two_publishers_every_listener_gets_every_matching_change_once_in_
 
         # Both publishers report their own listeners only, each fully caught up.
         for service, mine in ((a, listeners[:3]), (b, listeners[3:])):
-            registrations = service.hub.stats(service.id)
-            assert {r["instance"] for r in registrations} == {_instance(lst.name) for lst in mine}
-            assert all(r["itemsBehindHead"] == 0 for r in registrations)
+            rows = registrations(service.hub, service.tail, service.id)
+            assert {r["instance"] for r in rows} == {_instance(lst.name) for lst in mine}
+            assert all(r["itemsBehindHead"] == 0 for r in rows)
         for lst in listeners:
             await lst.feed.close()
 

@@ -55,7 +55,7 @@ async def test_not_ready_when_the_tail_lags_more_than_configured(
     make_config: Callable[..., Config],
     start_publisher: PublisherFactory,
 ) -> None:
-    """The lag is what the tail's last read said (`hub.unread`, `hub.heads`); set here as a
+    """The lag is what the tail's last read said (`tail.unread`, `tail.heads`); set here as a
     read would, since a real lag cannot be held still long enough to look at it."""
     config = make_config(redis_server.url, health={"maxLagItems": 2, "maxLagSeconds": 5})
     async with start_publisher(config) as service:
@@ -63,13 +63,13 @@ async def test_not_ready_when_the_tail_lags_more_than_configured(
         await eventually(lambda: service.hub.window.head.ms > 0, "the tail read the commit")
         service.tail.stop()  # it waits for more in a blocked read, abandoned now: no more reads
         head = service.hub.window.head
-        service.hub.unread = 3
-        service.hub.heads = (StreamId(head.ms + 1000, 0),)
+        service.tail.unread = 3
+        service.tail.heads = (StreamId(head.ms + 1000, 0),)
         status, body = await get(service.url + "/readyz")
         assert status == 503
         assert any("3 items behind" in reason for reason in body["reasons"])
         assert body["checks"]["tail"]["itemsBehind"] == 3
-        service.hub.unread = 1
-        service.hub.heads = (StreamId(head.ms + 10_000, 0),)
+        service.tail.unread = 1
+        service.tail.heads = (StreamId(head.ms + 10_000, 0),)
         status, body = await get(service.url + "/readyz")
         assert status == 503 and "10.0 s behind" in " ".join(body["reasons"])

@@ -193,9 +193,9 @@ async def test_a_slow_sse_reader_is_closed_like_a_slow_websocket(
                     [Change.put("vm", f"{batch}-{i}-" + "x" * 470, ["nic"], {}) for i in range(50)]
                 )
                 fast += [i["cursor"] for i in await other.changes(50)]
-                if service.hub.closed["slowConsumer"]:
+                if service.hub.counters.closed["slowConsumer"]:
                     break
-            assert service.hub.closed["slowConsumer"] == 1
+            assert service.hub.counters.closed["slowConsumer"] == 1
             assert fast == committed, "the fast stream got everything"
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
         data = b""
@@ -241,7 +241,7 @@ async def test_sse_streams_are_counted_in_stats_and_metrics(layout_publisher: Se
             stats = (await response.json())["sse"]
         assert stats == {"subscribers": 1, "itemsSent": 3,
                          "disconnects": {"listener": 0, "publisher": 0}}
-    await eventually(lambda: publisher.hub.sse_ended["listener"] == 1, "the stream ended")
+    await eventually(lambda: publisher.hub.counters.sse_ended["listener"] == 1, "the stream ended")
     samples, _, _ = await scrape(publisher)
     assert samples["changefeed_sse_subscribers", ()] == 0
     assert samples["changefeed_sse_disconnects_total", (("by", "listener"),)] == 1
