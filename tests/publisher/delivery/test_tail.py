@@ -27,7 +27,7 @@ from websockets.exceptions import ConnectionClosed
 from changefeed.cursor import Cursor, StreamId
 from changefeed.errors import BucketUnavailable
 from listener import Backoff, Listener, ListenerConfig
-from publisher.bucket import Change, ChangeBucket, LogEntry, LogRead, Shard
+from publisher.bucket import Change, ChangeBucket, Log, LogEntry, LogRead, Shard
 from publisher.config.settings import Config, load_config
 from publisher.delivery.hub import RECREATED, ROLLED_BACK, TRIMMED
 from publisher.delivery.tail import Gap, NewHistory, added_after, assess
@@ -453,7 +453,7 @@ async def test_a_redis_that_fails_while_the_tail_takes_up_a_new_history_is_retri
     tail's handler of the new history and ended the tail task."""
     async with start_publisher(make_config(redis_server.url)) as service:
         old = service.hub.epoch
-        failpoint = FailOnce(monkeypatch, ChangeBucket, "ensure",
+        failpoint = FailOnce(monkeypatch, Log, "ensure",
                              BucketUnavailable("epoch: Redis unreachable (a failpoint)"))
         async with aioredis.from_url(redis_server.url) as client:
             await client.flushall()  # Redis came back empty: a new history

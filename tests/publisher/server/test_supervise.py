@@ -11,7 +11,7 @@ from collections.abc import Callable
 import pytest
 from structlog.testing import capture_logs
 
-from publisher.bucket import ChangeBucket
+from publisher.bucket import Log
 from publisher.config.settings import Config
 from publisher.server.supervise import supervise
 from tests.conftest import PublisherFactory
@@ -53,7 +53,7 @@ async def test_trimming_goes_on_after_an_unexpected_error(
 ) -> None:
     """A failpoint: the publisher's next trim raises what is not a Redis error. Before, the trim
     task ended and the log was never trimmed again, silently."""
-    failpoint = FailOnce(monkeypatch, ChangeBucket, "trim", RuntimeError("a bug of the trim"))
+    failpoint = FailOnce(monkeypatch, Log, "trim", RuntimeError("a bug of the trim"))
     config = make_config(redis_server.url, maxAge=0.3, gcInterval=0.1)
     async with start_publisher(config) as service:
         await eventually(lambda: failpoint.fired, "the failpoint fired")
