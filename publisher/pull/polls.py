@@ -120,12 +120,45 @@ async def scan_newest(
     return [entry.item(start.epoch) for entry in found], more, reach
 
 
+OTHER_EPOCH = (
+    "the cursor is of another bucket epoch whose entry is not in this one: entries this reader "
+    "was given were rolled back (Redis lost them), or the bucket was recreated"
+)
+EPOCH_KEPT = (
+    "the bucket began a new epoch (Redis lost history) that holds this cursor's entry: nothing "
+    "this reader was given was lost; ask after resume_after, its position in the new epoch"
+)
+ROLLED_BACK = (
+    "the cursor's entry is gone from the log though it was not trimmed: entries this reader was "
+    "given were rolled back (Redis lost them)"
+)
+
+
+async def _held(bucket: ChangeBucket, epoch: str, vector: Vector) -> tuple[bool, bool]:
+    """Whether epoch `epoch`'s history holds the entry at each of `vector`'s positions (a
+    position 0-0 where nothing was trimmed holds trivially, one at or before the trimmed
+    horizon cannot tell), and whether none is known to be gone (an untrimmed position whose
+    entry the log lacks: a rollback). One snapshot of each shard, with its epoch."""
+    shards = await bucket.shards()
+    reads = await asyncio.gather(
+        *(shard.tail(at, None, 0) for shard, at in zip(shards, vector.positions, strict=True))
+    )
+    same = all(read.epoch == epoch for read in reads)
+    held = same and all(
+        read.witnessed and (read.trimmed < at or at == read.trimmed == ZERO)
+        for read, at in zip(reads, vector.positions, strict=True)
+    )
+    return held, not same or all(read.witnessed for read in reads)
+
+
 async def _bounds(
     bucket: ChangeBucket, request: EventsRequest, epoch: str, retentions: Sequence[Retention]
 ) -> tuple[Vector, Vector | None, Vector | None, str | None]:
     """Where a request's scan starts, its `after` and `before` as this bucket's vectors, and
-    why the client missed items (None: it did not): a cursor of another kind or epoch is
-    ignored, an `after` trimmed in any shard is missed."""
+    why the client missed items (None: it did not): a cursor of another kind is ignored, an
+    `after` trimmed in any shard is missed, one whose entry was rolled back is missed (the scan
+    starts at the oldest), and one of another epoch is missed, from the oldest unless the new
+    history holds its entry (EPOCH_KEPT: the scan starts at the same position in this epoch)."""
     start = bucket.vector(epoch, [ZERO] * len(retentions))
     after: Vector | None = None
     before: Vector | None = None
@@ -136,14 +169,20 @@ async def _bounds(
             vector = await bucket.decode_cursor(cursor.encode())
         except CursorError as exc:
             return start, None, None, exc.why
+        if vector.epoch != epoch and name == "before":
+            return start, None, None, OTHER_EPOCH
         if vector.epoch != epoch:
-            return start, None, None, (
-                "the cursor is of another bucket epoch (the bucket was recreated)")
+            kept = start.with_positions(vector.positions)
+            if (await _held(bucket, epoch, kept))[0]:
+                return kept, kept, None, EPOCH_KEPT
+            return start, None, None, OTHER_EPOCH
         after, before = (vector, before) if name == "after" else (after, vector)
     if after is not None:
         if any(at < r.trimmed for at, r in zip(after.positions, retentions, strict=True)):
             return after, after, before, (
                 "after is older than the retained log: items after it were trimmed")
+        if not (await _held(bucket, epoch, after))[1]:
+            return start, None, None, ROLLED_BACK
         return after, after, before, None
     return start, after, before, None
 
@@ -157,6 +196,9 @@ async def answer(bucket: ChangeBucket, hub: Hub, request: EventsRequest) -> Even
     retentions = await bucket.retentions()
     epoch = retentions[0].epoch or ""
     start, after, before, missed = await _bounds(bucket, request, epoch, retentions)
+    if missed is EPOCH_KEPT:  # told before anything of the new epoch is served
+        oldest, newest = _edges(epoch, retentions, bucket.ordered)
+        return EventsReply((), False, oldest, newest, True, missed, start.encode())
     bound = None if before is None else before.positions[0]
     while True:
         reach = start
@@ -267,4 +309,5 @@ async def respond_feed(
     return lines
 
 
-__all__ = ["NOT_ORDERED", "SCAN", "answer", "respond_feed", "scan", "scan_newest", "select"]
+__all__ = ["EPOCH_KEPT", "NOT_ORDERED", "OTHER_EPOCH", "ROLLED_BACK", "SCAN", "answer",
+           "respond_feed", "scan", "scan_newest", "select"]
