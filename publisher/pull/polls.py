@@ -18,6 +18,7 @@ waiting request waits on the hub's one shared "window advanced" event.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -74,18 +75,28 @@ Scan = tuple[list[ChangeItem], bool, Vector]
 """Eligible items, `more`, and the position of the newest item found."""
 
 
+class EpochMoved(Exception):
+    """A read of the log found another epoch than the one the request is answered in: its
+    entries are of another history, not to be sent under this epoch's cursors."""
+
+
 async def scan(
     bucket: ChangeBucket, request: EventsRequest, start: Vector, before: StreamId | None
 ) -> Scan:
     """The eligible items after `start` (and before `before`, an ordered bucket's), oldest
-    first by stream id, each with the cursor of everything scanned up to it, and `more`."""
+    first by stream id, each with the cursor of everything scanned up to it, and `more`.
+    Each read takes the epoch in the same snapshot as its entries: EpochMoved when it is not
+    `start`'s."""
     shards = await bucket.shards()
     vector = reach = start
     found: list[ChangeItem] = []
     while True:
-        reads = await asyncio.gather(
-            *(shard.read(vector.positions[s], None, SCAN) for s, shard in enumerate(shards))
+        snapshots = await asyncio.gather(
+            *(shard.tail(vector.positions[s], None, SCAN) for s, shard in enumerate(shards))
         )
+        if any(snapshot.epoch != start.epoch for snapshot in snapshots):
+            raise EpochMoved
+        reads = [snapshot.entries for snapshot in snapshots]
         shard_of = {id(e): s for s, entries in enumerate(reads) for e in entries}
         merged = reads[0] if len(reads) == 1 else merge_partitions(list(reads), SCAN)
         for entry in merged:
@@ -99,7 +110,7 @@ async def scan(
                                         entry.changed_resource_id, entry.position.ms,
                                         vector.encode()))
                 reach = vector
-        if all(len(entries) < SCAN for entries in reads):
+        if all(snapshot.complete for snapshot in snapshots):
             return found, False, reach
 
 
@@ -188,9 +199,17 @@ async def _bounds(
 
 
 async def answer(bucket: ChangeBucket, hub: Hub, request: EventsRequest) -> EventsReply:
-    """Run one `events` request: scan, and wait for new items when the ADR says so."""
+    """Run one `events` request: scan, and wait for new items when the ADR says so. A scan
+    that meets another epoch than the one the request was begun in starts it over, in the
+    new one (its `after` then of another epoch: told so before anything of the new one)."""
     if not bucket.ordered and (request.before is not None or not request.oldest_first):
         raise ParamError(NOT_ORDERED)
+    while True:
+        with contextlib.suppress(EpochMoved):
+            return await _answer(bucket, hub, request)
+
+
+async def _answer(bucket: ChangeBucket, hub: Hub, request: EventsRequest) -> EventsReply:
     loop_time = asyncio.get_running_loop().time
     deadline = loop_time() + request.wait
     retentions = await bucket.retentions()
