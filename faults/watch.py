@@ -10,6 +10,10 @@ pure counts over one listener's log and the acknowledged commits.
 - *announced* (`unannounced`): a listener is told of an epoch change (a Resync, a completed
   bootstrap, or `told`: its transport said where its position stands in the new epoch) before
   any change of the new epoch reaches it.
+
+Neither *atomic* nor *announced* is asked of an at-least-once log (a durable consumer's): its
+instances share the work, so one commit's changes may go to several of them, and its
+announcement of a loss is its dead-letter record, read beside the messages, not before them.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ def _position(cursor: str) -> str:
 
 def split(log: ListenerLog, acked: Sequence[Attempt]) -> int:
     """The atomic commits `log` saw part of, or saw with a Resync between their changes."""
+    if log.at_least_once:
+        return 0
     batches: dict[str, list[Attempt]] = defaultdict(list)
     for attempt in acked:
         if attempt.batch is not None and attempt.stamp > log.after:
@@ -75,6 +81,8 @@ def unresumable(log: ListenerLog, acked: Sequence[Attempt]) -> int:
 
 def unannounced(log: ListenerLog) -> int:
     """Changes of a new epoch that reached `log` before it was told of the epoch change."""
+    if log.at_least_once:
+        return 0
     told = sorted([r.stamp for r in log.resyncs] + [b.stamp for b in log.bootstraps]
                   + [t.stamp for t in log.told])
     count = 0

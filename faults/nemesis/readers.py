@@ -280,6 +280,8 @@ class FeedReader(Reader):
                 raise ValueError(f"feed: {reply.status} {await reply.text()}")
             body = await reply.read()
         now = time.monotonic()
+        if gone:  # a new starting point after a 410: what was before it is announced, and
+            self.log.resync("410 CursorGone", now)  # the page's changes come after it
         for line in body.splitlines():
             record = orjson.loads(line)
             if "data" in record:
@@ -287,8 +289,6 @@ class FeedReader(Reader):
                 self.log.change(item["cursor"], item["changedResourceId"], now)
             elif "cursor" in record:
                 checkpoint = record["cursor"]
-        if gone:  # a new starting point after a 410: what was before it is announced
-            self.log.resync("410 CursorGone", now)
         self.started.set()
         await self.notify()
         return checkpoint, False

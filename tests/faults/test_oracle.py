@@ -275,3 +275,15 @@ def test_a_change_of_a_new_epoch_before_the_reader_was_told_is_counted() -> None
     assert listeners["resynced"].unannounced == 0
     assert listeners["told"].unannounced == 0
     assert listeners["silent"].unannounced == 1
+
+
+def test_a_durable_consumers_shared_at_least_once_log_is_not_asked_to_be_atomic_or_announced(
+) -> None:
+    history = History()
+    _batch(history, "k1", "old.01", "old.02")
+    history.acknowledged("v", 1, "new.03", 0.0)
+    log = history.listener("durable", at_least_once=True)
+    log.change("old.01", "b0", 0.0)  # one instance; the other's part never came
+    log.change("new.03", "v", 0.0)  # the dead-letter record of reason epoch is read later
+    tally = history.verdict().listeners["durable"]
+    assert tally.split == 0 and tally.unannounced == 0
