@@ -135,7 +135,9 @@ class EventsQuery:
 class EventsReply:
     """A 200 answer of `events`: `items` in the reply's order, each with its cursor; `oldest` and
     `newest` the retained log's ends ("" when it is empty); `missed` when items after the
-    request's `after` may be gone (`missed_reason` says why)."""
+    request's `after` may be gone (`missed_reason` says why). `resume_after`, with `missed` and
+    no items, is the cursor of the request's own position in a new epoch of the bucket: its
+    entry is in the new history, nothing was lost, and the reader asks after it next."""
 
     items: tuple[ChangeItem, ...]
     more: bool
@@ -143,6 +145,7 @@ class EventsReply:
     newest: str
     missed: bool = False
     missed_reason: str = ""
+    resume_after: str = ""
 
     def to_wire(self) -> dict[str, Any]:
         reply: dict[str, Any] = {
@@ -157,6 +160,8 @@ class EventsReply:
         }
         if self.missed:
             reply["missed_reason"] = self.missed_reason
+        if self.resume_after:
+            reply["resume_after"] = self.resume_after
         return reply
 
     @classmethod
@@ -192,6 +197,7 @@ class EventsReply:
             _text(reply, "newest"),
             reply.get("missed") is True,
             _text(reply, "missed_reason"),
+            _text(reply, "resume_after"),
         )
 
 

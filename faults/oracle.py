@@ -60,6 +60,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
+from faults import watch
+
 
 class Outcome(Enum):
     """What the writer was told about one commit."""
@@ -82,6 +84,8 @@ class Attempt:
     since: int | None = None
     """The stamp taken when the writer first sent this commit (None: `stamp`). Its effect lies
     anywhere between the two: a Resync in between may have been sent after it was written."""
+    batch: str | None = None
+    """The atomic commit it was part of (a `commit_many`, an outbox batch): None when alone."""
 
     @property
     def sent(self) -> int:
@@ -114,6 +118,16 @@ class Resynced:
     """A ``Resync`` a listener delivered."""
 
     reason: str
+    stamp: int
+    time: float
+
+
+@dataclass(frozen=True, slots=True)
+class Resumed:
+    """A listener started again after `cursor`, one it was given (`faults.watch.unresumable`);
+    or, as `told`, was told that `cursor` is its position in a new epoch."""
+
+    cursor: str
     stamp: int
     time: float
 
@@ -152,6 +166,8 @@ class ListenerLog:
     acks: list[Acked] = field(default_factory=list)
     resyncs: list[Resynced] = field(default_factory=list)
     bootstraps: list[Bootstrap] = field(default_factory=list)
+    resumes: list[Resumed] = field(default_factory=list)
+    told: list[Resumed] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     _pending: dict[str, int] | None = None
     _delivered: set[tuple[str, str]] = field(default_factory=set)
@@ -172,6 +188,14 @@ class ListenerLog:
 
     def resync(self, reason: str, time: float) -> None:
         self.resyncs.append(Resynced(reason, self.history.tick(), time))
+
+    def resumed(self, cursor: str, time: float) -> None:
+        """The listener starts again after `cursor`, one it was given."""
+        self.resumes.append(Resumed(cursor, self.history.tick(), time))
+
+    def told_epoch(self, cursor: str, time: float) -> None:
+        """The listener's transport said `cursor` is its position in a new epoch."""
+        self.told.append(Resumed(cursor, self.history.tick(), time))
 
     def bootstrap_start(self) -> None:
         """A bootstrap begins (again): what an unfinished one delivered no longer counts."""
@@ -255,6 +279,10 @@ class Tally:
     maybe_received: int = 0
     resyncs: int = 0
     errors: int = 0
+    split: int = 0
+    """Atomic commits seen in part, or split by a Resync (`faults.watch.split`)."""
+    unresumable: int = 0
+    unannounced: int = 0
 
     def __add__(self, other: Tally) -> Tally:
         return Tally(*(a + b for a, b in zip(self.fields(), other.fields(), strict=True)))
@@ -262,7 +290,7 @@ class Tally:
     def fields(self) -> tuple[int, ...]:
         return (self.owed, self.received, self.covered, self.lost, self.lost_announced,
                 self.duplicated, self.reordered, self.unacknowledged, self.maybe_received,
-                self.resyncs, self.errors)
+                self.resyncs, self.errors, self.split, self.unresumable, self.unannounced)
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,7 +312,8 @@ class Verdict:
         promise each change once per listener, across reconnects.)"""
         found = []
         for name, tally in self.listeners.items():
-            for what in ("lost", "duplicated", "reordered", "unacknowledged", "errors"):
+            for what in ("lost", "duplicated", "reordered", "unacknowledged", "errors", "split",
+                         "unresumable", "unannounced"):
                 if getattr(tally, what):
                     found.append(f"{name}: {what}={getattr(tally, what)}")
         return found
@@ -304,13 +333,16 @@ class History:
         return self._clock
 
     def acknowledged(self, id: str, seq: int, cursor: str, time: float, *,
-                     stamp: int | None = None, since: int | None = None) -> Attempt:
+                     stamp: int | None = None, since: int | None = None,
+                     batch: str | None = None) -> Attempt:
         """An acknowledged commit. `stamp`: one taken (`tick()`) when the writer was acknowledged,
         if that was before it learnt the cursor (a PostgreSQL outbox commit: acknowledged at its
         COMMIT, its cursor learnt from the relay's record later); the attempt takes its place
-        in stamp order. `since`: the stamp taken when the writer first sent it (`tick()`)."""
+        in stamp order. `since`: the stamp taken when the writer first sent it (`tick()`).
+        `batch`: the atomic commit it was part of."""
         stamp = self.tick() if stamp is None else stamp
-        return self._attempt(Attempt(id, seq, Outcome.ACKNOWLEDGED, cursor, stamp, time, since))
+        return self._attempt(
+            Attempt(id, seq, Outcome.ACKNOWLEDGED, cursor, stamp, time, since, batch))
 
     def unknown(self, id: str, seq: int, time: float) -> Attempt:
         return self._attempt(Attempt(id, seq, Outcome.UNKNOWN, None, self.tick(), time))
@@ -393,6 +425,9 @@ def tally(log: ListenerLog, acked: Sequence[Attempt], unknown: Sequence[Attempt]
         maybe_received=maybe_received,
         resyncs=len(log.resyncs),
         errors=len(log.errors),
+        split=watch.split(log, acked),
+        unresumable=watch.unresumable(log, acked),
+        unannounced=watch.unannounced(log),
     )
 
 
@@ -436,6 +471,7 @@ __all__ = [
     "History",
     "ListenerLog",
     "Outcome",
+    "Resumed",
     "Resynced",
     "Tally",
     "Verdict",

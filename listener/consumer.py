@@ -180,8 +180,7 @@ class PullConsumer(Client, metaclass=_ConsumerFactory):
             while (pull := core.pull(loop.time())) is not None:
                 await self._exchange(pull, core)
             items = core.result()
-            if items:
-                self._cursor = items[-1].cursor
+            self._cursor = core.position  # the last item's, or the same one in a new epoch
             return items
         finally:
             self._fetching = False
@@ -252,6 +251,9 @@ class PullConsumer(Client, metaclass=_ConsumerFactory):
         if core.retrier.failures:
             self._log.info("pull answered again", failures=core.retrier.failures)
         self._log.debug("pulled", items=len(reply.items), more=reply.more, missed=reply.missed)
+        if reply.resume_after:
+            self._log.warning("the bucket began a new epoch that holds this consumer's position: "
+                              "going on from it", after=pull.after, resume_after=reply.resume_after)
         core.received(reply, time())
 
 

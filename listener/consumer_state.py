@@ -159,6 +159,11 @@ class Puller:
         pull, self.in_flight = self.in_flight, None
         assert pull is not None, "an answer without a request"
         self.retrier.answered()
+        if reply.missed and reply.resume_after and not reply.items:
+            # A new epoch of the bucket holds this position's entry: nothing was lost, and the
+            # next request asks after the same position in the new epoch.
+            self.position = reply.resume_after
+            return 0
         if reply.missed:
             self.failure = ItemsMissed(pull.after, reply.oldest, reply.missed_reason)
             return 0
@@ -290,7 +295,10 @@ class ConsumeCore(Puller):
         if self.state is not ConsumeState.RUNNING:
             self.in_flight = None
             return 0
-        return self._answered(reply, self.buffer)
+        kept = self._answered(reply, self.buffer)
+        if reply.resume_after and self.position == reply.resume_after and not len(self.buffer):
+            self.cursor = self.position  # the same position, in the bucket's new epoch
+        return kept
 
     def failed(self, error: ChangefeedError, now: float) -> float | None:
         """The delay before the next pull, or None when the failure ends the consume: it is

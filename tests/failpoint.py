@@ -5,6 +5,7 @@ methods of this code)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -61,4 +62,25 @@ class HoldOnce(_Once):
         self._released.set()
 
 
-__all__ = ["FailOnce", "HoldOnce"]
+class ThenOnce:
+    """`ThenOnce(monkeypatch, ChangeBucket, "retentions", action)`: the next call of the method,
+    on any instance, runs it and then awaits `action()` before it returns (the world changes
+    between a path's reads: a new epoch just after the path read the old one); every later call
+    runs the method alone. `fired` says whether the next call came."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, owner: type, name: str,
+                 action: Callable[[], Awaitable[object]]) -> None:
+        self.fired = False
+        real = getattr(owner, name)
+
+        async def patched(this: Any, *args: Any, **kwargs: Any) -> Any:
+            result = await real(this, *args, **kwargs)
+            if not self.fired:
+                self.fired = True
+                await action()
+            return result
+
+        monkeypatch.setattr(owner, name, patched)
+
+
+__all__ = ["FailOnce", "HoldOnce", "ThenOnce"]

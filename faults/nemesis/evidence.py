@@ -27,7 +27,7 @@ def records(history: History, done: Sequence[Injected], start: float) -> Iterato
     for a in history.attempts:
         yield {"t": a.time - start, "kind": "commit", "id": a.id, "seq": a.seq,
                "outcome": a.outcome.name.lower(), "cursor": a.cursor, "stamp": a.stamp,
-               "since": a.since}
+               "since": a.since, "batch": a.batch}
     for injected in done:
         fault = injected.fault
         yield {"t": injected.started - start, "kind": "fault", "number": fault.number,
@@ -44,6 +44,10 @@ def records(history: History, done: Sequence[Injected], start: float) -> Iterato
         for r in log.resyncs:
             yield {"t": r.time - start, "kind": "resync", "listener": name, "reason": r.reason,
                    "stamp": r.stamp}
+        for kind, marks in (("resumed", log.resumes), ("told epoch", log.told)):
+            for m in marks:
+                yield {"t": m.time - start, "kind": kind, "listener": name, "cursor": m.cursor,
+                       "stamp": m.stamp}
         for b in log.bootstraps:
             yield {"t": b.time - start, "kind": "bootstrap", "listener": name,
                    "objects": len(b.states), "stamp": b.stamp}

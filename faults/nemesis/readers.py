@@ -141,6 +141,12 @@ class SseReader(Reader):
         return last
 
 
+def _moved_epoch(asked: str, items: Sequence[Any], cursor: str) -> bool:
+    """Whether a fetch after `asked` went on in another epoch (its items', or its `cursor`)."""
+    first = items[0].cursor if items else cursor
+    return str(first).partition(".")[0] != asked.partition(".")[0]
+
+
 class PullReader(Reader):
     """`PullConsumer(url, resource="vm", after=...)`, fetching up to 100 items at a time."""
 
@@ -149,10 +155,17 @@ class PullReader(Reader):
         self.started.set()
         while True:
             consumer = PullConsumer(self.url, resource=RESOURCE, after=after)
+            if after is not None:
+                self.log.resumed(after, time.monotonic())
             try:
                 while True:
+                    asked = consumer.cursor
                     items = await consumer.fetch(100, expires=EXPIRES)
                     now = time.monotonic()
+                    if asked and consumer.cursor and _moved_epoch(asked, items, consumer.cursor):
+                        # Only a reply's resume_after moves a PullConsumer to a new epoch
+                        # without ItemsMissed: it was told where its position stands.
+                        self.log.told_epoch(asked, now)
                     for item in items:
                         self.log.change(item.cursor, item.changed_resource_id, now)
                     after = consumer.cursor
@@ -267,6 +280,8 @@ class FeedReader(Reader):
                 raise ValueError(f"feed: {reply.status} {await reply.text()}")
             body = await reply.read()
         now = time.monotonic()
+        if gone:  # a new starting point after a 410: what was before it is announced, and
+            self.log.resync("410 CursorGone", now)  # the page's changes come after it
         for line in body.splitlines():
             record = orjson.loads(line)
             if "data" in record:
@@ -274,8 +289,6 @@ class FeedReader(Reader):
                 self.log.change(item["cursor"], item["changedResourceId"], now)
             elif "cursor" in record:
                 checkpoint = record["cursor"]
-        if gone:  # a new starting point after a 410: what was before it is announced
-            self.log.resync("410 CursorGone", now)
         self.started.set()
         await self.notify()
         return checkpoint, False

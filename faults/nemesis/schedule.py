@@ -67,8 +67,10 @@ KINDS: tuple[Kind, ...] = (
 """Every kind the nemesis draws from. A failover through Sentinel happens on `redis_kill` and
 on `redis_stop` held past the sentinels' down-after, as well as on `sentinel_failover` (the
 `SENTINEL FAILOVER` command): replication is asynchronous, so each may lose the newest
-acknowledged commits (a rollback, which the publishers announce). The outbox kinds weigh 1
-each (5 of 27): Redis and publisher faults still dominate."""
+acknowledged commits (a rollback, which the publishers announce). A `redis_kill` held 1.5 s or
+more first makes the replicas lag (`faults.nemesis.system.LAGGING_HOLD`): the promoted replica
+surely lacks acknowledged commits, some of them retried and acknowledged again by it. The
+outbox kinds weigh 1 each (5 of 27): Redis and publisher faults still dominate."""
 
 BY_NAME = {kind.name: kind for kind in KINDS}
 

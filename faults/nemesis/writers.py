@@ -90,9 +90,11 @@ class Writer:
         await asyncio.sleep(RETRY_PAUSE)
         return True
 
-    def _acked(self, id: str, seq: int, cursor: str, since: int) -> None:
-        """`since`: the stamp taken before the commit's first try (History.acknowledged)."""
-        self.last = self.history.acknowledged(id, seq, cursor, time.monotonic(), since=since)
+    def _acked(self, id: str, seq: int, cursor: str, since: int, batch: str | None = None) -> None:
+        """`since`: the stamp taken before the commit's first try; `batch`: the atomic commit
+        it was part of (History.acknowledged)."""
+        self.last = self.history.acknowledged(id, seq, cursor, time.monotonic(), since=since,
+                                              batch=batch)
         self.acked += 1
 
 
@@ -143,7 +145,7 @@ class BatchWriter(ApiWriter):
                 await asyncio.sleep(RETRY_PAUSE)
                 continue
             for (id, seq), cursor in zip(batch, cursors, strict=True):
-                self._acked(id, seq, cursor, since)
+                self._acked(id, seq, cursor, since, key if len(batch) > 1 else None)
             return
 
 

@@ -18,6 +18,7 @@ waiting request waits on the hub's one shared "window advanced" event.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -74,18 +75,28 @@ Scan = tuple[list[ChangeItem], bool, Vector]
 """Eligible items, `more`, and the position of the newest item found."""
 
 
+class EpochMoved(Exception):
+    """A read of the log found another epoch than the one the request is answered in: its
+    entries are of another history, not to be sent under this epoch's cursors."""
+
+
 async def scan(
     bucket: ChangeBucket, request: EventsRequest, start: Vector, before: StreamId | None
 ) -> Scan:
     """The eligible items after `start` (and before `before`, an ordered bucket's), oldest
-    first by stream id, each with the cursor of everything scanned up to it, and `more`."""
+    first by stream id, each with the cursor of everything scanned up to it, and `more`.
+    Each read takes the epoch in the same snapshot as its entries: EpochMoved when it is not
+    `start`'s."""
     shards = await bucket.log.shards()
     vector = reach = start
     found: list[ChangeItem] = []
     while True:
-        reads = await asyncio.gather(
-            *(shard.read(vector.positions[s], None, SCAN) for s, shard in enumerate(shards))
+        snapshots = await asyncio.gather(
+            *(shard.tail(vector.positions[s], None, SCAN) for s, shard in enumerate(shards))
         )
+        if any(snapshot.epoch != start.epoch for snapshot in snapshots):
+            raise EpochMoved
+        reads = [snapshot.entries for snapshot in snapshots]
         shard_of = {id(e): s for s, entries in enumerate(reads) for e in entries}
         merged = reads[0] if len(reads) == 1 else merge_partitions(list(reads), SCAN)
         for entry in merged:
@@ -99,7 +110,7 @@ async def scan(
                                         entry.changed_resource_id, entry.position.ms,
                                         vector.encode()))
                 reach = vector
-        if all(len(entries) < SCAN for entries in reads):
+        if all(snapshot.complete for snapshot in snapshots):
             return found, False, reach
 
 
@@ -120,12 +131,45 @@ async def scan_newest(
     return [entry.item(start.epoch) for entry in found], more, reach
 
 
+OTHER_EPOCH = (
+    "the cursor is of another bucket epoch whose entry is not in this one: entries this reader "
+    "was given were rolled back (Redis lost them), or the bucket was recreated"
+)
+EPOCH_KEPT = (
+    "the bucket began a new epoch (Redis lost history) that holds this cursor's entry: nothing "
+    "this reader was given was lost; ask after resume_after, its position in the new epoch"
+)
+ROLLED_BACK = (
+    "the cursor's entry is gone from the log though it was not trimmed: entries this reader was "
+    "given were rolled back (Redis lost them)"
+)
+
+
+async def _held(bucket: ChangeBucket, epoch: str, vector: Vector) -> tuple[bool, bool]:
+    """Whether epoch `epoch`'s history holds the entry at each of `vector`'s positions (a
+    position 0-0 where nothing was trimmed holds trivially, one at or before the trimmed
+    horizon cannot tell), and whether none is known to be gone (an untrimmed position whose
+    entry the log lacks: a rollback). One snapshot of each shard, with its epoch."""
+    shards = await bucket.log.shards()
+    reads = await asyncio.gather(
+        *(shard.tail(at, None, 0) for shard, at in zip(shards, vector.positions, strict=True))
+    )
+    same = all(read.epoch == epoch for read in reads)
+    held = same and all(
+        read.witnessed and (read.trimmed < at or at == read.trimmed == ZERO)
+        for read, at in zip(reads, vector.positions, strict=True)
+    )
+    return held, not same or all(read.witnessed for read in reads)
+
+
 async def _bounds(
     bucket: ChangeBucket, request: EventsRequest, epoch: str, retentions: Sequence[Retention]
 ) -> tuple[Vector, Vector | None, Vector | None, str | None]:
     """Where a request's scan starts, its `after` and `before` as this bucket's vectors, and
-    why the client missed items (None: it did not): a cursor of another kind or epoch is
-    ignored, an `after` trimmed in any shard is missed."""
+    why the client missed items (None: it did not): a cursor of another kind is ignored, an
+    `after` trimmed in any shard is missed, one whose entry was rolled back is missed (the scan
+    starts at the oldest), and one of another epoch is missed, from the oldest unless the new
+    history holds its entry (EPOCH_KEPT: the scan starts at the same position in this epoch)."""
     start = bucket.log.vector(epoch, [ZERO] * len(retentions))
     after: Vector | None = None
     before: Vector | None = None
@@ -136,27 +180,44 @@ async def _bounds(
             vector = await bucket.log.decode_cursor(cursor.encode())
         except CursorError as exc:
             return start, None, None, exc.why
+        if vector.epoch != epoch and name == "before":
+            return start, None, None, OTHER_EPOCH
         if vector.epoch != epoch:
-            return start, None, None, (
-                "the cursor is of another bucket epoch (the bucket was recreated)")
+            kept = start.with_positions(vector.positions)
+            if (await _held(bucket, epoch, kept))[0]:
+                return kept, kept, None, EPOCH_KEPT
+            return start, None, None, OTHER_EPOCH
         after, before = (vector, before) if name == "after" else (after, vector)
     if after is not None:
         if any(at < r.trimmed for at, r in zip(after.positions, retentions, strict=True)):
             return after, after, before, (
                 "after is older than the retained log: items after it were trimmed")
+        if not (await _held(bucket, epoch, after))[1]:
+            return start, None, None, ROLLED_BACK
         return after, after, before, None
     return start, after, before, None
 
 
 async def answer(bucket: ChangeBucket, hub: Hub, request: EventsRequest) -> EventsReply:
-    """Run one `events` request: scan, and wait for new items when the ADR says so."""
+    """Run one `events` request: scan, and wait for new items when the ADR says so. A scan
+    that meets another epoch than the one the request was begun in starts it over, in the
+    new one (its `after` then of another epoch: told so before anything of the new one)."""
     if not bucket.log.ordered and (request.before is not None or not request.oldest_first):
         raise ParamError(NOT_ORDERED)
+    while True:
+        with contextlib.suppress(EpochMoved):
+            return await _answer(bucket, hub, request)
+
+
+async def _answer(bucket: ChangeBucket, hub: Hub, request: EventsRequest) -> EventsReply:
     loop_time = asyncio.get_running_loop().time
     deadline = loop_time() + request.wait
     retentions = await bucket.log.retentions()
     epoch = retentions[0].epoch or ""
     start, after, before, missed = await _bounds(bucket, request, epoch, retentions)
+    if missed is EPOCH_KEPT:  # told before anything of the new epoch is served
+        oldest, newest = _edges(epoch, retentions, bucket.log.ordered)
+        return EventsReply((), False, oldest, newest, True, missed, start.encode())
     bound = None if before is None else before.positions[0]
     while True:
         reach = start
@@ -267,4 +328,5 @@ async def respond_feed(
     return lines
 
 
-__all__ = ["NOT_ORDERED", "SCAN", "answer", "respond_feed", "scan", "scan_newest", "select"]
+__all__ = ["EPOCH_KEPT", "NOT_ORDERED", "OTHER_EPOCH", "ROLLED_BACK", "SCAN", "answer",
+           "respond_feed", "scan", "scan_newest", "select"]

@@ -258,7 +258,7 @@ def test_the_history_is_written_in_time_order(tmp_path: Path) -> None:
         ("resync", 2.0), ("error", None)]
     assert lines[0] == {"t": 0.5, "kind": "commit", "id": "a", "seq": 1,
                         "outcome": "acknowledged", "cursor": "e.1-0", "stamp": acked.stamp,
-                        "since": None}
+                        "since": None, "batch": None}
     assert lines[3]["healed"] == pytest.approx(2.1) and lines[3]["fault"] == "redis_kill"
 
 

@@ -212,3 +212,78 @@ def test_a_resync_after_a_commit_was_sent_announces_its_loss_though_it_was_acked
     history.acknowledged("cli-14", 6, "e.06", 3.5)  # sent after the Resync: owed
     tally = history.verdict().listeners["sse"]
     assert (tally.lost_announced, tally.lost) == (1, 1)
+
+
+def _batch(history: History, batch: str, *cursors: str) -> None:
+    for n, cursor in enumerate(cursors):
+        history.acknowledged(f"b{n}", 1, cursor, 0.0, batch=batch)
+
+
+def test_an_atomic_commit_seen_in_part_or_split_by_a_resync_is_counted() -> None:
+    history = History()
+    _batch(history, "k1", "e.01", "e.02")
+    _batch(history, "k2", "e.03", "e.04")
+    _batch(history, "k3", "e.05", "e.06")
+    whole, half, torn = (history.listener(n) for n in ("whole", "half", "torn"))
+    for log in (whole, half, torn):
+        log.change("e.01", "b0", 0.0)
+        log.change("e.02", "b1", 0.0)
+    whole.change("e.03", "b0", 0.0)
+    whole.change("e.04", "b1", 0.0)
+    half.change("e.03", "b0", 0.0)  # k2's second change never came
+    torn.change("e.03", "b0", 0.0)
+    torn.resync("test", 0.0)  # a resync between k2's changes
+    torn.change("e.04", "b1", 0.0)
+    listeners = history.verdict().listeners
+    assert listeners["whole"].split == 0
+    assert listeners["half"].split == 1
+    assert listeners["torn"].split == 1
+    assert "half: split=1" in history.verdict().problems()
+
+
+def test_a_resumed_reader_given_again_what_it_had_or_skipping_a_change_is_counted() -> None:
+    history = History()
+    for n in range(1, 5):
+        history.acknowledged(f"v{n}", 1, f"e.0{n}", 0.0)
+    exact, again, skipped = (history.listener(n) for n in ("exact", "again", "skipped"))
+    for log in (exact, again, skipped):
+        log.change("e.01", "v1", 0.0)
+        log.change("e.02", "v2", 0.0)
+        log.resumed("e.02", 0.0)
+    exact.change("e.03", "v3", 0.0)
+    exact.change("e.04", "v4", 0.0)
+    again.change("e.01", "v1", 0.0)  # from the oldest: issue 30's 400 items again
+    skipped.change("e.04", "v4", 0.0)  # e.03 followed the cursor and never came
+    listeners = history.verdict().listeners
+    assert listeners["exact"].unresumable == 0
+    assert listeners["again"].unresumable == 1
+    assert listeners["skipped"].unresumable == 1
+
+
+def test_a_change_of_a_new_epoch_before_the_reader_was_told_is_counted() -> None:
+    history = History()
+    history.acknowledged("v1", 1, "old.01", 0.0)
+    history.acknowledged("v2", 1, "new.02", 0.0)
+    resynced, told, silent = (history.listener(n) for n in ("resynced", "told", "silent"))
+    for log in (resynced, told, silent):
+        log.change("old.01", "v1", 0.0)
+    resynced.resync("4009", 0.0)
+    told.told_epoch("old.01", 0.0)  # resume_after: its position in the new epoch
+    for log in (resynced, told, silent):
+        log.change("new.02", "v2", 0.0)
+    listeners = history.verdict().listeners
+    assert listeners["resynced"].unannounced == 0
+    assert listeners["told"].unannounced == 0
+    assert listeners["silent"].unannounced == 1
+
+
+def test_a_durable_consumers_shared_at_least_once_log_is_not_asked_to_be_atomic_or_announced(
+) -> None:
+    history = History()
+    _batch(history, "k1", "old.01", "old.02")
+    history.acknowledged("v", 1, "new.03", 0.0)
+    log = history.listener("durable", at_least_once=True)
+    log.change("old.01", "b0", 0.0)  # one instance; the other's part never came
+    log.change("new.03", "v", 0.0)  # the dead-letter record of reason epoch is read later
+    tally = history.verdict().listeners["durable"]
+    assert tally.split == 0 and tally.unannounced == 0

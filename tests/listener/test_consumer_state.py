@@ -141,6 +141,29 @@ def test_fetch_raises_items_missed_with_the_oldest_cursor() -> None:
         "e.0001", "e.0040", "trimmed")
 
 
+def test_a_reply_telling_the_position_in_a_new_epoch_moves_the_fetch_there() -> None:
+    core = fetch(5, "old.0001", 0, expires=30)
+    core.pull(0)
+    core.received(EventsReply((), False, "new.0001", "new.0002", True, "new epoch",
+                              "new.0001"), 0)
+    assert core.failure is None
+    again = core.pull(0)
+    assert again is not None and again.after == "new.0001"
+    core.received(EventsReply((item(2),), False, "new.0001", "new.0002"), 0)
+    assert [i.cursor for i in core.result()] == [item(2).cursor]
+
+
+def test_a_consume_told_its_position_in_a_new_epoch_keeps_it_as_its_cursor() -> None:
+    core = ConsumeCore(consume_options(10, None, None, None, 30, None), VMS, "old.0001",
+                       Retrier(STEADY))
+    core.pull(0)
+    core.received(EventsReply((), False, "new.0001", "new.0002", True, "new epoch",
+                              "new.0001"), 0)
+    assert core.failure is None and core.cursor == "new.0001"
+    again = core.pull(0)
+    assert again is not None and again.after == "new.0001"
+
+
 def test_a_rejected_pull_is_not_retried() -> None:
     core = fetch(5, None, 0, expires=30)
     core.pull(0)

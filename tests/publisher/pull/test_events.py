@@ -9,6 +9,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+import redis.asyncio as aioredis
 
 from changefeed.cursor import Cursor, new_epoch
 from publisher.config.settings import Config
@@ -347,3 +348,42 @@ async def test_shutdown_answers_waiting_long_polls(
     finally:
         if not stopped:
             await service.stop()
+
+
+async def test_a_cursor_whose_entry_is_gone_is_told_what_it_was_given_was_rolled_back(
+    redis_server: RedisServer, make_config: Callable[..., Config],
+    start_publisher: PublisherFactory,
+) -> None:
+    """The entry at `after` gone though not trimmed (a failover to a replica that lacked it,
+    before any publisher began a new epoch): the reader was given entries Redis lost. And a
+    cursor of another epoch is told its position in this one when this one holds its entry."""
+    async with start_publisher(make_config(redis_server.url)) as service, \
+            aiohttp.ClientSession() as http:
+        bucket = service.bucket
+        kept = await bucket.publish("vm", "kept", ["nic"])
+        lost = await bucket.publish("vm", "lost", ["nic"])
+        after_loss = await bucket.publish("vm", "after", ["nic"])
+        client = aioredis.from_url(redis_server.url)
+        for stream in await bucket.log.streams():
+            await client.xdel(stream, str(Cursor.decode(lost).position))
+
+        async def get(after: str) -> dict[str, Any]:
+            params = {"after": after, "wait_time": "0"}
+            async with http.get(service.url + "/changefeeds/events", params=params) as r:
+                assert r.status == 200
+                body: dict[str, Any] = await r.json()
+                return body
+
+        reply = await get(lost)
+        assert reply["missed"] is True and "rolled back" in reply["missed_reason"]
+        assert {item["cursor"] for item in reply["items"]} == {kept, after_loss}  # all it has
+        assert (await get(kept))["missed"] is False
+
+        position = Cursor.decode(kept).position
+        reply = await get(Cursor(new_epoch(), position).encode())
+        assert reply["missed"] is True and reply["items"] == []
+        assert reply["resume_after"] == kept
+        reply = await get(Cursor(new_epoch(), Cursor.decode(lost).position).encode())
+        assert reply["missed"] is True and "rolled back" in reply["missed_reason"]
+        assert "resume_after" not in reply
+        await client.aclose()
