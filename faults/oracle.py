@@ -308,15 +308,29 @@ class Verdict:
 
     def problems(self) -> list[str]:
         """What breaks the guarantees: unannounced losses, reordering, unacknowledged
-        deliveries, errors. (Duplicates are listed too: docs/protocol.md and docs/listener.md
-        promise each change once per listener, across reconnects.)"""
-        found = []
-        for name, tally in self.listeners.items():
-            for what in ("lost", "duplicated", "reordered", "unacknowledged", "errors", "split",
-                         "unresumable", "unannounced"):
-                if getattr(tally, what):
-                    found.append(f"{name}: {what}={getattr(tally, what)}")
-        return found
+        deliveries, errors, a new epoch's change before its announcement. (Duplicates are
+        listed too: docs/protocol.md and docs/listener.md promise each change once per
+        listener, across reconnects.)"""
+        return self._counted(PROBLEMS)
+
+    def findings(self) -> list[str]:
+        """What the watch properties that the system does not promise yet found (`FINDINGS`):
+        printed with every verdict, kept in the history, not failing a run."""
+        return self._counted(FINDINGS)
+
+    def _counted(self, kinds: tuple[str, ...]) -> list[str]:
+        return [f"{name}: {what}={getattr(tally, what)}"
+                for name, tally in self.listeners.items() for what in kinds
+                if getattr(tally, what)]
+
+
+PROBLEMS = ("lost", "duplicated", "reordered", "unacknowledged", "errors", "unannounced")
+"""The counts that fail a run."""
+FINDINGS = ("split", "unresumable")
+"""The counts of etcd's *atomic* and *resumable* that are reported, not yet failing a run: a
+websocket or SSE listener is sent a commit_many batch's changes one frame each, so a Resync
+between two frames splits the batch, and a resumption across an epoch change is judged by its
+position alone (docs/reliability.md, "Watch properties")."""
 
 
 class History:

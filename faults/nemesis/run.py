@@ -91,7 +91,7 @@ class Result:
                 f"announced={t.lost_announced} duplicated={t.duplicated} "
                 f"reordered={t.reordered} unacknowledged={t.unacknowledged} "
                 f"maybe={t.maybe_received} resyncs={t.resyncs} "
-                f"problems={j.problems()[:8]}")
+                f"problems={j.problems()[:8]} findings={j.verdict.findings()[:8]}")
 
 
 def listeners(system: System, history: History) -> dict[str, Follower]:

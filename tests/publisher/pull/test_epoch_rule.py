@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 
 from changefeed.cursor import Cursor
-from publisher.bucket import ChangeBucket
+from publisher.bucket import Log
 from publisher.config.settings import Config
 from publisher.server.service import Service
 from tests.conftest import PublisherFactory
@@ -37,7 +37,7 @@ def _renew_after_the_epoch_is_read(
     async def renew() -> None:
         await service.bucket.log.renew_epoch(epoch)
 
-    return ThenOnce(monkeypatch, ChangeBucket, "retentions", renew)
+    return ThenOnce(monkeypatch, Log, "retentions", renew)
 
 
 def _epochs(items: list[dict[str, Any]]) -> set[str]:
