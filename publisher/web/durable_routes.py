@@ -49,6 +49,7 @@ from publisher.web.http import (
     read_body,
     retry_after,
 )
+from publisher.web.query import takes
 
 log = structlog.get_logger(__name__)
 
@@ -170,11 +171,9 @@ async def fetch(request: web.Request, durables: Durables, name: str) -> web.Resp
     return json_response(reply.to_wire())
 
 
+@takes("after", "limit", code="InvalidParameter")
 @consumer_route(stored_ok=True)
 async def dead(request: web.Request, durables: Durables, name: str) -> web.Response:
-    unknown = sorted(set(request.query) - {"after", "limit"})
-    if unknown:
-        raise ParamError(f"unknown parameter(s) {', '.join(unknown)} (known: after, limit)")
     after = request.query.get("after") or None
     if after is not None and not _record_id(after):
         raise ParamError(f"after must be a record id (<ms>-<seq>), not {after[:60]!r}")

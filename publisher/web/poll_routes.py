@@ -38,6 +38,7 @@ from publisher.web.http import (
     read_body,
     retry_after,
 )
+from publisher.web.query import takes
 
 log = structlog.get_logger(__name__)
 _refusals = Throttle(60.0)
@@ -56,6 +57,8 @@ def rpc_error(
     return json_response(body, status, headers)
 
 
+@takes("resource", "max_results", "after", "before", "wait_time", "order",
+       repeated=("sub", "id", "prefix"), code="InvalidParameter")
 async def events_get(request: web.Request) -> web.Response:
     """`GET /changefeeds/events`: a long poll of the log, its query in the URL."""
     try:
@@ -100,6 +103,7 @@ def _events_call(body: bytes) -> tuple[Any, Any] | web.Response:
     return id, call.get("params")
 
 
+@takes(answer=lambda message: rpc_error(None, INVALID_REQUEST, message, 400))
 async def rpc(request: web.Request) -> web.Response:
     """`POST /changefeeds/rpc`: JSON-RPC 2.0, method `events` (the long poll's params)."""
     body = await read_body(request, request.app[LIVE].config.server.body_timeout)
@@ -127,6 +131,7 @@ async def rpc(request: web.Request) -> web.Response:
     return json_response({"jsonrpc": "2.0", "id": id, "result": reply.to_wire()})
 
 
+@takes(*feed.PARAMETERS, numbered=("cursor",), code="InvalidParameter")
 async def feed_get(request: web.Request) -> web.Response:
     """`GET /changefeeds/feed/v1`: the ZeroEventHub feed (NDJSON lines)."""
     config = request.app[LIVE].config

@@ -201,7 +201,7 @@ BAD = [
     ({"resource": "vm", "sub": "ips"}, "unknown sub-resource 'ips'"),
     ({"prefix": "/"}, "empty prefix"),
     ({"order": "sideways"}, "order"),
-    ({"colour": "red"}, "unknown parameter(s) colour"),
+    ({"colour": "red"}, "unknown parameter(s) 'colour' (known: after, before"),
     ({"after": ["x", "y"]}, "after given more than once"),
 ]
 
