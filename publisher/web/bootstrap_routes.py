@@ -26,8 +26,9 @@ from changefeed.watch import Watch, parse_watch
 from publisher.bucket import decode_marker, encode_marker
 from publisher.web.app_keys import BOOTSTRAPS, BUCKET, HUB, LIVE
 from publisher.web.fleet import stats_of_scope
-from publisher.web.http import bad_request, json_error
+from publisher.web.http import bad_request, json_error, refusal_response
 from publisher.web.query import takes
+from publisher.web.registrations import Why, refused
 from publisher.web.watch_pages import page_watched
 
 
@@ -57,7 +58,7 @@ async def at_least(request: web.Request) -> web.Response | None:
     """`?min_cursor=` (and `?wait=`): None once the bucket's head is at or past the cursor, so
     that what the route reads next holds that change; else the error to answer.
 
-    A cursor of another epoch is 409 `CursorGone` (bootstrap from scratch, it will never be
+    A cursor of another epoch is 410 `CursorGone` (bootstrap from scratch, it will never be
     reached); one ahead of the head (a writer served by a publisher, or Redis, that is ahead of
     ours) waits up to `wait` (`changefeed.longpoll.parse_wait`: absent `limits.wait`, 0 not at
     all, at most `limits.maxWait`) on the hub's shared wake-up, then is 504 `MinCursorTimeout`.
@@ -80,11 +81,11 @@ async def at_least(request: web.Request) -> web.Response | None:
     while True:
         head = await bucket.log.head()
         if head is None or head.epoch != wanted.epoch:
-            return json_error(
-                409, "CursorGone",
+            return refusal_response(refused(
+                Why.CURSOR_GONE,
                 f"min_cursor {text} is of another bucket epoch than "
                 f"{head.epoch if head else None}: the bucket was recreated; bootstrap without it",
-            )
+            ))
         if head.covers(wanted):
             return None
         remaining = deadline - loop.time()

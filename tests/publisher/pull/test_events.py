@@ -202,7 +202,7 @@ BAD = [
     ({"prefix": "/"}, "empty prefix"),
     ({"order": "sideways"}, "order"),
     ({"colour": "red"}, "unknown parameter(s) 'colour' (known: after, before"),
-    ({"after": ["x", "y"]}, "after given more than once"),
+    ({"after": ["x", "y"]}, "parameter(s) 'after' may be given only once"),
 ]
 
 

@@ -12,9 +12,12 @@ from typing import Any
 import aiohttp
 import pytest
 
+from changefeed.cursor import new_epoch
+from changefeed.errors import BucketBusy, ConsumerExists, CursorGone, NoSuchConsumer
 from publisher.config.settings import Config
 from publisher.server.service import Service
 from publisher.web.query import Takes, problem
+from publisher.web.registrations import Why, refusal_of, refused
 from tests.conftest import PublisherFactory
 from tests.servers import RedisServer, scaled
 
@@ -255,3 +258,32 @@ async def test_min_cursor_waits_by_the_one_rule(service: Service) -> None:
     status, body, _ = await _call(service, "GET", f"/vms?min_cursor={head}&wait=-1")
     assert (status, body["code"]) == (400, "InvalidWait")
     assert body["message"].startswith("wait must not be negative")
+
+
+# --- the pull handlers refuse through the admission core's table ------------------------------
+
+
+async def test_a_min_cursor_of_another_epoch_is_gone_as_on_the_pull_routes(
+    service: Service,
+) -> None:
+    head = await _head(service)
+    other = new_epoch() + "." + head.partition(".")[2]
+    status, body, _ = await _call(service, "GET", f"/vms?min_cursor={other}")
+    assert (status, body["code"]) == (410, "CursorGone"), body
+    status, body, _ = await _call(service, "PUT", "/changefeeds/durable/billing",
+                                  {"filter": {"resource": "vm"}, "start": other})
+    assert (status, body["code"]) == (410, "CursorGone"), body
+
+
+def test_every_pull_refusal_is_a_rule_of_the_one_table() -> None:
+    for exc, status, code in [
+        (CursorGone("gone"), 410, "CursorGone"),
+        (ConsumerExists("billing", ["ack_wait is 30.0, not 10.0"]), 409, "ConsumerExists"),
+        (NoSuchConsumer("billing"), 404, "ConsumerNotFound"),
+        (BucketBusy("busy"), 503, "Overloaded"),
+    ]:
+        refusal = refusal_of(exc)
+        assert (refusal.http_status, refusal.code) == (status, code), exc
+        assert refusal.reason
+    assert refused(Why.UNKNOWN_CONSUMER, "x").http_status == 403
+    assert refused(Why.OUTCOME_UNKNOWN, "x").headers() == {"Retry-After": "5"}
