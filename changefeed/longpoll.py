@@ -123,9 +123,11 @@ class EventsQuery:
     wait_time: float
 
     def to_query(self) -> list[tuple[str, str]]:
-        """The query string (the wait in whole milliseconds: `0ms` answers at once)."""
+        """The query string. The wait goes in whole milliseconds: `0ms` (answer at once) only
+        for no wait, a tiny wait as `1ms`."""
+        wait_ms = max(1, round(self.wait_time * 1000)) if self.wait_time > 0 else 0
         params = [("order", "oldest"), ("max_results", str(self.max_results)),
-                  ("wait_time", f"{max(0, round(self.wait_time * 1000))}ms")]
+                  ("wait_time", f"{wait_ms}ms")]
         if self.after:
             params.append(("after", self.after))
         return params + self.filter.to_query()
