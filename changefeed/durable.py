@@ -233,8 +233,8 @@ class FetchRequest:
 
 def parse_fetch(body: Any, limits: longpoll.PollLimits) -> FetchRequest:
     """A fetch request's JSON body. `max_messages` absent: `limits.results`, capped at
-    `limits.max_results`; `wait_time` absent: `limits.wait`, capped at `limits.max_wait`; 0 or
-    less answers at once."""
+    `limits.max_results`; `wait_time` by `longpoll.parse_wait` (absent: `limits.wait`; 0
+    answers at once; negative refused; capped at `limits.max_wait`)."""
     if body is None:
         body = {}
     if not isinstance(body, dict):
@@ -247,16 +247,11 @@ def parse_fetch(body: Any, limits: longpoll.PollLimits) -> FetchRequest:
         count = longpoll.parse_int("max_messages", body["max_messages"])
         if count < 1:
             raise ParamError(f"max_messages must be 1 or more, not {count}")
-    wait = limits.wait
-    if body.get("wait_time") is not None:
-        wait = longpoll.parse_duration("wait_time", body["wait_time"])
-        if not math.isfinite(wait):
-            raise ParamError("wait_time must be a finite number of seconds")
+    wait = longpoll.parse_wait("wait_time", body.get("wait_time"), limits)
     instance = body.get("instance") or ""
     if not isinstance(instance, str) or len(instance) > 200 or not instance.isprintable():
         raise ParamError("instance must be a printable string of at most 200 characters")
-    return FetchRequest(min(count, limits.max_results), max(0.0, min(wait, limits.max_wait)),
-                        instance)
+    return FetchRequest(min(count, limits.max_results), wait, instance)
 
 
 @dataclass(frozen=True, slots=True)

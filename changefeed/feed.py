@@ -27,7 +27,7 @@ import orjson
 
 from changefeed.cursor import ZERO, Cursor, StreamId
 from changefeed.errors import CursorError, CursorGone, ParamError
-from changefeed.longpoll import PollLimits, parse_duration
+from changefeed.longpoll import PollLimits, parse_wait
 from changefeed.protocol import ChangeItem
 
 FIRST = "_first"
@@ -84,9 +84,7 @@ def parse_request(
     headers = tuple(h for h in selected.split(",") if h)
     if ALL_HEADERS in headers:
         headers = HEADERS
-    wait = parse_duration("wait", query["wait"]) if "wait" in query else 0.0
-    if wait < 0:
-        raise ParamError("wait must not be negative")
+    wait = parse_wait("wait", query.get("wait"), limits)
     cursorset = query.get("cursorset")
     consumer = query.get("consumer")
     for label, given in (("cursorset", cursorset), ("consumer", consumer)):
@@ -107,7 +105,7 @@ def parse_request(
     if (cursorset is not None or resume) and consumer is None:
         raise ParamError("cursorset and resume need consumer=<name> (the consumer's identity)")
     return FeedRequest(
-        n, dict(sorted(cursors.items())), page_size, headers, min(wait, limits.max_wait),
+        n, dict(sorted(cursors.items())), page_size, headers, wait,
         cursorset, consumer, resume,
     )
 

@@ -21,6 +21,7 @@ Pure code: no sockets, no clocks.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -49,7 +50,7 @@ PARAMS = ("filter", "max_results", "after", "before", "wait_time", "order")
 """The keys of a JSON-RPC `events` call's params."""
 FILTER_KEYS = ("resource", "subResources", "ids", "prefixes")
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m)?\s*$")
+_DURATION = re.compile(r"^\s*(-?(?:\d+(?:\.\d*)?|\.\d+))\s*(ms|s|m)?\s*$")
 _INTEGER = re.compile(r"^\s*-?[0-9]+\s*$")
 
 
@@ -122,10 +123,11 @@ class EventsQuery:
     wait_time: float
 
     def to_query(self) -> list[tuple[str, str]]:
-        """The query string. The wait goes in whole milliseconds and never as 0, which a
-        publisher reads as its default."""
+        """The query string. The wait goes in whole milliseconds: `0ms` (answer at once) only
+        for no wait, a tiny wait as `1ms`."""
+        wait_ms = max(1, round(self.wait_time * 1000)) if self.wait_time > 0 else 0
         params = [("order", "oldest"), ("max_results", str(self.max_results)),
-                  ("wait_time", f"{max(1, round(self.wait_time * 1000))}ms")]
+                  ("wait_time", f"{wait_ms}ms")]
         if self.after:
             params.append(("after", self.after))
         return params + self.filter.to_query()
@@ -222,6 +224,24 @@ def parse_duration(name: str, value: Any) -> float:
     return number * {"ms": 0.001, "s": 1.0, "m": 60.0}[unit]
 
 
+def parse_wait(name: str, value: Any, limits: PollLimits) -> float:
+    """How long a request waits, by the one rule of every route (docs/pull.md, "How long a
+    request waits"): `value` None (absent) is `limits.wait`; otherwise a duration
+    (`parse_duration`) where 0 answers at once, a negative one is refused, and one above
+    `limits.max_wait` is lowered to it."""
+    if value is None:
+        return min(limits.wait, limits.max_wait)
+    wait = parse_duration(name, value)
+    if not math.isfinite(wait):
+        raise ParamError(f"{name} must be a finite number of seconds")
+    if wait < 0:
+        raise ParamError(
+            f"{name} must not be negative ({value!r:.40}): 0 answers at once, and leaving it "
+            f"out waits the default ({limits.wait:g} s)"
+        )
+    return min(wait, limits.max_wait)
+
+
 def parse_int(name: str, value: Any) -> int:
     """An integer from a JSON number or a string of ASCII digits (``'²'`` is not one)."""
     if isinstance(value, bool):
@@ -244,33 +264,44 @@ def _cursor(name: str, value: Any) -> AnyCursor | None:
         raise ParamError(f"{name}: {exc}") from None
 
 
-def _filter(
-    resource: Any, subs: Any, ids: Any, prefixes: Any, resources: Mapping[str, Resource], where: str
+QUERY_NAMES = ("resource", "sub", "id", "prefix")
+"""What the query string calls a filter's resource, sub-resources, ids and prefixes."""
+PARAMS_NAMES = tuple(f"filter.{key}" for key in FILTER_KEYS)
+"""What JSON-RPC params call them."""
+
+
+def filter_of(
+    resource: Any, subs: Any, ids: Any, prefixes: Any, resources: Mapping[str, Resource],
+    names: tuple[str, ...],
 ) -> EventFilter:
+    """The filter of a request; errors name its parameters as the request did (`names`:
+    `QUERY_NAMES` or `PARAMS_NAMES`)."""
+    resource_name, subs_name, ids_name, prefixes_name = names
     if resource is None or resource == "":
         if subs:
-            raise ParamError(f"{where}subResources needs {where}resource")
+            raise ParamError(f"{subs_name} needs {resource_name}: the resource whose "
+                             f"sub-resources they are (known: {', '.join(sorted(resources))})")
         name = None
     elif not isinstance(resource, str) or resource not in resources:
         known = ", ".join(sorted(resources))
-        raise ParamError(f"{where}resource: unknown resource {resource!r} (known: {known})")
+        raise ParamError(f"{resource_name}: unknown resource {resource!r} (known: {known})")
     else:
         name = resource
     sub_set: frozenset[str] = frozenset()
     if subs:
         if not isinstance(subs, list) or not all(isinstance(s, str) for s in subs):
-            raise ParamError(f"{where}subResources must be a list of strings")
+            raise ParamError(f"{subs_name} must be a list of strings")
         assert name is not None
         known_subs = resources[name].sub_resources
         for sub in subs:
             if sub != WILDCARD and sub not in known_subs:
                 raise ParamError(
-                    f"{where}subResources: unknown sub-resource {sub!r} of {name!r} "
+                    f"{subs_name}: unknown sub-resource {sub!r} of {name!r} "
                     f"(known: {', '.join(known_subs)}, or '*')"
                 )
         sub_set = frozenset() if WILDCARD in subs else frozenset(subs)
     try:
-        watch = parse_watch(ids, prefixes, where)
+        watch = parse_watch(ids, prefixes, names=(ids_name, prefixes_name))
     except ValueError as exc:
         raise ParamError(str(exc)) from None
     return EventFilter(name, sub_set, watch)
@@ -288,9 +319,7 @@ def _request(
     count = limits.results if max_results is None else parse_int("max_results", max_results)
     if count <= 0:
         count = limits.results  # the ADR: zero or negative asks for the default
-    wait = limits.wait if wait_time is None else parse_duration("wait_time", wait_time)
-    if wait <= 0:
-        wait = limits.wait  # the ADR: zero or negative waits a default interval
+    wait = parse_wait("wait_time", wait_time, limits)
     if order not in (None, "newest", "oldest"):
         raise ParamError("order must be 'newest' (the default) or 'oldest'")
     return EventsRequest(
@@ -298,7 +327,7 @@ def _request(
         min(count, limits.max_results),
         _cursor("after", after),
         _cursor("before", before),
-        min(wait, limits.max_wait),
+        wait,
         order == "oldest",
     )
 
@@ -318,13 +347,13 @@ def from_query(
     for single in ("resource", "max_results", "after", "before", "wait_time", "order"):
         if len(getall(single)) > 1:
             raise ParamError(f"{single} given more than once")
-    filter = _filter(
+    filter = filter_of(
         query.get("resource"),
         list(getall("sub")) or None,
         list(getall("id")) or None,
         list(getall("prefix")) or None,
         resources,
-        "",
+        QUERY_NAMES,
     )
     return _request(
         filter,
@@ -356,13 +385,13 @@ def from_params(
         raise ParamError(
             f"unknown filter key(s) {', '.join(unknown)} (known: {', '.join(FILTER_KEYS)})"
         )
-    filter = _filter(
+    filter = filter_of(
         spec.get("resource"),
         spec.get("subResources"),
         spec.get("ids"),
         spec.get("prefixes"),
         resources,
-        "filter.",
+        PARAMS_NAMES,
     )
     return _request(
         filter,
@@ -380,13 +409,17 @@ __all__ = [
     "DEFAULT_WAIT",
     "MAX_RESULTS",
     "MAX_WAIT",
+    "PARAMS_NAMES",
+    "QUERY_NAMES",
     "EventFilter",
     "EventsQuery",
     "EventsReply",
     "EventsRequest",
     "PollLimits",
+    "filter_of",
     "from_params",
     "from_query",
     "parse_duration",
     "parse_int",
+    "parse_wait",
 ]

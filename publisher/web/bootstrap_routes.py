@@ -19,13 +19,16 @@ from urllib.parse import quote, urlencode
 import orjson
 from aiohttp import web
 
-from changefeed.errors import CursorError
+from changefeed.errors import CursorError, ParamError
+from changefeed.longpoll import parse_wait
 from changefeed.protocol import Resource
 from changefeed.watch import Watch, parse_watch
 from publisher.bucket import decode_marker, encode_marker
 from publisher.web.app_keys import BOOTSTRAPS, BUCKET, HUB, LIVE
 from publisher.web.fleet import stats_of_scope
-from publisher.web.http import bad_request, json_error
+from publisher.web.http import bad_request, json_error, refusal_response
+from publisher.web.query import takes
+from publisher.web.registrations import Why, refused
 from publisher.web.watch_pages import page_watched
 
 
@@ -55,10 +58,10 @@ async def at_least(request: web.Request) -> web.Response | None:
     """`?min_cursor=` (and `?wait=`): None once the bucket's head is at or past the cursor, so
     that what the route reads next holds that change; else the error to answer.
 
-    A cursor of another epoch is 409 `CursorGone` (bootstrap from scratch, it will never be
+    A cursor of another epoch is 410 `CursorGone` (bootstrap from scratch, it will never be
     reached); one ahead of the head (a writer served by a publisher, or Redis, that is ahead of
-    ours) waits up to `wait` seconds (default `limits.wait`, at most `limits.maxWait`) on the
-    hub's shared wake-up, then is 504 `MinCursorTimeout`.
+    ours) waits up to `wait` (`changefeed.longpoll.parse_wait`: absent `limits.wait`, 0 not at
+    all, at most `limits.maxWait`) on the hub's shared wake-up, then is 504 `MinCursorTimeout`.
     """
     text = request.query.get("min_cursor")
     if text is None:
@@ -69,26 +72,20 @@ async def at_least(request: web.Request) -> web.Response | None:
         wanted = await bucket.log.decode_cursor(text)
     except CursorError as exc:
         return json_error(400, "InvalidCursor", f"min_cursor: {exc}")
-    limits = request.app[LIVE].config.limits
-    wait = limits.wait
-    if "wait" in request.query:
-        try:
-            wait = float(request.query["wait"])
-        except ValueError:
-            wait = -1.0
-        if not 0 <= wait <= limits.max_wait:
-            return json_error(400, "InvalidWait",
-                              f"wait must be seconds from 0 to {limits.max_wait:g}")
+    try:
+        wait = parse_wait("wait", request.query.get("wait"), request.app[LIVE].config.limits)
+    except ParamError as exc:
+        return json_error(400, "InvalidWait", str(exc))
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait
     while True:
         head = await bucket.log.head()
         if head is None or head.epoch != wanted.epoch:
-            return json_error(
-                409, "CursorGone",
+            return refusal_response(refused(
+                Why.CURSOR_GONE,
                 f"min_cursor {text} is of another bucket epoch than "
                 f"{head.epoch if head else None}: the bucket was recreated; bootstrap without it",
-            )
+            ))
         if head.covers(wanted):
             return None
         remaining = deadline - loop.time()
@@ -105,6 +102,7 @@ def next_page(route: str, limit: int, watch: Watch, last_id: str) -> str:
     return f"{route}?{urlencode(params, safe='/', quote_via=quote)}"
 
 
+@takes("scope")
 async def handle_stats(request: web.Request) -> web.Response:
     """GET /changefeeds/stats: this process, or ?scope=fleet (publisher.web.fleet)."""
     return await stats_of_scope(request)
@@ -118,6 +116,7 @@ def _resource_of(request: web.Request) -> Resource:
     return request.app[BOOTSTRAPS][matched.canonical]
 
 
+@takes("limit", "marker", "min_cursor", "wait", repeated=("id", "prefix"))
 async def handle_page(request: web.Request) -> web.Response:
     """GET <bootstrapRoute>: a page of the resource's objects (`?limit`, `?marker`, a watch's
     `?id`/`?prefix`, `?min_cursor`/`?wait`), with the next page's URL and the cursor."""
@@ -129,11 +128,6 @@ async def handle_page(request: web.Request) -> web.Response:
         after = None if marker is None else decode_marker(marker)
     except ValueError as exc:
         return json_error(400, "InvalidMarker", f"marker: {exc}")
-    unknown = set(request.query) - {"limit", "marker", "id", "prefix", "min_cursor", "wait"}
-    if unknown:
-        return json_error(
-            400, "InvalidQuery", f"unknown parameter(s): {', '.join(sorted(unknown))}"
-        )
     watch = _watch(request)
     refused = await at_least(request)
     if refused is not None:
@@ -159,6 +153,7 @@ async def handle_page(request: web.Request) -> web.Response:
     return web.Response(body=body, content_type="application/json")
 
 
+@takes("min_cursor", "wait")
 async def handle_one(request: web.Request) -> web.Response:
     """GET <bootstrapRoute>/<id>: one object of the resource (`?min_cursor`/`?wait` too)."""
     resource = _resource_of(request)

@@ -42,13 +42,9 @@ from changefeed.longpoll import parse_int
 from publisher.pull.durable import Durables
 from publisher.web.access import Handler, requires
 from publisher.web.app_keys import LIVE
-from publisher.web.http import (
-    RETRY_UNAVAILABLE,
-    json_error,
-    json_response,
-    read_body,
-    retry_after,
-)
+from publisher.web.http import json_error, json_response, read_body, refusal_response
+from publisher.web.query import takes
+from publisher.web.registrations import Why, refusal_of, refused
 
 log = structlog.get_logger(__name__)
 
@@ -116,7 +112,7 @@ def consumer_route(*, stored_ok: bool = False) -> Callable[[_Run], Handler]:
             except NoSuchConsumer as exc:
                 if exc.name not in request.app[LIVE].config.durable.consumers:
                     return _unknown(exc.name)
-                return json_error(404, "ConsumerNotFound", str(exc))
+                return refusal_response(refusal_of(exc))
 
         return handle
 
@@ -141,10 +137,8 @@ async def create(request: web.Request, durables: Durables, name: str) -> web.Res
     )
     try:
         created, info = await durables.create(name, consumer)
-    except ConsumerExists as exc:
-        return json_error(409, "ConsumerExists", str(exc))
-    except CursorGone as exc:
-        return json_error(410, "CursorGone", str(exc))
+    except (ConsumerExists, CursorGone) as exc:
+        return refusal_response(refusal_of(exc))
     if created:
         log.info("durable consumer created", consumer=name, config=info["config"])
     return json_response(info, 201 if created else 200)
@@ -170,11 +164,9 @@ async def fetch(request: web.Request, durables: Durables, name: str) -> web.Resp
     return json_response(reply.to_wire())
 
 
+@takes("after", "limit", code="InvalidParameter")
 @consumer_route(stored_ok=True)
 async def dead(request: web.Request, durables: Durables, name: str) -> web.Response:
-    unknown = sorted(set(request.query) - {"after", "limit"})
-    if unknown:
-        raise ParamError(f"unknown parameter(s) {', '.join(unknown)} (known: after, limit)")
     after = request.query.get("after") or None
     if after is not None and not _record_id(after):
         raise ParamError(f"after must be a record id (<ms>-<seq>), not {after[:60]!r}")
@@ -199,12 +191,11 @@ async def settle(request: web.Request, durables: Durables, name: str) -> web.Res
     except CommitOutcomeUnknown as exc:
         log.warning("settlement outcome unknown", consumer=name, action=action.value,
                     error=str(exc))
-        return json_error(
-            503, "OutcomeUnknown",
+        return refusal_response(refused(
+            Why.OUTCOME_UNKNOWN,
             f"Redis did not answer the {action.value}: it may or may not have taken "
             "effect. Send it again: a delivery already settled answers not_pending",
-            retry_after(RETRY_UNAVAILABLE),
-        )
+        ))
     return json_response(reply.to_wire())
 
 
@@ -221,11 +212,11 @@ routes = [
 
 
 def _unknown(name: str) -> web.Response:
-    return json_error(
-        403, "UnknownConsumer",
+    return refusal_response(refused(
+        Why.UNKNOWN_CONSUMER,
         f"durable consumer {name!r} is not one of durable.consumers in this publisher's "
         "config.js",
-    )
+    ))
 
 
 def _record_id(text: str) -> bool:

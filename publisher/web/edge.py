@@ -3,7 +3,8 @@
 In this order, for every request:
 
 1. `Access.check` (publisher.web.access): refused (429, 403, 401...), a CORS preflight answered, or
-   passed on with its identity and the CORS headers its answer gets;
+   passed on with its identity and the CORS headers its answer gets; then the query checked
+   against the parameters the route takes (`publisher.web.query.refusal`: 400);
 2. the handler; an error it raises becomes a JSON answer (`publisher.web.http.error_as_json`), or
    is raised on when it already is one;
 3. `Metrics.count` (publisher.web.metrics): the request by route pattern and status, refusals and
@@ -25,6 +26,7 @@ from changefeed.errors import ChangefeedError
 from publisher.web.access import CORS, Access
 from publisher.web.http import error_as_json
 from publisher.web.metrics import Metrics
+from publisher.web.query import refusal as query_refusal
 from publisher.web.websocket import UPGRADED
 
 
@@ -43,7 +45,7 @@ def edge(metrics: Metrics, access: Access) -> Middleware:
                 if cors is not None:
                     request[CORS] = cors  # for answers prepared by their handler (SSE)
                 try:
-                    response = await handler(request)
+                    response = query_refusal(request) or await handler(request)
                 except (web.HTTPException, ChangefeedError) as exc:
                     answer = error_as_json(request, exc)
                     if answer is None:

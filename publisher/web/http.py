@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 import structlog
@@ -143,6 +143,24 @@ async def read_body(request: web.Request, timeout: float) -> bytes | web.Respons
         return late
 
 
+class Refusal(Protocol):
+    """What `refusal_response` answers: publisher.web.registrations' `Refused`."""
+
+    @property
+    def http_status(self) -> int: ...
+    @property
+    def code(self) -> str: ...
+    @property
+    def reason(self) -> str: ...
+    def headers(self) -> dict[str, str] | None: ...
+
+
+def refusal_response(refusal: Refusal) -> web.Response:
+    """The HTTP answer of a refusal of publisher.web.registrations' table: its status, its JSON
+    code and reason, its `Retry-After`."""
+    return json_error(refusal.http_status, refusal.code, refusal.reason, refusal.headers())
+
+
 def retry_after(seconds: int) -> dict[str, str]:
     return {"Retry-After": str(seconds)}
 
@@ -152,6 +170,7 @@ __all__ = [
     "OVERLOADED",
     "UNAVAILABLE",
     "Answer",
+    "Refusal",
     "bad_request",
     "bucket_answer",
     "error_as_json",
@@ -159,5 +178,6 @@ __all__ = [
     "json_response",
     "overloaded",
     "read_body",
+    "refusal_response",
     "retry_after",
 ]

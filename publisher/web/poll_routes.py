@@ -28,16 +28,14 @@ from publisher.security.clientaddr import client_address
 from publisher.web.access import identity_of
 from publisher.web.app_keys import BUCKET, HUB, LIVE
 from publisher.web.http import (
-    OVERLOADED,
-    RETRY_OVERLOADED,
-    RETRY_UNAVAILABLE,
-    UNAVAILABLE,
     json_error,
     json_response,
     overloaded,
     read_body,
-    retry_after,
+    refusal_response,
 )
+from publisher.web.query import takes
+from publisher.web.registrations import Why, refusal_of, refused
 
 log = structlog.get_logger(__name__)
 _refusals = Throttle(60.0)
@@ -56,6 +54,8 @@ def rpc_error(
     return json_response(body, status, headers)
 
 
+@takes("resource", "max_results", "after", "before", "wait_time", "order",
+       repeated=("sub", "id", "prefix"), code="InvalidParameter")
 async def events_get(request: web.Request) -> web.Response:
     """`GET /changefeeds/events`: a long poll of the log, its query in the URL."""
     try:
@@ -100,6 +100,7 @@ def _events_call(body: bytes) -> tuple[Any, Any] | web.Response:
     return id, call.get("params")
 
 
+@takes(answer=lambda message: rpc_error(None, INVALID_REQUEST, message, 400))
 async def rpc(request: web.Request) -> web.Response:
     """`POST /changefeeds/rpc`: JSON-RPC 2.0, method `events` (the long poll's params)."""
     body = await read_body(request, request.app[LIVE].config.server.body_timeout)
@@ -118,15 +119,17 @@ async def rpc(request: web.Request) -> web.Response:
         reply = await polls.answer(request.app[BUCKET], request.app[HUB], query)
     except ParamError as exc:
         return rpc_error(id, INVALID_PARAMS, f"invalid params: {exc}", 400)
-    except BucketBusy as exc:
-        overloaded(request.path, exc)
-        return rpc_error(id, SERVER_ERROR, OVERLOADED, 503, retry_after(RETRY_OVERLOADED))
     except BucketUnavailable as exc:
-        log.warning("rpc failed: bucket unavailable", error=str(exc))
-        return rpc_error(id, SERVER_ERROR, UNAVAILABLE, 503, retry_after(RETRY_UNAVAILABLE))
+        if isinstance(exc, BucketBusy):
+            overloaded(request.path, exc)
+        else:
+            log.warning("rpc failed: bucket unavailable", error=str(exc))
+        refusal = refusal_of(exc)
+        return rpc_error(id, SERVER_ERROR, refusal.reason, refusal.http_status, refusal.headers())
     return json_response({"jsonrpc": "2.0", "id": id, "result": reply.to_wire()})
 
 
+@takes(*feed.PARAMETERS, numbered=("cursor",), code="InvalidParameter")
 async def feed_get(request: web.Request) -> web.Response:
     """`GET /changefeeds/feed/v1`: the ZeroEventHub feed (NDJSON lines)."""
     config = request.app[LIVE].config
@@ -151,10 +154,10 @@ async def feed_get(request: web.Request) -> web.Response:
     except ParamError as exc:
         return json_error(400, "InvalidParameter", str(exc))
     except CursorGone as exc:
-        return json_error(410, "CursorGone", str(exc))
+        return refusal_response(refusal_of(exc))
     except CursorSetsFull as exc:
         _refusals_log(request, "cursor sets full", consumer=exc.consumer, most=exc.most)
-        return json_error(409, "TooManyCursorSets", str(exc))
+        return refusal_response(refusal_of(exc))
     return web.Response(body=b"".join(lines), content_type="application/x-ndjson")
 
 
@@ -170,23 +173,22 @@ def _unknown_consumer(request: web.Request, consumer: str | None) -> web.Respons
     """403: cursors are stored and resumed only for the consumers config.js names (until
     requests carry credentials, a name is all that tells consumers apart)."""
     _refusals_log(request, "unknown consumer", consumer=consumer)
-    return json_error(
-        403,
-        "UnknownConsumer",
+    return refusal_response(refused(
+        Why.UNKNOWN_CONSUMER,
         f"consumer {consumer!r} may not store or resume cursors on this publisher: it is not "
         "one of feed.consumers in its config.js",
-    )
+    ))
 
 
 def _forbidden_consumer(request: web.Request, consumer: str | None) -> web.Response:
     """403: the identity may not store or resume this consumer's cursors (scope feed:<name>)."""
     identity = identity_of(request)
     _refusals_log(request, "consumer not allowed", consumer=consumer, identity=identity.name)
-    return json_error(
-        403, "Forbidden",
+    return refusal_response(refused(
+        Why.FORBIDDEN,
         f"identity {identity.name!r} lacks the scope feed:{consumer} to store or resume its "
         "cursors",
-    )
+    ))
 
 
 def _refusals_log(request: web.Request, why: str, **fields: object) -> None:

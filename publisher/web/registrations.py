@@ -10,8 +10,11 @@ the facts as they learn them, and only carry out what it returns:
    the answer or the exception: `Admitted(registration, start, resumed)`, or `Refused`.
 
 `RULES` is the one table of refusals: each `Why` has its close code (what a websocket is
-closed with) and its HTTP status and JSON code (what SSE answers instead); `EXCEPTIONS` maps
-each exception of a registration to its `Why`. docs/protocol.md#close-codes lists them.
+closed with) and its HTTP status and JSON code (what SSE and the pull routes answer instead);
+`EXCEPTIONS` maps each exception of a registration or a pull request to its `Why`. The pull
+handlers (publisher.web.poll_routes, durable_routes, the bootstrap routes' `min_cursor`) refuse
+through the same `refused`/`refusal_of` and answer `publisher.web.http.refusal_response`.
+docs/protocol.md#close-codes lists the close codes.
 No sockets, no clocks: tests/publisher/web/test_registrations.py checks every refusal.
 """
 
@@ -25,12 +28,18 @@ from changefeed.errors import (
     BucketBusy,
     BucketUnavailable,
     ChangefeedError,
+    CommitOutcomeUnknown,
+    ConsumerExists,
     CursorError,
+    CursorGone,
+    CursorSetsFull,
     EpochNotRead,
+    NoSuchConsumer,
     RegistrationError,
 )
 from changefeed.protocol import CloseCode, Registration, Resource, parse_registration
 from publisher.bucket import Vector
+from publisher.web import http
 from publisher.web.http import BUCKET_ANSWERS
 
 
@@ -51,6 +60,16 @@ class Why(StrEnum):
     OVERLOADED = "overloaded"
     EPOCH_NOT_READ = "epochNotRead"
     BUCKET_UNAVAILABLE = "bucketUnavailable"
+    # The pull routes' own (their close codes are never sent: no websocket asks them).
+    UNKNOWN_CONSUMER = "unknownConsumer"
+    """A durable or feed consumer that config.js does not list."""
+    CURSOR_GONE = "cursorGone"
+    """A cursor older than the retained log, or of another bucket epoch."""
+    TOO_MANY_CURSOR_SETS = "tooManyCursorSets"
+    CONSUMER_EXISTS = "consumerExists"
+    NO_SUCH_CONSUMER = "consumerNotFound"
+    OUTCOME_UNKNOWN = "outcomeUnknown"
+    """A durable settlement sent to Redis without an answer."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +107,13 @@ RULES: Mapping[Why, Rule] = {
     Why.OVERLOADED: _bucket(C.OVERLOADED, BucketBusy),
     Why.EPOCH_NOT_READ: _bucket(C.TRY_AGAIN_LATER, EpochNotRead),
     Why.BUCKET_UNAVAILABLE: _bucket(C.TRY_AGAIN_LATER, BucketUnavailable),
+    Why.UNKNOWN_CONSUMER: Rule(C.POLICY_VIOLATION, 403, "UnknownConsumer"),
+    Why.CURSOR_GONE: Rule(C.POLICY_VIOLATION, 410, "CursorGone"),
+    Why.TOO_MANY_CURSOR_SETS: Rule(C.TRY_AGAIN_LATER, 409, "TooManyCursorSets"),
+    Why.CONSUMER_EXISTS: Rule(C.POLICY_VIOLATION, 409, "ConsumerExists"),
+    Why.NO_SUCH_CONSUMER: Rule(C.POLICY_VIOLATION, 404, "ConsumerNotFound"),
+    Why.OUTCOME_UNKNOWN: Rule(C.TRY_AGAIN_LATER, 503, "OutcomeUnknown",
+                              http.RETRY_UNAVAILABLE),
 }
 """Every refusal of a registration: its close code, HTTP status, JSON code and retry delay."""
 del C
@@ -101,9 +127,17 @@ EXCEPTIONS: Mapping[type[ChangefeedError], Why] = {
     BucketBusy: Why.OVERLOADED,
     EpochNotRead: Why.EPOCH_NOT_READ,
     BucketUnavailable: Why.BUCKET_UNAVAILABLE,
+    CommitOutcomeUnknown: Why.OUTCOME_UNKNOWN,
+    CursorGone: Why.CURSOR_GONE,
+    CursorSetsFull: Why.TOO_MANY_CURSOR_SETS,
+    ConsumerExists: Why.CONSUMER_EXISTS,
+    NoSuchConsumer: Why.NO_SUCH_CONSUMER,
 }
-"""The exceptions of a registration (parsing it, finding its start) and what each refuses."""
-START_ERRORS: tuple[type[ChangefeedError], ...] = tuple(EXCEPTIONS)
+"""The exceptions of a registration (parsing it, finding its start) or a pull request, and what
+each refuses."""
+START_ERRORS: tuple[type[ChangefeedError], ...] = (
+    RegistrationError, CursorError, BucketUnavailable,
+)
 """What a handler catches around the hub's `start_of`, to pass to `started`."""
 
 
@@ -159,7 +193,7 @@ def refusal_of(exc: ChangefeedError) -> Refused:
         return refused(why, exc.reason)
     if isinstance(exc, CursorError):
         return refused(why, f"since: {exc}")
-    return refused(why)
+    return refused(why, None if RULES[why].reason is not None else str(exc))
 
 
 AccessCheck = Callable[[Registration], Refused | None]

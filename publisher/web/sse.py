@@ -12,20 +12,23 @@ only with `change_chunk`s instead of websocket frames (changefeed.sse). docs/sse
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 
 import orjson
 import structlog
 from aiohttp import web
 
 from changefeed import sse
-from changefeed.errors import RegistrationError
-from changefeed.protocol import CloseCode, Registration, registration_reply
+from changefeed.errors import ParamError, RegistrationError
+from changefeed.longpoll import QUERY_NAMES, filter_of
+from changefeed.protocol import CloseCode, Registration, Resource, registration_reply
 from publisher.delivery.hub import Subscriber
 from publisher.security.auth import Identity
 from publisher.security.clientaddr import client_address
 from publisher.web.access import CORS, LISTEN, identity_of, requires
 from publisher.web.app_keys import ACCESS, HUB, LIVE, TAIL
 from publisher.web.http import json_error
+from publisher.web.query import takes
 from publisher.web.registrations import (
     BY_ACCESS,
     START_ERRORS,
@@ -39,20 +42,22 @@ from publisher.web.registrations import (
 log = structlog.get_logger(__name__)
 
 SSE_ROUTE = "/changefeeds/sse"
-_PARAMS = frozenset({"resource", "sub", "id", "prefix", "since", "instance", "service",
-                     "access_token"})
 
 
-def registration_of(query: dict[str, list[str]], remote: str, identity: str) -> bytes:
-    """The query as the v2 registration frame it stands for (parse_registration checks it)."""
-    resources = query.get("resource", [])
-    if len(resources) != 1:
-        raise RegistrationError(CloseCode.POLICY_VIOLATION, "name exactly one resource=")
-    kind: dict[str, object] = {"resource": resources[0], "subResources": query.get("sub", [])}
+def registration_of(
+    query: dict[str, list[str]], remote: str, identity: str, resources: Mapping[str, Resource]
+) -> bytes:
+    """The query as the v2 registration frame it stands for (parse_registration checks it
+    again); RegistrationError names the query parameter that is wrong."""
+    _check_filter(query, resources)
+    kind: dict[str, object] = {"resource": query["resource"][0], "subResources": query["sub"]}
     if query.get("id"):
         kind["ids"] = query["id"]
     if query.get("prefix"):
         kind["prefixes"] = query["prefix"]
+    if query.get("instance") == [""]:
+        raise RegistrationError(CloseCode.POLICY_VIOLATION,
+                                "instance: must not be empty (or leave it out)")
     frame: dict[str, object] = {
         "instance": (query.get("instance") or [f"sse:{identity}@{remote}"])[0],
         "service": (query.get("service") or ["sse"])[0],
@@ -63,6 +68,28 @@ def registration_of(query: dict[str, list[str]], remote: str, identity: str) -> 
     return orjson.dumps(frame)
 
 
+def _check_filter(query: dict[str, list[str]], resources: Mapping[str, Resource]) -> None:
+    """Refuse the query's `resource`, `sub`, `id` and `prefix` as the query names them."""
+    def refuse(reason: str) -> RegistrationError:
+        return RegistrationError(CloseCode.POLICY_VIOLATION, reason)
+
+    named = query.get("resource", [""])[0]
+    if not named:
+        raise refuse(f"resource: name the resource to listen to (known: "
+                     f"{', '.join(sorted(resources)) or 'none'})")
+    subs = query.get("sub", [])
+    if named in resources and not subs:
+        example = resources[named].sub_resources[0]
+        raise refuse(f"sub: at least one sub-resource is required (sub={example}, or sub=* for "
+                     "all)")
+    try:
+        filter_of(named, subs, query.get("id"), query.get("prefix"), resources, QUERY_NAMES)
+    except ParamError as exc:
+        raise refuse(str(exc)) from None
+
+
+@takes("resource", "since", "instance", "service", "access_token",
+       repeated=("sub", "id", "prefix"))
 @requires(LISTEN)
 async def handle_sse(request: web.Request) -> web.StreamResponse:
     """GET /changefeeds/sse: admit the registration (`_admitted`), open the stream (`_open`),
@@ -103,10 +130,6 @@ async def _admitted(
     scopes and client limits, the tail's health, where it starts), after the checks of SSE's
     own (parameters, HTTP version); else the error response refusing it."""
     app = request.app
-    unknown = set(request.query) - _PARAMS
-    if unknown:
-        names = ", ".join(sorted(unknown))
-        return json_error(400, "InvalidQuery", f"unknown parameter(s): {names}")
     if request.version < (1, 1):
         return json_error(400, "HttpVersion", "server-sent events need HTTP/1.1")
     query = {key: request.query.getall(key) for key in set(request.query)}
@@ -116,7 +139,7 @@ async def _admitted(
     hub, access = app[HUB], app[ACCESS]
     listeners = len(hub.connections)
     try:
-        frame = registration_of(query, remote, identity.name)
+        frame = registration_of(query, remote, identity.name, app[LIVE].config.resource_map)
     except RegistrationError as exc:
         return _refuse(refusal_of(exc), remote)
     checked = check(

@@ -10,6 +10,8 @@ the config, hub, bucket and tail under the application's keys (`publisher.web.ap
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 
 import orjson
 import structlog
@@ -35,6 +37,7 @@ from publisher.web.admission import Guard
 from publisher.web.app_keys import ACCESS, HUB, LIFECYCLE, LIVE, TAIL, Lifecycle
 from publisher.web.discovery import VersionRefused, resources_body, shape_for
 from publisher.web.http import bad_request, json_response
+from publisher.web.query import takes
 from publisher.web.registrations import (
     BY_ACCESS,
     START_ERRORS,
@@ -66,6 +69,7 @@ def describe(config: Config, accept_version: str | None = None) -> web.Response:
     return json_response(resources_body(config, shape))
 
 
+@takes("accept_version", "access_token")
 async def handle_changefeeds(request: web.Request) -> web.StreamResponse:
     """GET /changefeeds: a websocket upgrade registers a listener and serves it until it goes
     away; without one, `describe`. One handler for both, with no dispatcher's coroutine in
@@ -116,6 +120,19 @@ routes = [web.get(CHANGEFEEDS, handle_changefeeds)]
 listener's connection holds no coroutine frame of a dispatcher in front of it."""
 
 
+def key_problem(key: str | None) -> str | None:
+    """What is wrong with an upgrade's `Sec-WebSocket-Key` (RFC 6455 4.1: the base64 of 16
+    bytes), None when nothing is (pure)."""
+    if key is None:
+        return "the websocket upgrade lacks the Sec-WebSocket-Key header (RFC 6455 4.1)"
+    try:
+        if len(base64.b64decode(key, validate=True)) == 16:
+            return None
+    except binascii.Error:
+        pass
+    return f"Sec-WebSocket-Key {key[:40]!r} is not the base64 of 16 bytes (RFC 6455 4.1)"
+
+
 def _version_of(request: web.Request) -> int:
     """The protocol version the upgrade accepts (400 BadAcceptVersion for one it cannot)."""
     try:
@@ -131,7 +148,11 @@ async def _upgrade(
     request: web.Request, registration_bytes: int
 ) -> tuple[web.WebSocketResponse, Guard | None]:
     """The websocket, prepared (the upgrade answered), and the admission guard of its
-    connection, told to expect frames from now on."""
+    connection, told to expect frames from now on (400 InvalidHandshake without a valid
+    `Sec-WebSocket-Key`)."""
+    wrong = key_problem(request.headers.get("Sec-WebSocket-Key"))
+    if wrong is not None:
+        raise bad_request("InvalidHandshake", wrong)
     # No heartbeat of aiohttp's (a timer per connection): publisher.delivery.pings sweeps every
     # listener from one task, and the read loop answers pings and sees pongs (autoping off).
     ws = web.WebSocketResponse(

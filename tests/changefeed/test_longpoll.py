@@ -125,13 +125,15 @@ def test_a_query_parses_back_into_the_same_filter_after_and_max_results() -> Non
         assert (None if request.after is None else request.after.encode()) == query.after
         assert request.max_results == query.max_results
         assert request.before is None and request.oldest_first
-        assert request.wait == pytest.approx(max(0.001, query.wait_time), abs=0.0005)
+        sent = max(0.001, query.wait_time) if query.wait_time > 0 else 0.0
+        assert request.wait == pytest.approx(sent, abs=0.0005)
 
 
-def test_the_wait_is_sent_in_milliseconds_and_never_as_zero() -> None:
-    """A publisher reads 0 as "its default wait": a tiny wait must stay tiny."""
+def test_the_wait_is_sent_in_milliseconds_and_zero_only_for_no_wait() -> None:
+    """A publisher reads 0 as "answer at once": a tiny wait stays a wait."""
     params = dict(EventsQuery(EventFilter(), None, 1, 0.0001).to_query())
     assert params["wait_time"] == "1ms"
+    assert dict(EventsQuery(EventFilter(), None, 1, 0.0).to_query())["wait_time"] == "0ms"
     assert dict(EventsQuery(EventFilter(), None, 1, 2.5).to_query())["wait_time"] == "2500ms"
 
 

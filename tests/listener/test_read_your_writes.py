@@ -79,7 +79,7 @@ async def test_bootstrap_routes_wait_for_min_cursor(publisher: Service) -> None:
             assert (await response.json())["code"] == "MinCursorTimeout"
         foreign = Cursor("abcdefghij", head.position).encode()
         async with http.get(f"{publisher.url}/vms?min_cursor={foreign}") as response:
-            assert response.status == 409
+            assert response.status == 410  # CursorGone, as on the pull routes
             assert (await response.json())["code"] == "CursorGone"
         async with http.get(f"{publisher.url}/vms?min_cursor=zz") as response:
             assert response.status == 400

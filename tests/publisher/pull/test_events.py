@@ -204,8 +204,8 @@ BAD = [
     ({"resource": "vm", "sub": "ips"}, "unknown sub-resource 'ips'"),
     ({"prefix": "/"}, "empty prefix"),
     ({"order": "sideways"}, "order"),
-    ({"colour": "red"}, "unknown parameter(s) colour"),
-    ({"after": ["x", "y"]}, "after given more than once"),
+    ({"colour": "red"}, "unknown parameter(s) 'colour' (known: after, before"),
+    ({"after": ["x", "y"]}, "parameter(s) 'after' may be given only once"),
 ]
 
 

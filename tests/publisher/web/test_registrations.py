@@ -147,5 +147,5 @@ def test_every_refusal_has_a_rule_and_every_exception_a_refusal() -> None:
         Why.EPOCH_NOT_READ, Why.OVERLOADED}
     assert set(EXCEPTIONS.values()) <= set(Why)
     for rule in RULES.values():
-        assert rule.http_status in (400, 403, 408, 503)
+        assert rule.http_status in (400, 403, 404, 408, 409, 410, 503)
         assert (rule.http_status == 503) == (rule.retry_after is not None)
