@@ -1,6 +1,7 @@
 """Stopping the relay ends it promptly whatever PostgreSQL does: a backend that no longer
-answers (SIGSTOPped) holds no stop up longer than a close's timeout, and a stop that comes while
-a failed session is ending is not lost (the relay does not start a new session)."""
+answers (SIGSTOPped) holds no stop up longer than a close's timeout; a stop that comes while a
+failed session is ending, or in the same turn of the loop as a wake-up of the poll, is not lost
+(the relay does not go on)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import signal
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import asyncpg
 import pytest
@@ -83,6 +85,42 @@ async def test_a_stop_while_a_failed_session_ends_is_not_lost(
             assert took < scaled(2 * CLOSE_TIMEOUT), took
     finally:
         await conn.close()
+
+
+def waits_for_a_wake(task: asyncio.Task[None]) -> bool:
+    """The relay's task waits in its poll for a wake-up (the coroutines it awaits, innermost
+    last, end in the wait)."""
+    names = []
+    coroutine: Any = task.get_coro()
+    while coroutine is not None and hasattr(coroutine, "cr_code"):
+        names.append(coroutine.cr_code.co_name)
+        coroutine = coroutine.cr_await
+    return "_relay" in names and names[-1] in ("wait", "wait_for")
+
+
+async def test_a_stop_racing_a_wake_up_is_not_lost(
+    database: str, redis_server: RedisServer, make_config: MakeConfig,
+    start_publisher: PublisherFactory,
+) -> None:
+    """The poll's wait woken (a notification) in the same turn of the loop as the relay's task
+    is cancelled (the service cancels it once): asyncio.wait_for returned the wake-up, and the
+    relay went on."""
+    config = make_config(redis_server.url, outbox=outbox_section(database, pollInterval=60))
+    async with start_publisher(config) as service:
+        relay = service.relay
+        assert relay is not None and relay._task is not None
+        task = relay._task
+        await eventually(lambda: relay.stats.relaying and relay.stats.listening,
+                         "the relay relays and listens")
+        await eventually(lambda: waits_for_a_wake(task), "the relay waits for a wake-up")
+        relay.wake()
+        task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=scaled(3))
+        if not done:
+            task.cancel()  # a second cancellation, for the teardown
+            await asyncio.wait({task})
+            raise AssertionError("the relay did not stop when cancelled")
+        assert task.cancelled()
 
 
 @pytest.fixture
