@@ -42,6 +42,8 @@ T = TypeVar("T")
 
 BACKOFF = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
 """Seconds between attempts after PostgreSQL or the bucket failed (the last repeats)."""
+STOP_GRACE = 1.0
+"""Seconds a stopped session may take to end before its connections are shut down."""
 DDL_REPORTS = 20
 """DDL reports kept for /changefeeds/stats (the log has every one)."""
 
@@ -93,8 +95,7 @@ class CaptureRunner:
                 failures = 0
             except asyncio.CancelledError:
                 self._stop.set()
-                with contextlib.suppress(Exception):
-                    await done
+                await self._ended(session, done)
                 raise
             except Recopy:
                 failures = 0
@@ -111,6 +112,16 @@ class CaptureRunner:
                 self.stats.streaming = False
             await asyncio.sleep(BACKOFF[min(failures, len(BACKOFF) - 1)])
             failures += 1
+
+    async def _ended(self, session: Session, done: asyncio.Future[None]) -> None:
+        """Wait for the stopped session's thread: STOP_GRACE seconds, then as long again with
+        its connections shut down (a statement waiting on a server that does not answer would
+        hold the stop up for ever); past that the thread is left to end on its own."""
+        if not (await asyncio.wait({done}, timeout=STOP_GRACE))[0]:
+            session.interrupt()
+            await asyncio.wait({done}, timeout=STOP_GRACE)
+        if done.done() and not done.cancelled():
+            done.exception()  # retrieved: how a stopped session ended is no news
 
     # --- the Sink of the sessions --------------------------------------------------------
 

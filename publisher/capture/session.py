@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 import select
+import socket
 import threading
 import time
 import zlib
 from collections.abc import Coroutine
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -96,6 +99,26 @@ class Session:
         self.cursor: Any = None
         """The replication cursor while streaming (kept alive while the bucket answers)."""
         self.holding = False
+        self._sockets: dict[int, socket.socket] = {}
+        """A duplicate of each open connection's socket (by id of the connection): `interrupt`
+        shuts them down from another thread."""
+
+    def _connect(self, name: str, *, replication: bool = False) -> Any:
+        conn = database.connect(self.url, name, replication=replication)
+        self._sockets[id(conn)] = socket.socket(fileno=os.dup(conn.fileno()))
+        return conn
+
+    def _close(self, conn: Any) -> None:
+        database.close(conn)
+        if (dup := self._sockets.pop(id(conn), None)) is not None:
+            dup.close()
+
+    def interrupt(self) -> None:
+        """Shut the session's connections down (from any thread): a statement that waits on a
+        server that does not answer fails at once, and the session ends."""
+        for dup in list(self._sockets.values()):
+            with suppress(OSError):
+                dup.shutdown(socket.SHUT_RDWR)
 
     def call(self, coroutine: Coroutine[Any, Any, T]) -> T:
         """Run `coroutine` on the event loop and wait for it; meanwhile tell PostgreSQL we
@@ -115,9 +138,9 @@ class Session:
     def run(self) -> None:
         lock = repl = None
         try:
-            lock = database.connect(self.url, self.name)
+            lock = self._connect(self.name)
             self._take_lock(lock)
-            repl = database.connect(self.url, self.name, replication=True)
+            repl = self._connect(self.name, replication=True)
             mark, types = self._ensure_copy(lock, repl)
             self._stream(lock, repl, mark, types)
         except Stopped:
@@ -125,8 +148,8 @@ class Session:
         finally:
             self.cursor = None
             self.holding = False
-            database.close(repl)
-            database.close(lock)
+            self._close(repl)
+            self._close(lock)
 
     def _take_lock(self, lock: Any) -> None:
         while True:
@@ -169,7 +192,7 @@ class Session:
     def _copy(self, snapshot: str) -> tuple[set[tuple[str, str]], dict[str, dict[str, int]]]:
         """Copy every mapped table at `snapshot`: (resource, id) of every row, and the types
         of each table's mapped columns."""
-        conn = database.connect(self.url, f"{self.name} copy")
+        conn = self._connect(f"{self.name} copy")
         seen: set[tuple[str, str]] = set()
         types: dict[str, dict[str, int]] = {}
         try:
@@ -182,7 +205,7 @@ class Session:
                     seen |= self._copy_table(conn, shape)
                 conn.commit()
         finally:
-            database.close(conn)
+            self._close(conn)
         return seen, types
 
     def _types(self, conn: Any) -> dict[str, dict[str, int]]:

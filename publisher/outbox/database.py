@@ -66,9 +66,18 @@ async def connect(url: str, name: str | None = None, role: str = APPLICATION) ->
         return await asyncpg.connect(url, timeout=CONNECT_TIMEOUT, server_settings=settings)
 
 
+CLOSE_TIMEOUT = 1.0
+"""Seconds a graceful close may take before the connection is dropped."""
+
+
 async def close(conn: Any) -> None:
-    """Close `conn`, or drop it when the server does not answer."""
+    """Close `conn`, or drop it when the server does not answer within CLOSE_TIMEOUT; when
+    cancelled meanwhile, drop it and raise the cancellation (not swallow it, as
+    `asyncio.wait_for` could before Python 3.12)."""
     try:
-        await asyncio.wait_for(conn.close(), 1.0)
+        await conn.close(timeout=CLOSE_TIMEOUT)
     except ERRORS:
         conn.terminate()
+    except BaseException:
+        conn.terminate()
+        raise

@@ -109,6 +109,24 @@ class RelayStats:
         return out
 
 
+async def cancelled(tasks: Sequence[asyncio.Task[None]]) -> None:
+    """Cancel `tasks` and wait until they end (each within database.CLOSE_TIMEOUT: closing
+    its connection is all that is left of it). Their ends are theirs, not raised; a
+    cancellation of the caller's own meanwhile is raised once they ended (suppressing
+    CancelledError around `await task` swallowed it: a stopping relay started over)."""
+    for task in tasks:
+        task.cancel()
+    pending = set(tasks)
+    interrupted: asyncio.CancelledError | None = None
+    while pending:
+        try:
+            _, pending = await asyncio.wait(pending)
+        except asyncio.CancelledError as exc:
+            interrupted = exc
+    if interrupted is not None:
+        raise interrupted
+
+
 class Relay:
     """Relays the outbox named by `config` into `bucket` while this publisher holds the lock.
 
@@ -154,6 +172,9 @@ class Relay:
                 log.exception("outbox: the relay failed; starting over")
             finally:
                 self.stats.relaying = self.stats.listening = False
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():  # asked to stop as the session failed
+                raise asyncio.CancelledError()  # (and something below swallowed it): stop
             await asyncio.sleep(BACKOFF[min(failures, len(BACKOFF) - 1)])
             failures += 1
 
@@ -164,8 +185,7 @@ class Relay:
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await asyncio.wait({self._task})  # a cancellation of the caller's own goes through
             self._task = None
 
     async def _session(self) -> None:
@@ -186,11 +206,10 @@ class Relay:
                        asyncio.create_task(self._housekeep(), name="outbox-housekeeping")]
             await self._relay(conn, install_id)
         finally:
-            for helper in helpers:
-                helper.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await helper
-            await database.close(conn)
+            try:
+                await cancelled(helpers)
+            finally:
+                await database.close(conn)
 
     async def _take_lock(self, conn: Any) -> None:
         """Return once this session holds the relay lock: a standby tries every
@@ -268,7 +287,8 @@ class Relay:
             if pending or full:
                 continue  # more wait
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.config.poll_interval)
+                async with asyncio.timeout(self.config.poll_interval):  # not wait_for: before
+                    await self._wake.wait()  # 3.12 it dropped a cancellation racing the wake
 
     async def _send(self, conn: Any, install_id: str, batch: Batch) -> None:
         """Commit `batch` under its key, set its dead rows aside, and remove what it relayed
