@@ -179,7 +179,8 @@ class Workers:
                         exit_code=code, delay=delay)
             if delay:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._changed.wait(), delay)
+                    async with asyncio.timeout(delay):  # wait_for could lose a cancel
+                        await self._changed.wait()
         self.processes.pop(slot, None)
 
     async def run(self) -> int:

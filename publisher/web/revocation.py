@@ -81,7 +81,8 @@ async def expire_forever(hub: Hub, access: Access) -> None:
             wait = min(wait, max((min(known) - current).total_seconds(), 0.0))
         access.expiring.clear()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(access.expiring.wait(), wait)
+            async with asyncio.timeout(wait):  # not wait_for: on 3.11 it can lose a cancel
+                await access.expiring.wait()
         revoke(hub, access.authenticator, now())
 
 
