@@ -44,10 +44,20 @@ TABLE = "CREATE TABLE vms (uuid text PRIMARY KEY, seq int NOT NULL, alias text, 
 STATE = {"uuid": "", "seq": 0, "alias": "web-frontend-01", "nics": [{"mac": "90:b8:d0:00:00:01"}]}
 
 
+def cpu_seconds() -> float:
+    used = resource.getrusage(resource.RUSAGE_SELF)
+    return used.ru_utime + used.ru_stime
+
+
+CPU: dict[int, float] = {}
+"""Per transaction size: this process's CPU µs per row while the capture streamed (what bounds
+its rate on an idle machine; the wall-clock rate swings with the other engineers' load)."""
+
+
 async def streamed(url: str, start: Any, rows: int, per_txn: int) -> float:
     """Row changes/s the capture streams: `rows` inserted in transactions of `per_txn` while no
     capture runs (the slot keeps them), then a capture started (`start()`) and timed until it
-    applied them all: the capture's rate, not the writer's."""
+    applied them all: the capture's rate, not the writer's (its CPU per row in `CPU`)."""
     conn = await asyncpg.connect(url)
     try:
         for first in range(0, rows, per_txn):
@@ -58,11 +68,12 @@ async def streamed(url: str, start: Any, rows: int, per_txn: int) -> float:
                      for n in range(first, min(rows, first + per_txn))])
     finally:
         await conn.close()
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), cpu_seconds()
     runner = start()
     try:
         while runner.stats.rows < rows:  # noqa: ASYNC110 - the stats are polled
             await asyncio.sleep(0.002)
+        CPU[per_txn] = round((cpu_seconds() - cpu) / rows * 1e6, 1)
         return rows / (time.perf_counter() - started)
     finally:
         await runner.stop()
@@ -159,6 +170,7 @@ async def run(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
         out |= {
             "rows_per_s_txn_1": round(await streamed(url, start, args.rows, 1)),
             "rows_per_s_txn_1000": round(await streamed(url, start, args.rows, 1000)),
+            "cpu_us_per_row_txn_1": CPU[1], "cpu_us_per_row_txn_1000": CPU[1000],
             "longest_redis_call_ms_streaming": await longest_call(bucket),
             "peak_rss_mb_streaming": peak_rss_mb(),
         }
