@@ -347,12 +347,13 @@ class Flight:
             os.read(self.signal, 4096)
 
     def close(self) -> None:
-        """Wait for the group in flight (a later session must not overtake it), then free the
+        """Wait for the group in flight (a later session must not overtake it) and confirm it
+        once acknowledged (less for the next session to find applied already), then free the
         signal."""
         try:
             if self.future is not None:
-                with contextlib.suppress(Exception):
-                    self.session.wait(self.future)
+                with contextlib.suppress(Exception):  # the session ends anyway
+                    self.land(wait=True)
         finally:
             os.close(self.signal)
             os.close(self._wake)
