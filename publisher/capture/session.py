@@ -6,7 +6,8 @@ committed transaction to the event loop (`Sink`, carried out by publisher.captur
 waiting for the bucket's answer before it confirms the transaction's end to PostgreSQL. So the
 slot's confirmed position never passes a transaction the bucket has not acknowledged. The
 complete transactions that arrived while the bucket answered go together (`GROUP`), each still
-its own atomic commit; the session holds at most that group.
+its own atomic commit; the session holds at most two groups: the one the bucket commits
+(`Flight`) and the one it reads meanwhile.
 
 One publisher streams a slot at a time: the session that holds the advisory lock of the slot
 (on its plain connection; a standby tries for it every `takeoverInterval` seconds, and gets it
