@@ -5,6 +5,8 @@
                applied the last), against `commit_many`'s own rate (the bucket alone)
     latency    COMMIT of a 1-row transaction -> applied in the bucket (p50, p99), one at a time,
                against a direct bucket commit's round trip (`ChangeBucket.commit`)
+    longest    Redis's longest command while the capture streamed (SLOWLOG): how long it served
+               no other client at once; and this process's peak RSS (the capture runs in it)
     one call   the single script call a transaction of 1,000 and of 100,000 rows becomes: how
                long Redis is busy with it (no other client is served meanwhile)
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import resource
 import tempfile
 import time
 from pathlib import Path
@@ -41,10 +44,20 @@ TABLE = "CREATE TABLE vms (uuid text PRIMARY KEY, seq int NOT NULL, alias text, 
 STATE = {"uuid": "", "seq": 0, "alias": "web-frontend-01", "nics": [{"mac": "90:b8:d0:00:00:01"}]}
 
 
+def cpu_seconds() -> float:
+    used = resource.getrusage(resource.RUSAGE_SELF)
+    return used.ru_utime + used.ru_stime
+
+
+CPU: dict[int, float] = {}
+"""Per transaction size: this process's CPU µs per row while the capture streamed (what bounds
+its rate on an idle machine; the wall-clock rate swings with the other engineers' load)."""
+
+
 async def streamed(url: str, start: Any, rows: int, per_txn: int) -> float:
     """Row changes/s the capture streams: `rows` inserted in transactions of `per_txn` while no
     capture runs (the slot keeps them), then a capture started (`start()`) and timed until it
-    applied them all: the capture's rate, not the writer's."""
+    applied them all: the capture's rate, not the writer's (its CPU per row in `CPU`)."""
     conn = await asyncpg.connect(url)
     try:
         for first in range(0, rows, per_txn):
@@ -55,11 +68,12 @@ async def streamed(url: str, start: Any, rows: int, per_txn: int) -> float:
                      for n in range(first, min(rows, first + per_txn))])
     finally:
         await conn.close()
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), cpu_seconds()
     runner = start()
     try:
         while runner.stats.rows < rows:  # noqa: ASYNC110 - the stats are polled
             await asyncio.sleep(0.002)
+        CPU[per_txn] = round((cpu_seconds() - cpu) / rows * 1e6, 1)
         return rows / (time.perf_counter() - started)
     finally:
         await runner.stop()
@@ -112,6 +126,19 @@ async def one_call(bucket: ChangeBucket, rows: int) -> float:
     return time.perf_counter() - started
 
 
+async def longest_call(bucket: ChangeBucket) -> float:
+    """Ms of Redis's longest command since the last look (its SLOWLOG, then reset): how long
+    Redis served no other client at once."""
+    entries = await bucket.redis.slowlog_get(128)
+    await bucket.redis.slowlog_reset()
+    return round(max((int(e["duration"]) for e in entries), default=0) / 1000, 1)
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident set so far (the capture runs in it), MB."""
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
 async def run(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
     redis = RedisServer(directory / "redis", persist=False).start()
     postgres = PostgresServer({"wal_level": "logical"}).start()
@@ -133,21 +160,30 @@ async def run(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
             runner.start()
             return runner
 
+        await bucket.redis.config_set("slowlog-log-slower-than", 1000)  # µs
+        await bucket.redis.config_set("slowlog-max-len", 128)
         first = start()  # the slot and its copy
         while first.stats.copies == 0:  # noqa: ASYNC110 - the stats are polled
             await asyncio.sleep(0.01)
         await first.stop()
         out: dict[str, Any] = await latency(url, bucket, start, args.latency)
         out |= {
-            "rows_per_s_txn_1": round(await streamed(url, start, args.rows // 10, 1)),
+            "rows_per_s_txn_1": round(await streamed(url, start, args.rows, 1)),
             "rows_per_s_txn_1000": round(await streamed(url, start, args.rows, 1000)),
+            "cpu_us_per_row_txn_1": CPU[1], "cpu_us_per_row_txn_1000": CPU[1000],
+            "longest_redis_call_ms_streaming": await longest_call(bucket),
+            "peak_rss_mb_streaming": peak_rss_mb(),
+        }
+        if args.huge:  # before the calls below build large batches in this process
+            out[f"seconds_txn_{args.huge}"] = round(
+                args.huge / await streamed(url, start, args.huge, args.huge), 2)
+            out[f"longest_redis_call_ms_txn_{args.huge}"] = await longest_call(bucket)
+            out[f"peak_rss_mb_txn_{args.huge}"] = peak_rss_mb()
+        out |= {
             "commit_many_rows_per_s": round(await commit_many_rate(bucket, args.rows)),
             "one_call_ms_1000": round(await one_call(bucket, 1000) * 1000, 1),
             f"one_call_ms_{args.big}": round(await one_call(bucket, args.big) * 1000, 1),
         }
-        if args.huge:
-            out[f"seconds_txn_{args.huge}"] = round(
-                args.huge / await streamed(url, start, args.huge, args.huge), 2)
         out["txn_1000_vs_commit_many"] = round(
             out["rows_per_s_txn_1000"] / out["commit_many_rows_per_s"], 3)
         return out

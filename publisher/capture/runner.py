@@ -177,8 +177,9 @@ class CaptureRunner:
         """Commit each of `txns` (consecutive, in commit order) atomically under its key, all in
         one round trip; False when the bucket lost its state (copy again)."""
         keys = [f"capture:{self.config.slot}:{mark.lsn}:{txn.lsn}" for txn in txns]
-        marked, known = await self._retry(
-            partial(self.marks.before_commit, self.config.slot, keys), "capture mark")
+        (marked, known), stored = await asyncio.gather(  # two reads in one round trip's time
+            self._retry(partial(self.marks.before_commit, self.config.slot, keys), "capture mark"),
+            self._stored(txns))
         if not marked:
             log.error("capture: the bucket lost the capture's mark (Redis lost its data?); "
                       "copying the tables again", slot=self.config.slot)
@@ -188,7 +189,6 @@ class CaptureRunner:
         if len(todo) < len(txns):
             log.info("capture: transactions sent again were applied already",
                      count=len(txns) - len(todo))
-        stored = await self._stored([txn for txn, _ in todo])
         batches: list[tuple[list[Change], str]] = []
         set_aside: list[SetAside] = []
         for txn, key in todo:

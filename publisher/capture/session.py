@@ -6,7 +6,8 @@ committed transaction to the event loop (`Sink`, carried out by publisher.captur
 waiting for the bucket's answer before it confirms the transaction's end to PostgreSQL. So the
 slot's confirmed position never passes a transaction the bucket has not acknowledged. The
 complete transactions that arrived while the bucket answered go together (`GROUP`), each still
-its own atomic commit; the session holds at most that group.
+its own atomic commit; the session holds at most two groups: the one the bucket commits
+(`Flight`) and the one it reads meanwhile.
 
 One publisher streams a slot at a time: the session that holds the advisory lock of the slot
 (on its plain connection; a standby tries for it every `takeoverInterval` seconds, and gets it
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import os
 import select
 import socket
@@ -123,7 +125,10 @@ class Session:
     def call(self, coroutine: Coroutine[Any, Any, T]) -> T:
         """Run `coroutine` on the event loop and wait for it; meanwhile tell PostgreSQL we
         are alive (the walsender ends a silent session after wal_sender_timeout)."""
-        future = asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+        return self.wait(asyncio.run_coroutine_threadsafe(coroutine, self.loop))
+
+    def wait(self, future: concurrent.futures.Future[T]) -> T:
+        """`future`'s result, PostgreSQL told we are alive meanwhile (`call`)."""
         while True:
             try:
                 return future.result(timeout=self.capture.status_interval)
@@ -259,49 +264,45 @@ class Session:
                 options={"proto_version": "1", "publication_names": self.capture.publication})
         self.cursor = cur
         log.info("capture: streaming", slot=self.capture.slot, publisher=self.name)
-        confirmed, looked = 0, 0.0
+        looked = 0.0
         pending: list[Transaction] = []
-        while not self.stop.is_set():
-            if time.monotonic() - looked >= self.capture.status_interval:
-                looked = time.monotonic()
-                self.sink.lag(self._lag(lock), confirmed)
-            with translate_postgres_errors("capture stream"):
-                message = cur.read_message()
-            if message is None:
-                if pending:  # what has arrived, committed in one round trip
-                    confirmed = self._apply(cur, pending, mark, confirmed)
-                    pending = []
+        flight = Flight(self, cur, mark)
+        try:
+            while not self.stop.is_set():
+                if time.monotonic() - looked >= self.capture.status_interval:
+                    looked = time.monotonic()
+                    self.sink.lag(self._lag(lock), flight.confirmed)
+                flight.land(wait=False)
+                with translate_postgres_errors("capture stream"):
+                    message = cur.read_message()
+                if message is None:
+                    if pending and not flight.busy:  # what arrived while the bucket answered
+                        flight.launch(pending)
+                        pending = []
+                        continue
+                    if not (pending or flight.busy or assembler.in_transaction):
+                        flight.idle(cur.wal_end)  # nothing pending: the idle slot moves on
+                    select.select([repl, flight.signal], [], [],
+                                  min(0.2, self.capture.status_interval))
+                    flight.drain()
                     continue
-                if not assembler.in_transaction and cur.wal_end > confirmed:
-                    confirmed = cur.wal_end  # nothing pending: the idle slot moves on
-                    with translate_postgres_errors("capture feedback"):
-                        cur.send_feedback(flush_lsn=confirmed)
-                select.select([repl], [], [], min(0.2, self.capture.status_interval))
-                continue
-            txn = assembler.feed(po.decode(message.payload))
-            while assembler.reports:
-                self.sink.ddl(assembler.reports.pop(0))
-            if txn is None:
-                continue
-            if txn.truncated and pending:  # a TRUNCATE reads the store: what is before it first
-                confirmed = self._apply(cur, pending, mark, confirmed)
-                pending = []
-            pending.append(txn)
-            if txn.truncated or len(pending) >= GROUP or sum(len(t.rows) for t in pending) >= \
-                    GROUP_ROWS:
-                confirmed = self._apply(cur, pending, mark, confirmed)
-                pending = []
-
-    def _apply(self, cur: Any, txns: list[Transaction], mark: Mark, confirmed: int) -> int:
-        """Hand the complete transactions `txns` to the bucket, then confirm the last one's end
-        to PostgreSQL; the position confirmed."""
-        work = [txn for txn in txns if not (txn.empty and not txn.set_aside)]
-        if work and not self.call(self.sink.apply(work, mark)):
-            raise Recopy()
-        confirmed = max(confirmed, txns[-1].end_lsn)
-        with translate_postgres_errors("capture feedback"):  # now: less to send again
-            cur.send_feedback(flush_lsn=confirmed, force=True)
-        return confirmed
+                txn = assembler.feed(po.decode(message.payload))
+                while assembler.reports:
+                    self.sink.ddl(assembler.reports.pop(0))
+                if txn is None:
+                    continue
+                if txn.truncated and pending:  # a TRUNCATE reads the store: what is before first
+                    flight.land(wait=True)
+                    flight.launch(pending)
+                    pending = []
+                pending.append(txn)
+                if txn.truncated or len(pending) >= GROUP or \
+                        sum(len(t.rows) for t in pending) >= GROUP_ROWS:
+                    flight.land(wait=True)
+                    flight.launch(pending)
+                    pending = []
+        finally:
+            flight.close()
 
     def _lag(self, lock: Any) -> int | None:
         """Bytes between the server's WAL end and the slot's confirmed position."""
@@ -309,3 +310,78 @@ class Session:
             rows = query(lock, "SELECT (pg_current_wal_lsn() - confirmed_flush_lsn)::bigint "
                          "FROM pg_replication_slots WHERE slot_name = %s", self.capture.slot)
         return int(rows[0][0]) if rows and rows[0][0] is not None else None
+
+
+class Flight:
+    """The group of complete transactions the bucket is committing while the session reads and
+    decodes the next ones: one group at a time, so groups land in commit order and each group's
+    stored states are read after the one before landed. The slot's confirmed position moves to
+    a group's end only after the bucket acknowledged it (`land`).
+
+    `signal` is readable once the group in flight is answered (the session selects on it and on
+    the replication socket at once).
+    """
+
+    def __init__(self, session: Session, cursor: Any, mark: Mark) -> None:
+        self.session = session
+        self.cursor = cursor
+        self.mark = mark
+        self.confirmed = 0
+        self.future: concurrent.futures.Future[bool] | None = None
+        self.end = 0
+        self.signal, self._wake = os.pipe()
+        os.set_blocking(self.signal, False)
+
+    @property
+    def busy(self) -> bool:
+        return self.future is not None
+
+    def launch(self, txns: list[Transaction]) -> None:
+        """Hand `txns` to the bucket (no group is in flight); returns at once."""
+        assert self.future is None
+        self.end = txns[-1].end_lsn
+        work = [txn for txn in txns if not (txn.empty and not txn.set_aside)]
+        if not work:
+            self._confirm(self.end)
+            return
+        coroutine = self.session.sink.apply(work, self.mark)
+        self.future = asyncio.run_coroutine_threadsafe(coroutine, self.session.loop)
+        self.future.add_done_callback(lambda _: os.write(self._wake, b"."))
+
+    def land(self, wait: bool) -> None:
+        """The group in flight, once answered (at once when `wait`): its end confirmed."""
+        future = self.future
+        if future is None or not (wait or future.done()):
+            return
+        self.future = None
+        if not self.session.wait(future):
+            raise Recopy()
+        self._confirm(self.end)
+
+    def idle(self, wal_end: int) -> None:
+        """Nothing pending nor in flight: confirm the server's WAL end (an idle slot)."""
+        if wal_end > self.confirmed:
+            self.confirmed = wal_end
+            with translate_postgres_errors("capture feedback"):
+                self.cursor.send_feedback(flush_lsn=wal_end)
+
+    def drain(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            os.read(self.signal, 4096)
+
+    def close(self) -> None:
+        """Wait for the group in flight (a later session must not overtake it) and confirm it
+        once acknowledged (less for the next session to find applied already), then free the
+        signal."""
+        try:
+            if self.future is not None:
+                with contextlib.suppress(Exception):  # the session ends anyway
+                    self.land(wait=True)
+        finally:
+            os.close(self.signal)
+            os.close(self._wake)
+
+    def _confirm(self, end: int) -> None:
+        self.confirmed = max(self.confirmed, end)
+        with translate_postgres_errors("capture feedback"):  # now: less to send again
+            self.cursor.send_feedback(flush_lsn=self.confirmed, force=True)

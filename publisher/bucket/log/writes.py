@@ -109,8 +109,9 @@ def _outcome_error(
 
 
 async def _run(shard: Shard, calls: Iterator[CommitCall], count: int,
-               take: Callable[[Committed], None] | None = None) -> list[Committed]:
-    """Run `count` calls on `shard` in order: one alone, more with up to WINDOW in flight (the
+               take: Callable[[Committed], None] | None = None,
+               window: int = WINDOW) -> list[Committed]:
+    """Run `count` calls on `shard` in order: one alone, more with up to `window` in flight (the
     next packed while Redis runs the ones before); `take` is given each answer as it comes,
     while Redis runs the calls after it."""
     if count == 1:
@@ -119,7 +120,7 @@ async def _run(shard: Shard, calls: Iterator[CommitCall], count: int,
             take(done[0])
         return done
     done = []
-    async for committed in shard.commits.commit_calls(calls, WINDOW):
+    async for committed in shard.commits.commit_calls(calls, window):
         if take is not None:
             take(committed)
         done.append(committed)
@@ -221,11 +222,15 @@ async def commit_stream(
 
 
 async def commit_batches(shard: Shard, batches: Sequence[Batch]) -> list[Committed]:
-    """Commit each batch of validated changes atomically (one script call each, up to WINDOW in
-    flight), in order, on the one shard of an ordered bucket (`Log.commit_batches`)."""
+    """Commit each batch of validated changes atomically (one script call each), in order, on
+    the one shard of an ordered bucket (`Log.commit_batches`). Up to WINDOW calls of a full
+    BATCH are in flight, more of smaller batches (as many changes in flight at most): many
+    small transactions go in one round trip, not one per WINDOW calls."""
     calls = [_call(pack_changes([encode_change(c) for c in changes]), key or "")
              for changes, key in batches]
-    return await _run(shard, iter(calls), len(calls))
+    largest = max((len(changes) for changes, _ in batches), default=1)
+    window = max(WINDOW, WINDOW * BATCH // max(1, largest))
+    return await _run(shard, iter(calls), len(calls), window=window)
 
 
 __all__ = ["BATCH", "WINDOW", "Batch", "EncodedBatch", "KeyIn", "KeyOf", "commit_batches",

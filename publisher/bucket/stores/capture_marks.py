@@ -84,10 +84,11 @@ class CaptureMarks:
         async with translate_redis_errors("capture mark"), \
                 self.redis.pipeline(transaction=False) as pipe:
             pipe.exists(self._prefix + slot)
-            for key in keys:
-                pipe.hexists(self._idempotency, key)
-            marked, *known = await pipe.execute()
-        return bool(marked), [bool(k) for k in known]
+            if keys:  # one HMGET of every key, not one command each
+                pipe.hmget(self._idempotency, keys)
+            marked, *found = await pipe.execute()
+        known = found[0] if found else []
+        return bool(marked), [k is not None for k in known]
 
     async def set_aside(self, slot: str, rows: list[bytes]) -> None:
         """Keep `rows` (JSON each) as the newest set-aside rows of `slot`."""

@@ -179,3 +179,51 @@ async def test_unchanged_toast_comes_from_the_stored_state_and_updates_announce_
         assert state is not None
         assert orjson.loads(state) == {"uuid": "t3", "seq": 2, "nics": None, "alias": None,
                                        "big": big}
+
+
+async def test_a_20000_row_transaction_reaches_listeners_and_pages_at_once(
+    database: str, redis_server: RedisServer, make_config: Callable[..., Config],
+    start_publisher: PublisherFactory,
+) -> None:
+    """The suite's large transaction (the bench streams one of 100,000 rows: `--huge`): every
+    row delivered once, consecutive in the log (one script call: no other change between),
+    and no bootstrap page sees part."""
+    rows = 20000
+    capture = prepare(database)
+    writer = Writer(database)
+    config = make_config(redis_server.url, capture=section_of(capture, database))
+    async with start_publisher(config) as service:
+        mark = await copied(service, capture.slot)
+        listener = recorder(writer.history, "a", service.url)
+        await listener.bootstrapped()
+        seen: list[int] = []
+        paging = asyncio.Event()
+
+        probe = [f"huge-{i:05}" for i in range(0, rows, 997)] + [f"huge-{rows - 1:05}"]
+
+        async def page_meanwhile() -> None:  # a page, and rows from first to last at once
+            while not paging.is_set():
+                page = await service.bucket.page("vm", "huge-", 1000)
+                states = await service.bucket.log.states("vm", probe)
+                seen.append(sum(1 for id in page.ids if id.startswith("huge-")))
+                seen.append(sum(1 for state in states if state is not None) * 1000 // len(probe))
+                await asyncio.sleep(0.01)
+
+        pager = asyncio.create_task(page_meanwhile())
+        await writer.commit([f"huge-{i:05}" for i in range(rows)])
+        await writer.commit(["vm-after"])
+        await caught_up(service, writer, within=60)
+        paging.set()
+        await pager
+        entries = await stream_entries(service.bucket, mark.head)
+        assert account(writer.committed, entries, mark.lsn, writer.history, mark.epoch) == []
+        huge = [e.position for e in entries if e.changed_resource_id.startswith("huge-")]
+        assert len(huge) == rows and huge[-1].seq - huge[0].seq == rows - 1  # nothing between
+        assert set(seen) <= {0, 1000} and 1000 in seen, sorted(set(seen))
+        assert await listener.caught_up(writer.history.attempts[-1], 60)
+        verdict = writer.history.verdict()
+        assert verdict.problems() == []
+        assert verdict.total.lost == verdict.total.duplicated == 0
+        assert len({c.id for c in listener.log.changes if c.id.startswith("huge-")}) == rows
+        await listener.aclose()
+    await writer.close()
