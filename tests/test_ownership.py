@@ -34,6 +34,10 @@ FRAMEWORK = {
     # aiohttp's websocket reader: the publisher reads frames with its own parser
     # (publisher.web.websocket), installed in place of aiohttp's on the protocol.
     ("publisher/web/websocket.py", "protocol._parser"),
+    # psycopg2's connection and cursor are configured by assignment (its documented API).
+    ("publisher/capture/database.py", "conn.autocommit"),
+    ("publisher/capture/session.py", "conn.autocommit"),
+    ("publisher/capture/session.py", "cur.itersize"),
 }
 """Framework objects that are configured by assignment, each (module, target) with its reason."""
 

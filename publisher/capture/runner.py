@@ -101,15 +101,15 @@ class CaptureRunner:
                 failures = 0
                 continue
             except CaptureError as exc:
-                self.stats.postgres_errors += 1
+                self.stats.failed("postgres")
                 (log.warning if failures == 0 else log.debug)(
                     "capture: PostgreSQL failed, retrying", error=str(exc),
                     postgres=self.config.display_url)
             except Exception:  # a bug of ours or a driver's: loudly, and the capture goes on
-                self.stats.postgres_errors += 1
+                self.stats.failed("postgres")
                 log.exception("capture: the session failed; starting over")
             finally:
-                self.stats.streaming = False
+                self.stats.stream(False)
             await asyncio.sleep(BACKOFF[min(failures, len(BACKOFF) - 1)])
             failures += 1
 
@@ -127,7 +127,7 @@ class CaptureRunner:
 
     async def mark(self) -> Mark | None:
         """The mark of the slot, if the bucket's epoch is still the copy's."""
-        self.stats.streaming = True
+        self.stats.stream(True)
         mark = await self._retry(partial(self.marks.read, self.config.slot), "capture mark")
         if mark is None:
             return None
@@ -167,7 +167,7 @@ class CaptureRunner:
         head = str(vector.positions[0]) if vector is not None else ""
         mark = await self._retry(partial(self.marks.write, self.config.slot, epoch, lsn, head),
                                  "capture mark")
-        self.stats.copies += 1
+        self.stats.copied()
         log.warning("capture: tables copied; a new epoch tells every listener to resync",
                     slot=self.config.slot, rows=len(seen), epoch=epoch, reason=reason,
                     lsn=po.format_lsn(lsn))
@@ -207,20 +207,18 @@ class CaptureRunner:
             await self._retry(partial(self.marks.forget, self.config.slot), "capture mark")
             return False
         last = txns[-1]
-        self.stats.transactions += len(todo)
-        self.stats.rows += sum(len(changes) for changes, _ in batches)
         assert last.commit is not None
-        self.stats.lag_seconds = max(0.0, time.time() - last.commit.commit_time / 1e6 - PG_EPOCH)
-        self.stats.confirmed_lsn = last.end_lsn
+        self.stats.applied(
+            len(todo), sum(len(changes) for changes, _ in batches),
+            max(0.0, time.time() - last.commit.commit_time / 1e6 - PG_EPOCH), last.end_lsn)
         return True
 
     def ddl(self, report: str) -> None:
         log.error("capture: a mapped table changed", slot=self.config.slot, report=report)
-        self.stats.ddl = [*self.stats.ddl, report][-DDL_REPORTS:]
+        self.stats.reported(report, DDL_REPORTS)
 
     def lag(self, lag_bytes: int | None, confirmed: int) -> None:
-        self.stats.lag_bytes = lag_bytes
-        self.stats.confirmed_lsn = max(self.stats.confirmed_lsn, confirmed)
+        self.stats.lagged(lag_bytes, confirmed)
 
     # --- helpers -------------------------------------------------------------------------
 
@@ -304,7 +302,7 @@ class CaptureRunner:
     async def _set_aside(self, rows: list[SetAside]) -> None:
         if not rows:
             return
-        self.stats.set_aside += len(rows)
+        self.stats.aside(len(rows))
         for row in rows:
             log.error("capture: row set aside", slot=self.config.slot, table=row.table,
                       id=row.id, reason=row.reason, lsn=po.format_lsn(row.lsn))
@@ -321,7 +319,7 @@ class CaptureRunner:
             try:
                 return await attempt()
             except BucketUnavailable as exc:
-                self.stats.bucket_errors += 1
+                self.stats.failed("bucket")
                 (log.warning if failures == 0 else log.debug)(
                     "capture: bucket unavailable; PostgreSQL keeps the changes", what=what,
                     error=str(exc))

@@ -33,6 +33,38 @@ class CaptureStats:
     ddl: list[str] = field(default_factory=list)
     """The newest DDL reports (a mapped column gone or retyped; fitting again)."""
 
+    def failed(self, side: str) -> None:
+        """One failure of `side`: "postgres" or "bucket"."""
+        if side == "postgres":
+            self.postgres_errors += 1
+        else:
+            self.bucket_errors += 1
+
+    def stream(self, holding: bool) -> None:
+        """This publisher took (True) or left (False) the capture's lock."""
+        self.streaming = holding
+
+    def copied(self) -> None:
+        self.copies += 1
+
+    def applied(self, transactions: int, rows: int, lag_seconds: float, lsn: int) -> None:
+        """A group of transactions the bucket acknowledged, the last at `lsn`."""
+        self.transactions += transactions
+        self.rows += rows
+        self.lag_seconds = lag_seconds
+        self.confirmed_lsn = lsn
+
+    def lagged(self, lag_bytes: int | None, confirmed: int) -> None:
+        self.lag_bytes = lag_bytes
+        self.confirmed_lsn = max(self.confirmed_lsn, confirmed)
+
+    def reported(self, ddl: str, keep: int) -> None:
+        """A DDL report, the newest `keep` of them kept."""
+        self.ddl = [*self.ddl, ddl][-keep:]
+
+    def aside(self, rows: int) -> None:
+        self.set_aside += rows
+
     def report(self) -> dict[str, Any]:
         return {
             "streaming": self.streaming, "transactions": self.transactions, "rows": self.rows,

@@ -36,6 +36,11 @@ class Status:
     copied: dict[str, Any] | None = None
     set_aside: list[dict[str, Any]] = field(default_factory=list)
 
+    def held(self, copied: dict[str, Any] | None, set_aside: list[dict[str, Any]]) -> None:
+        """The bucket's part: the copy the stream continues, and the rows set aside."""
+        self.copied = copied
+        self.set_aside = set_aside
+
     def report(self) -> dict[str, Any]:
         return {
             "slot": self.slot, "exists": self.exists, "active": self.active,

@@ -88,9 +88,9 @@ def status(config_path: Path, redis_url: str | None, as_json: bool) -> None:
             try:
                 marks = CaptureMarks(bucket.redis, bucket.name)
                 mark = await marks.read(settings.slot)
-                if mark is not None:
-                    found.copied = {"epoch": mark.epoch, "lsn": mark.lsn, "at": mark.at}
-                found.set_aside = [orjson.loads(row) for row in await marks.aside(settings.slot)]
+                copied = None if mark is None else {
+                    "epoch": mark.epoch, "lsn": mark.lsn, "at": mark.at}
+                found.held(copied, [orjson.loads(row) for row in await marks.aside(settings.slot)])
             finally:
                 await bucket.aclose()
 
