@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from changefeed.cursor import StreamId
+from changefeed.cursor import ZERO, StreamId
 from changefeed.protocol import text_frame
 from changefeed.sse import change_chunk
 from publisher.bucket import LogEntry
@@ -40,7 +40,7 @@ class Pending:
     size: int
     closing: bool
     frames: list[bytes] = field(default_factory=list)
-    last: StreamId | None = None
+    last: StreamId = ZERO
     """The window position of the last of `frames`: the connection is told it was sent it
     (`Subscriber.sent`) once, when they are written."""
 
@@ -206,6 +206,7 @@ class FanOut:
         window = self.window
         send_buffer = self.send_buffer
         pending: dict[Subscriber, Pending] = {}
+        pending_of = pending.get
         written: list[WindowEntry] = []
         fresh: list[WindowEntry] = []
         sse_sent = 0
@@ -217,20 +218,25 @@ class FanOut:
             entry = self._append(raw, epoch)
             fresh.append(entry)
             position = entry.position
+            frame = entry.frame
+            frame_size = len(frame)
             taken = False
             for conn in self.routes.matching(
                 entry.resource, entry.sub_resources, entry.changed_resource_id
             ):
-                queued = pending.get(conn)
+                queued = pending_of(conn)
                 if queued is None:
                     transport = conn.transport
                     queued = pending[conn] = Pending(transport.get_write_buffer_size(),
-                                                     transport.is_closing())
+                                                     transport.is_closing(), [])
                 verdict = conn.mode[queued.closing][queued.size > send_buffer]  # decide()
                 if verdict is FRAME:
-                    frame = entry.frame
+                    queued.frames.append(frame)
+                    queued.size += frame_size
                 elif verdict is CHUNK:
-                    frame = sse_of(entry, self._order, epoch)
+                    chunk = sse_of(entry, self._order, epoch)
+                    queued.frames.append(chunk)
+                    queued.size += len(chunk)
                     sse_sent += 1
                 else:
                     if verdict is FOLD and not self._lagging.fold(conn, entry):
@@ -238,8 +244,6 @@ class FanOut:
                     elif verdict is BEHIND:
                         self._behind(conn, previous)
                     continue
-                queued.frames.append(frame)
-                queued.size += len(frame)
                 queued.last = position
                 taken = True
             if taken:
@@ -270,7 +274,6 @@ def _write(pending: dict[Subscriber, Pending]) -> tuple[int, int]:
         if frames:
             data = frames[0] if len(frames) == 1 else b"".join(frames)
             conn.transport.write(data)
-            assert queued.last is not None
             conn.sent(queued.last)
             delivered += len(frames)
             sent += len(data)
