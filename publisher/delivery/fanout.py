@@ -5,8 +5,10 @@ An entry's websocket frame is built once and the same bytes are written to every
 connection's transport, without awaiting. One entry (a tail read of one commit, the common case)
 is written at once to each connection (`_one`); a batch (the tail fell behind) is routed
 (`_route`), then each connection is written once, the frames of every entry it matches joined
-(`_write`), so it costs one system call for all of them. Both ask `decide` per connection and
-entry: in a batch a connection's `queued` counts the frames of the batch queued for it.
+(`_write`), so it costs one system call for all of them. Both take the decision per connection
+and entry as `decide` does, by the lookup in the connection's mode that `decide` is
+(`conn.mode[closing][queued > send_buffer]`, without a call per delivery); in a batch a
+connection's `queued` counts the frames of the batch queued for it.
 """
 
 from __future__ import annotations
@@ -15,12 +17,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from changefeed.cursor import StreamId
+from changefeed.cursor import ZERO, StreamId
 from changefeed.protocol import text_frame
 from changefeed.sse import change_chunk
 from publisher.bucket import LogEntry
 from publisher.delivery.counters import Counters
-from publisher.delivery.decision import BEHIND, CHUNK, FOLD, FRAME, decide
+from publisher.delivery.decision import BEHIND, CHUNK, FOLD, FRAME
 from publisher.delivery.lagging import Lagging
 from publisher.delivery.order import Order, StampedEntry
 from publisher.delivery.subscribers import Routes, Subscriber
@@ -38,6 +40,9 @@ class Pending:
     size: int
     closing: bool
     frames: list[bytes] = field(default_factory=list)
+    last: StreamId = ZERO
+    """The window position of the last of `frames`: the connection is told it was sent it
+    (`Subscriber.sent`) once, when they are written."""
 
 
 @dataclass(slots=True)
@@ -138,8 +143,9 @@ class FanOut:
 
     def _one(self, raw: LogEntry, epoch: str) -> list[Subscriber]:
         """One entry: each connection it matches is carried out its verdict at once, with no
-        per-connection bookkeeping beyond a list of whom it was written to when the delivery
-        trace is on. The coalescing connections that overflowed are returned."""
+        per-connection bookkeeping beyond the list of whom it was written to (told so together
+        afterwards, and the counters counted once). The coalescing connections that overflowed
+        are returned."""
         previous = self.window.head
         overflowed: list[Subscriber] = []
         if raw.position <= previous:
@@ -147,39 +153,39 @@ class FanOut:
         entry = self._append(raw, epoch)
         trace = self.trace
         read_at = time.time() if trace is not None else 0.0
-        written: list[Subscriber] | None = [] if trace is not None else None
+        written: list[Subscriber] = []
+        took = written.append
         send_buffer = self.send_buffer
         position = entry.position
         frame = entry.frame
-        delivered = sent = sse_sent = 0
+        chunk = b""
+        chunks = 0
         for conn in self.routes.matching(
             entry.resource, entry.sub_resources, entry.changed_resource_id
         ):
             transport = conn.transport
-            verdict = decide(conn, transport.is_closing(), transport.get_write_buffer_size(),
-                             send_buffer)
+            # decide(conn.mode, closing, queued, send_buffer), its lookup without the call
+            verdict = conn.mode[transport.is_closing()][
+                transport.get_write_buffer_size() > send_buffer]
             if verdict is FRAME:
-                data = frame
+                transport.write(frame)
             elif verdict is CHUNK:
-                data = sse_of(entry, self._order, epoch)
-                sse_sent += 1
+                chunk = sse_of(entry, self._order, epoch)
+                transport.write(chunk)
+                chunks += 1
             else:
                 if verdict is FOLD and not self._lagging.fold(conn, entry):
                     overflowed.append(conn)
                 elif verdict is BEHIND:
                     self._behind(conn, previous)
                 continue
-            transport.write(data)
-            conn.sent(position)
-            delivered += 1
-            sent += len(data)
-            if written is not None:
-                written.append(conn)
+            took(conn)
+        Subscriber.all_sent(written, position)
         if trace is not None:
-            assert written is not None
             trace.published_one(epoch, position, written, read_at, time.time())
-        if delivered:
-            self._counters.wrote(delivered, sent, sse_sent)
+        if written:
+            frames = len(written) - chunks
+            self._counters.wrote(len(written), frames * len(frame) + chunks * len(chunk), chunks)
             if self.observe_latency is not None:
                 committed = entry.published or position.ms
                 self.observe_latency(max(time.time() * 1000 - committed, 0.0) / 1000)
@@ -200,6 +206,7 @@ class FanOut:
         window = self.window
         send_buffer = self.send_buffer
         pending: dict[Subscriber, Pending] = {}
+        pending_of = pending.get
         written: list[WindowEntry] = []
         fresh: list[WindowEntry] = []
         sse_sent = 0
@@ -211,20 +218,25 @@ class FanOut:
             entry = self._append(raw, epoch)
             fresh.append(entry)
             position = entry.position
+            frame = entry.frame
+            frame_size = len(frame)
             taken = False
             for conn in self.routes.matching(
                 entry.resource, entry.sub_resources, entry.changed_resource_id
             ):
-                queued = pending.get(conn)
+                queued = pending_of(conn)
                 if queued is None:
                     transport = conn.transport
                     queued = pending[conn] = Pending(transport.get_write_buffer_size(),
-                                                     transport.is_closing())
-                verdict = decide(conn, queued.closing, queued.size, send_buffer)
+                                                     transport.is_closing(), [])
+                verdict = conn.mode[queued.closing][queued.size > send_buffer]  # decide()
                 if verdict is FRAME:
-                    frame = entry.frame
+                    queued.frames.append(frame)
+                    queued.size += frame_size
                 elif verdict is CHUNK:
-                    frame = sse_of(entry, self._order, epoch)
+                    chunk = sse_of(entry, self._order, epoch)
+                    queued.frames.append(chunk)
+                    queued.size += len(chunk)
                     sse_sent += 1
                 else:
                     if verdict is FOLD and not self._lagging.fold(conn, entry):
@@ -232,9 +244,7 @@ class FanOut:
                     elif verdict is BEHIND:
                         self._behind(conn, previous)
                     continue
-                queued.frames.append(frame)
-                queued.size += len(frame)
-                conn.sent(position)
+                queued.last = position
                 taken = True
             if taken:
                 written.append(entry)
@@ -264,6 +274,7 @@ def _write(pending: dict[Subscriber, Pending]) -> tuple[int, int]:
         if frames:
             data = frames[0] if len(frames) == 1 else b"".join(frames)
             conn.transport.write(data)
+            conn.sent(queued.last)
             delivered += len(frames)
             sent += len(data)
     return delivered, sent

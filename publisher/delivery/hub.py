@@ -286,8 +286,8 @@ class Hub:
         """Wait until `conn`, catching up, can take another item (`decide`); False when it is
         closing."""
         transport = conn.transport
-        verdict = decide(conn, transport.is_closing(), transport.get_write_buffer_size(),
-                         self.fanout.send_buffer, catching_up=True)
+        verdict = decide(conn.written_as(), transport.is_closing(),
+                         transport.get_write_buffer_size(), self.fanout.send_buffer)
         if verdict is BEHIND:
             # The transport pauses its protocol above `send_buffer` (set at registration);
             # this is aiohttp's own wait for it to drain below the low-water mark.

@@ -16,6 +16,7 @@ from changefeed.protocol import WILDCARD, ChangeKind, Registration
 from changefeed.watch import prefixes_of
 from publisher.bucket import LogEntry
 from publisher.delivery.coalesce import Coalesced
+from publisher.delivery.decision import Mode, mode_of
 from publisher.delivery.window import WindowEntry
 
 if TYPE_CHECKING:
@@ -63,13 +64,31 @@ class Subscriber:
     coalesced: Coalesced | None = None
     """Set while it is in a coalesced catch-up (registered with `coalesce`, fell out of the
     window): every item for it is folded in here instead of being sent."""
+    mode: Mode = field(init=False)
+    """Its delivery mode (publisher.delivery.decision.mode_of), kept by the methods below as its
+    state changes, so that the fan-out decides with it and its transport's facts alone."""
 
     def __post_init__(self) -> None:
         self.kinds = {kind.resource: kind for kind in self.registration.kinds}
+        self._moved()
+
+    def _moved(self) -> None:
+        self.mode = mode_of(self.live, self.sse, self.coalesced is not None, self.closing)
+
+    def written_as(self) -> Mode:
+        """Its mode as if it were live: what its own catch-up asks the decision with."""
+        return mode_of(True, self.sse, False, self.closing)
 
     def sent(self, position: StreamId) -> None:
         """It was written the item at window position `position`."""
         self.last_sent = position
+
+    @staticmethod
+    def all_sent(conns: Iterable[Subscriber], position: StreamId) -> None:
+        """Each of `conns` was written the item at window position `position` (`sent`, once
+        per item for all the connections of a fan-out)."""
+        for conn in conns:
+            conn.last_sent = position
 
     def passed(self, position: StreamId) -> None:
         """Catching up: it was sent, or did not want, everything up to `position`."""
@@ -79,6 +98,7 @@ class Subscriber:
         """Not live any more: it catches up from `position` (the last entry it was sent)."""
         self.live = False
         self.position = position
+        self._moved()
 
     def resume_at(self, position: StreamId) -> None:
         """Registered behind the window head: replays what it missed, then catches up from
@@ -86,11 +106,13 @@ class Subscriber:
         self.live = False
         self.replaying = True  # not closed as slow while it replays from Redis
         self.position = position
+        self._moved()
 
     def coalesce(self, limit: int) -> Coalesced:
         """Switched to a coalesced catch-up of at most `limit` ids: its set, empty."""
-        self.coalesced = Coalesced(limit)
-        return self.coalesced
+        self.coalesced = coalesced = Coalesced(limit)
+        self._moved()
+        return coalesced
 
     def go_live(self) -> None:
         """Caught up: written by the fan-out again."""
@@ -98,6 +120,7 @@ class Subscriber:
         self.replaying = False
         self.coalesced = None
         self.task = None
+        self._moved()
 
     def follow(self, task: asyncio.Task[None]) -> None:
         """`task` catches it up (or resumes it); cancelled when it is removed."""
@@ -108,6 +131,7 @@ class Subscriber:
         if self.closing:
             return False
         self.closing = True
+        self._moved()
         return True
 
     def heard(self) -> None:

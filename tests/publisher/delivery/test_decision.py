@@ -15,12 +15,19 @@ from publisher.delivery.counters import Counters
 from publisher.delivery.decision import (
     BEHIND,
     CHUNK,
+    CLOSING,
     FOLD,
+    FOLDING,
     FRAME,
     PASS,
+    PASSING,
     SKIP,
+    STREAM,
+    WEBSOCKET,
+    Mode,
     Verdict,
     decide,
+    mode_of,
 )
 from publisher.delivery.fanout import FanOut
 from publisher.delivery.lagging import Lagging
@@ -71,58 +78,112 @@ def _conn(*, sse: bool = False, coalesce: bool = False, queued: int = 0) -> Subs
 # --- the decision ----------------------------------------------------------------------------
 
 
+def _decide(conn: Subscriber, closing: bool, queued: int) -> Verdict:
+    """The fan-out's question for `conn`: its mode and its transport's facts."""
+    return decide(conn.mode, closing, queued, BUFFER)
+
+
 def test_a_live_websocket_with_room_is_written_the_frame() -> None:
-    assert decide(_conn(), False, 0, BUFFER) is FRAME
-    assert decide(_conn(), False, BUFFER, BUFFER) is FRAME, "at send_buffer: still room"
+    assert _conn().mode is WEBSOCKET
+    assert _decide(_conn(), False, 0) is FRAME
+    assert _decide(_conn(), False, BUFFER) is FRAME, "at send_buffer: still room"
 
 
 def test_a_live_sse_stream_with_room_is_written_the_chunk() -> None:
-    assert decide(_conn(sse=True), False, 0, BUFFER) is CHUNK
+    assert _conn(sse=True).mode is STREAM
+    assert _decide(_conn(sse=True), False, 0) is CHUNK
 
 
 def test_a_live_connection_past_send_buffer_falls_behind() -> None:
-    assert decide(_conn(), False, BUFFER + 1, BUFFER) is BEHIND
-    assert decide(_conn(sse=True), False, BUFFER + 1, BUFFER) is BEHIND
+    assert _decide(_conn(), False, BUFFER + 1) is BEHIND
+    assert _decide(_conn(sse=True), False, BUFFER + 1) is BEHIND
 
 
 def test_a_closing_transport_or_connection_is_skipped_before_its_buffer_counts() -> None:
-    assert decide(_conn(), True, BUFFER + 1, BUFFER) is SKIP
+    assert _decide(_conn(), True, BUFFER + 1) is SKIP
+    assert _decide(_conn(sse=True), True, 0) is SKIP
     conn = _conn()
     assert conn.close()
-    assert decide(conn, False, 0, BUFFER) is SKIP
+    assert conn.mode is CLOSING
+    assert _decide(conn, False, BUFFER + 1) is SKIP
 
 
 def test_a_connection_catching_up_from_the_window_is_passed() -> None:
     conn = _conn()
     conn.fall_behind(ZERO)
+    assert conn.mode is PASSING
     for closing, queued in ((False, 0), (True, 0), (False, BUFFER + 1)):
-        assert decide(conn, closing, queued, BUFFER) is PASS
+        assert _decide(conn, closing, queued) is PASS
+    resumed = _conn(sse=True)
+    resumed.resume_at(ZERO)
+    assert resumed.mode is PASSING
 
 
 def test_a_connection_in_a_coalesced_catch_up_folds_unless_it_is_closing() -> None:
     conn = _conn(coalesce=True)
     conn.fall_behind(ZERO)
     conn.coalesce(10)
-    assert decide(conn, False, BUFFER + 1, BUFFER) is FOLD
+    assert conn.mode is FOLDING
+    assert _decide(conn, False, BUFFER + 1) is FOLD
+    assert _decide(conn, True, 0) is FOLD
     assert conn.close()
-    assert decide(conn, False, 0, BUFFER) is PASS
+    assert conn.mode is PASSING
+    assert _decide(conn, False, 0) is PASS
+
+
+def test_a_connection_that_goes_live_again_is_written_again() -> None:
+    conn = _conn(sse=True, coalesce=True)
+    conn.fall_behind(ZERO)
+    conn.coalesce(10)
+    conn.go_live()
+    assert conn.mode is STREAM
+    assert _decide(conn, False, 0) is CHUNK
 
 
 def test_a_catch_up_is_answered_as_if_its_connection_were_live() -> None:
     """A catch-up asks before each write: `BEHIND` means wait for the socket to drain."""
     conn = _conn()
     conn.fall_behind(ZERO)
-    assert decide(conn, False, 0, BUFFER, catching_up=True) is FRAME
-    assert decide(conn, False, BUFFER + 1, BUFFER, catching_up=True) is BEHIND
-    assert decide(conn, True, 0, BUFFER, catching_up=True) is SKIP
+    assert conn.written_as() is WEBSOCKET
+    assert decide(conn.written_as(), False, 0, BUFFER) is FRAME
+    assert decide(conn.written_as(), False, BUFFER + 1, BUFFER) is BEHIND
+    assert decide(conn.written_as(), True, 0, BUFFER) is SKIP
     coalescing = _conn(sse=True, coalesce=True)
     coalescing.fall_behind(ZERO)
     coalescing.coalesce(10)
-    assert decide(coalescing, False, 0, BUFFER, catching_up=True) is CHUNK
+    assert decide(coalescing.written_as(), False, 0, BUFFER) is CHUNK
+    assert coalescing.close()
+    assert coalescing.written_as() is CLOSING
+
+
+@pytest.mark.parametrize(
+    ("live", "sse", "coalescing", "closing", "mode"),
+    [
+        (True, False, False, False, WEBSOCKET),
+        (True, True, False, False, STREAM),
+        (True, False, False, True, CLOSING),
+        (True, True, True, True, CLOSING),
+        (False, False, False, False, PASSING),
+        (False, True, True, False, FOLDING),
+        (False, False, True, True, PASSING),
+    ],
+)
+def test_the_mode_of_every_state(
+    live: bool, sse: bool, coalescing: bool, closing: bool, mode: Mode
+) -> None:
+    assert mode_of(live, sse, coalescing, closing) is mode
 
 
 def test_every_verdict_is_reached() -> None:
     assert set(Verdict) == {FOLD, PASS, SKIP, BEHIND, CHUNK, FRAME}
+
+
+@pytest.mark.parametrize("mode", [WEBSOCKET, STREAM, FOLDING, PASSING, CLOSING])
+def test_decide_is_the_lookup_the_fan_out_makes(mode: Mode) -> None:
+    """The fan-out's loop indexes a connection's mode without calling `decide`: the same."""
+    for closing in (False, True):
+        for queued in (0, BUFFER, BUFFER + 1):
+            assert decide(mode, closing, queued, BUFFER) is mode[closing][queued > BUFFER]
 
 
 # --- the fan-out carries it out, one entry or a batch ------------------------------------------
