@@ -27,11 +27,12 @@ if TYPE_CHECKING:
 
 
 def _epoch(cursor: str) -> str:
-    return cursor.partition(".")[0]
+    """The epoch of an ordered (`<epoch>.<id>`) or composite (`<epoch>~<p0>~...`) cursor."""
+    return cursor.split("~", 1)[0] if "~" in cursor else cursor.partition(".")[0]
 
 
 def _position(cursor: str) -> str:
-    return cursor.partition(".")[2]
+    return cursor.split("~", 1)[1] if "~" in cursor else cursor.partition(".")[2]
 
 
 def split(log: ListenerLog, acked: Sequence[Attempt]) -> int:

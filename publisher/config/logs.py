@@ -60,8 +60,12 @@ def configure(json: bool | None = None, level: str = "info") -> None:
         structlog.processors.StackInfoRenderer(),
         structlog.processors.format_exc_info,
     ]
+    # The list instance stays the same: loggers cached on their first use hold it, so a second
+    # configure() in one process (the command run in-process, as the tests do) reaches them too.
+    processors = structlog.get_config()["processors"]
+    processors[:] = [_below_level, *shared, renderer]
     structlog.configure(
-        processors=[_below_level, *shared, renderer],
+        processors=processors,
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
         cache_logger_on_first_use=True,
     )

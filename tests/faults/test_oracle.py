@@ -288,3 +288,13 @@ def test_a_durable_consumers_shared_at_least_once_log_is_not_asked_to_be_atomic_
     log.change("new.03", "v", 0.0)  # the dead-letter record of reason epoch is read later
     tally = history.verdict().listeners["durable"]
     assert tally.split == 0 and tally.unannounced == 0
+
+
+def test_composite_cursors_of_one_epoch_are_one_epoch() -> None:
+    """A Redis Cluster bucket's cursors (`<epoch>~<p0>~<p1>`) name their epoch before the first
+    `~`: changes under one epoch are not an epoch change, two epochs are."""
+    from faults import watch
+
+    assert watch._epoch("k2v9q4xab2~0192f3a4b5c6a3~0") == "k2v9q4xab2"
+    assert watch._epoch("k2v9q4xab2.0192f3a4b5c6a3") == "k2v9q4xab2"
+    assert watch._position("k2v9q4xab2~01~02") == "01~02"

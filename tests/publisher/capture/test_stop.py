@@ -23,7 +23,10 @@ from tests.servers import RedisServer, eventually, scaled
 LOCK_BACKEND = """
 SELECT pid FROM pg_stat_activity
 WHERE application_name LIKE 'changefeed-capture %' AND backend_type = 'client backend'
+  AND datname = current_database()
 """
+"""The capture's lock connection to this test's database (the session's PostgreSQL is shared by
+the other capture tests of the worker, each in a database of its own)."""
 
 
 def in_function(name: str, function: str) -> bool:

@@ -88,7 +88,7 @@ async def test_a_job_on_a_standalone_cluster_publishes_each_row_once(
                 ready.set()
             elif isinstance(event, Change):
                 heard[event.id] += 1
-                if events["Change"] == ROWS:
+                if events["ChangeEvent"] == ROWS:
                     return
 
     starting = asyncio.create_task(asyncio.to_thread(cluster.start))  # while the rest starts
