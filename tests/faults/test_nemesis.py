@@ -295,7 +295,10 @@ async def test_a_2_minute_soak_under_churn_does_not_leak(
     measured = {(s.component, s.metric) for s in result.slopes}
     for n in range(3):
         assert {(f"publisher-{n}", m) for m in ("rss", "fds", "tasks")} <= measured
-    assert ("redis", "redis") in measured
+    # Redis's series is measured on one master process through the second half: a failover
+    # that the sentinels made on their own (a master starved of CPU past their patience: no fault
+    # is injected here) splits it, and `slopes` leaves a split series out by design.
+    assert ("redis", "redis") in measured or result.switches > 0, result.summary()
     assert not result.judgement.problems(), (
         f"{result.summary()}\n" + "\n".join(s.describe() for s in result.slopes)
         + f"\n{result.judgement.trace}")

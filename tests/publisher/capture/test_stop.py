@@ -21,12 +21,12 @@ from tests.publisher.capture.rig import prepare, section_of
 from tests.servers import RedisServer, eventually, scaled
 
 LOCK_BACKEND = """
-SELECT pid FROM pg_stat_activity
-WHERE application_name LIKE 'changefeed-capture %' AND backend_type = 'client backend'
-  AND datname = current_database()
+SELECT DISTINCT a.pid FROM pg_stat_activity a JOIN pg_locks l ON l.pid = a.pid
+WHERE a.application_name LIKE 'changefeed-capture %' AND a.backend_type = 'client backend'
+  AND a.datname = current_database() AND l.locktype = 'advisory' AND l.granted
 """
-"""The capture's lock connection to this test's database (the session's PostgreSQL is shared by
-the other capture tests of the worker, each in a database of its own)."""
+"""The capture's lock connection: the one of its backends in this test's database that holds
+its advisory lock (while it copies, the capture has another connection open beside it)."""
 
 
 def in_function(name: str, function: str) -> bool:
