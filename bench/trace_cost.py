@@ -23,6 +23,7 @@ from bench.drive import Measured
 from bench.fanout import deliver, server_us_per_delivery, throughput_timing
 from bench.scenario import Check, Context, Figure, Result
 from bench.stack import ours
+from bench.transports import CountingTransport
 from changefeed.cursor import StreamId
 from changefeed.protocol import ChangeKind, Registration
 from publisher.bucket import LogEntry
@@ -53,28 +54,6 @@ class _Entry:
         self.sse: bytes | None = None
 
 
-class _Transport:
-    """A transport that takes every write and never fills: the hub's own cost only."""
-
-    def write(self, data: bytes) -> None:
-        pass
-
-    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
-        pass
-
-    def get_write_buffer_size(self) -> int:
-        return 0
-
-    def is_closing(self) -> bool:
-        return False
-
-    def close(self) -> None:
-        pass
-
-    def abort(self) -> None:
-        pass
-
-
 def hub_seconds_per_delivery(traced: bool, listeners: int, batch: int, batches: int) -> float:
     """CPU seconds `Hub.publish` spends per delivery in this process, to `listeners` fake
     transports of two services, `batch` entries per call: the fan-out alone, no sockets."""
@@ -84,7 +63,7 @@ def hub_seconds_per_delivery(traced: bool, listeners: int, batch: int, batches: 
     kind = ChangeKind("vm", ("nic",))
     for n in range(listeners):
         registration = Registration(f"i{n}", ("bench", "billing")[n % 2], (kind,), 1)
-        hub.add(Subscriber(registration, _Transport(), None, "127.0.0.1"))
+        hub.add(Subscriber(registration, CountingTransport(), None, "127.0.0.1"))
     ms = 1_700_000_000_000
     started = time.process_time()
     for _ in range(batches):

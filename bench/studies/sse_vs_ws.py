@@ -26,6 +26,7 @@ from typing import Any
 
 import orjson
 
+from bench.transports import CountingTransport
 from changefeed.cursor import ZERO, StreamId
 from changefeed.protocol import ChangeKind, Registration
 from changefeed_testing.servers import RedisServer, eventually, write_config
@@ -34,29 +35,6 @@ from publisher.config.settings import load_config
 from publisher.delivery.hub import Hub, Subscriber
 from publisher.delivery.window import Window
 from publisher.server.service import Service
-
-
-class CountingTransport:
-    def __init__(self) -> None:
-        self.written = 0
-
-    def write(self, data: bytes) -> None:
-        self.written += len(data)
-
-    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
-        pass
-
-    def get_write_buffer_size(self) -> int:
-        return 0
-
-    def is_closing(self) -> bool:
-        return False
-
-    def close(self) -> None:
-        pass
-
-    def abort(self) -> None:
-        pass
 
 
 async def fanout(listeners: int, items: int, sse: bool) -> float:

@@ -330,7 +330,8 @@ class Tail:
             log.warning("bucket unreachable, retrying", error=str(exc), delay=round(delay, 3))
         self.healthy = False
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._stopping.wait(), delay)
+            async with asyncio.timeout(delay):  # wait_for could lose a cancel (Python 3.11)
+                await self._stopping.wait()
         return delays
 
     def _skip_gap(self, s: int, gap: Gap) -> None:

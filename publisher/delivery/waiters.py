@@ -51,7 +51,8 @@ class Waiters:
                 if self.released or remaining <= 0:
                     return False
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._advanced.wait(), remaining)
+                    async with asyncio.timeout(remaining):  # wait_for could lose a cancel
+                        await self._advanced.wait()
             return True
         finally:
             self.waiting -= 1
