@@ -301,13 +301,16 @@ async def test_nak_with_a_delay_hands_the_item_out_again_after_the_delay(
 async def test_in_progress_extends_the_ack_wait(
     service: Service, http: aiohttp.ClientSession
 ) -> None:
-    await create(http, service, ack_wait=0.5)
+    # Each round (a long poll of a quarter of the ack wait, then in_progress) leaves three
+    # quarters of the ack wait for the two requests, so a loaded machine does not make it late.
+    ack_wait = scaled(1.0)
+    await create(http, service, ack_wait=ack_wait)
     await commit(service, "w", 1)
     first = await fetch(http, service)
     loop = asyncio.get_running_loop()
     started = loop.time()
-    while loop.time() - started < 1.2:  # more than twice the ack wait
-        assert (await fetch(http, service, wait=0.25))["messages"] == []
+    while loop.time() - started < 2.5 * ack_wait:  # more than twice the ack wait
+        assert (await fetch(http, service, wait=ack_wait / 4))["messages"] == []
         [working] = await settle(http, service, "in_progress", deliveries(first))
         assert working["applied"] and not working["late"]
     [done] = await settle(http, service, "ack", deliveries(first))
