@@ -10,10 +10,10 @@ import { dirname, join } from "node:path";
 import { after, before, test } from "node:test";
 import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
-import { FACTOR, Fixture, REPO } from "./harness.mjs";
+import { FACTOR, Fixture, REPO } from "../harness.mjs";
 
 const run = promisify(execFile);
-const root = join(dirname(fileURLToPath(import.meta.url)), "..");
+const root = join(dirname(fileURLToPath(import.meta.url)), "..", "..");
 const npm = process.platform === "win32" ? "npm.cmd" : "npm";
 const URL_IN_SNIPPETS = "http://127.0.0.1:8080";
 
