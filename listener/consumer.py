@@ -14,8 +14,7 @@ Errors of aiohttp become the consumer's own in `request_events`, and nowhere els
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from types import TracebackType
 from typing import Any, Unpack
 
@@ -32,6 +31,7 @@ from changefeed.logs import get_logger
 from changefeed.longpoll import EventsQuery, EventsReply
 from changefeed.protocol import CHANGEFEEDS, ChangeItem
 from changefeed.retry import Retrier
+from changefeed.tasks import cancel_and_wait
 from listener.consumer_options import (
     DEFAULT_EXPIRES,
     consume_options,
@@ -40,14 +40,20 @@ from listener.consumer_options import (
 )
 from listener.consumer_state import ConsumeCore, ConsumeState, FetchCore
 from listener.durable import DurableConsumer
-from listener.options import Client, ClientArgs, ClientOptions, base_url, options_of
+from listener.options import (
+    Client,
+    ClientArgs,
+    ClientOptions,
+    ErrorHandler,
+    base_url,
+    options_of,
+)
 from listener.refusal import refusal
 
 log = get_logger(__name__)
 
 EVENTS = CHANGEFEEDS + "/events"
 
-ErrorHandler = Callable[[ChangefeedError], None]
 
 
 async def request_events(
@@ -356,9 +362,7 @@ class Consumption:
 
     async def _finish(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
         self._consumer._ended(self)
 
     async def _pull(self) -> None:

@@ -17,7 +17,7 @@ Every settlement (`ack`, `nak`, `in_progress`, `term`) says whether it took effe
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any, TypeVar, Unpack
 
 import aiohttp
@@ -50,13 +50,19 @@ from changefeed.logs import get_logger
 from changefeed.protocol import ChangeItem
 from changefeed.retry import Retrier
 from listener.consumer_options import DEFAULT_EXPIRES, MIN_EXPIRES, event_filter
-from listener.options import Client, ClientArgs, ClientOptions, base_url, options_of
+from listener.options import (
+    Client,
+    ClientArgs,
+    ClientOptions,
+    ErrorHandler,
+    base_url,
+    options_of,
+)
 from listener.refusal import refusal
 
 log = get_logger(__name__)
 
 T = TypeVar("T")
-ErrorHandler = Callable[[ChangefeedError], None]
 
 MARGIN = 5.0
 """Seconds a request may take beyond the long poll's wait before it counts as a missed

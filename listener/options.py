@@ -15,6 +15,7 @@ with` closes it, and it closes the session it made itself, never one it was give
 from __future__ import annotations
 
 import ssl as ssl_module
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -24,9 +25,12 @@ import aiohttp
 
 from changefeed.backoff import Backoff
 from changefeed.credentials import NONE, Credentials
-from changefeed.errors import InvalidOption
+from changefeed.errors import ChangefeedError, InvalidOption
 from listener.credentials import load_credentials
 from listener.state import publisher_urls
+
+ErrorHandler = Callable[[ChangefeedError], None]
+"""A pull client's `on_error`: called with each failure it retries after."""
 
 
 class ClientArgs(TypedDict, total=False):

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -28,6 +27,7 @@ import structlog
 
 from changefeed.errors import BucketUnavailable, CaptureError, ChangeError
 from changefeed.protocol import Resource
+from changefeed.tasks import cancel_and_wait
 from publisher.bucket import BATCH, Change, ChangeBucket
 from publisher.bucket.stores.capture_marks import CaptureMarks, Mark
 from publisher.capture import pgoutput as po
@@ -75,12 +75,12 @@ class CaptureRunner:
 
     async def stop(self) -> None:
         self._stop.set()
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-        self._thread.shutdown(wait=False)
+        task, self._task = self._task, None
+        try:
+            if task is not None:
+                await cancel_and_wait(task)
+        finally:
+            self._thread.shutdown(wait=False)
 
     async def run(self) -> None:
         """Run sessions until stopped: a failed one is logged and followed by another."""

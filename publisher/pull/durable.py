@@ -14,7 +14,6 @@ within `RECHECK` seconds.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -34,6 +33,7 @@ from changefeed.durable import (
 )
 from changefeed.errors import ConsumerExists, CursorGone, NoSuchConsumer
 from changefeed.protocol import Resource
+from changefeed.tasks import cancel_and_wait
 from publisher.bucket import ChangeBucket, LogEntry
 from publisher.bucket.stores.durable import COUNTERS, Redelivered, dead_to_wire
 from publisher.config.settings import Durable as DurableSettings
@@ -267,11 +267,7 @@ class Durables:
         try:
             await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for task in waits:
-                task.cancel()
-            for task in waits:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            await cancel_and_wait(*waits)
 
     # --- settling --------------------------------------------------------------------------
 

@@ -12,7 +12,6 @@ systemd is told of them (`publisher.server.sdnotify`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from dataclasses import dataclass, field
 import structlog
 
 from changefeed.errors import ChangefeedError
+from changefeed.tasks import cancel_and_wait
 from publisher.config.logs import set_level
 from publisher.config.settings import Config
 from publisher.server.sdnotify import Notifier
@@ -83,10 +83,7 @@ class Supervisor:
                     task.cancel()
             await service.stop()
         finally:
-            for task in background:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            await cancel_and_wait(*background)
 
     async def _reload_on_hangup(self, service: Service, signals: Signals) -> None:
         while True:

@@ -24,6 +24,7 @@ from aiohttp import web
 from changefeed.cursor import ZERO
 from changefeed.errors import BucketUnavailable, ChangefeedError, ConfigError, ListenFailed
 from changefeed.protocol import CHANGEFEEDS, CloseCode
+from changefeed.tasks import wait_ended
 from publisher.bucket import ChangeBucket, open_bucket
 from publisher.config.reload import fixed_changes, keep_fixed
 from publisher.config.security import check_exposure
@@ -386,13 +387,13 @@ class Service:
         self.tail.stop()
         for task in tasks[1:]:
             task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        await self.advertiser.withdraw()
-        await self.bucket.aclose()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._tail_bucket.aclose(), 1.0)
+        try:
+            await wait_ended(*tasks)  # a cancelled shutdown still closes what it opened
+        finally:
+            await self.advertiser.withdraw()
+            await self.bucket.aclose()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._tail_bucket.aclose(), 1.0)
 
     async def _trim_forever(self) -> None:
         activity = self.metrics.activity

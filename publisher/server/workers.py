@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 import structlog
 
 from changefeed.backoff import Backoff
+from changefeed.tasks import cancel_and_wait
 from publisher.server.sdnotify import Notifier
 
 log = structlog.get_logger(__name__)
@@ -195,9 +196,7 @@ class Workers:
         try:
             await asyncio.gather(*slots)
         finally:
-            watchdog.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watchdog
+            await cancel_and_wait(watchdog)
             for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
                 loop.remove_signal_handler(sig)
         log.info("workers stopped", failed=self.failed)

@@ -19,7 +19,6 @@ master the sentinels name then (`FollowingConnection`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlencode
@@ -34,6 +33,7 @@ from redis.exceptions import RedisError
 
 from changefeed import configjs as cj
 from changefeed.errors import ConfigError
+from changefeed.tasks import cancel_and_wait
 from publisher.bucket.redis.cluster_url import is_cluster_url, parse_cluster_url
 
 log = structlog.get_logger(__name__)
@@ -239,9 +239,7 @@ class SentinelPool(SentinelConnectionPool, BlockingConnectionPool):
         """Stop following, close the connections to the master, then those to the sentinels."""
         self._closing = True
         if self._follower is not None:
-            self._follower.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._follower
+            await cancel_and_wait(self._follower)
         await super().aclose()
         await self.sentinel_manager.aclose()
 
