@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,17 +62,9 @@ def _digits(text: str) -> bool:
     return text.isascii() and text.isdigit()
 
 
-def parse_request(
-    query: Mapping[str, str], getall: Callable[[str], Sequence[str]], limits: PollLimits
-) -> FeedRequest:
-    """Validate the query string (pure); ParamError names the parameter."""
-    for name in query:
-        if name not in PARAMETERS and not _CURSOR_PARAM.match(name):
-            raise ParamError(
-                f"unknown parameter {name!r} (known: {', '.join(PARAMETERS)}, cursor0, cursor1...)"
-            )
-        if len(getall(name)) > 1:
-            raise ParamError(f"{name} given more than once")
+def parse_request(query: Mapping[str, str], limits: PollLimits) -> FeedRequest:
+    """Validate the query string (pure), whose names the route has checked (`PARAMETERS` and
+    `cursor0`, `cursor1`..., each at most once); ParamError names the parameter."""
     text = query.get("n")
     if text is None or not _digits(text) or int(text) < 1:
         raise ParamError("n (the number of partitions the client assumes) must be a positive "

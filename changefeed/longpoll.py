@@ -43,9 +43,12 @@ DEFAULT_WAIT = 10.0
 MAX_WAIT = 60.0
 """The longest wait a publisher honours by default (config.js `limits.maxWait`)."""
 
-QUERY_PARAMETERS = ("resource", "sub", "id", "prefix", "max_results", "after", "before",
-                    "wait_time", "order")
-"""The query parameters of `GET /changefeeds/events`."""
+QUERY_SINGLE = ("resource", "max_results", "after", "before", "wait_time", "order")
+"""The query parameters of `GET /changefeeds/events` given at most once."""
+QUERY_REPEATED = ("sub", "id", "prefix")
+"""The query parameters of `GET /changefeeds/events` that may repeat."""
+QUERY_PARAMETERS = QUERY_SINGLE[:1] + QUERY_REPEATED + QUERY_SINGLE[1:]
+"""The query parameters of `GET /changefeeds/events` (the route's `takes` checks the names)."""
 PARAMS = ("filter", "max_results", "after", "before", "wait_time", "order")
 """The keys of a JSON-RPC `events` call's params."""
 FILTER_KEYS = ("resource", "subResources", "ids", "prefixes")
@@ -338,15 +341,8 @@ def from_query(
     resources: Mapping[str, Resource],
     limits: PollLimits,
 ) -> EventsRequest:
-    """The request of `GET /changefeeds/events?...` (`getall(name)` lists a repeated parameter)."""
-    unknown = sorted(set(query) - set(QUERY_PARAMETERS))
-    if unknown:
-        raise ParamError(
-            f"unknown parameter(s) {', '.join(unknown)} (known: {', '.join(QUERY_PARAMETERS)})"
-        )
-    for single in ("resource", "max_results", "after", "before", "wait_time", "order"):
-        if len(getall(single)) > 1:
-            raise ParamError(f"{single} given more than once")
+    """The request of `GET /changefeeds/events?...` (`getall(name)` lists a repeated parameter),
+    whose names the route has checked (`QUERY_SINGLE` at most once, `QUERY_REPEATED`)."""
     filter = filter_of(
         query.get("resource"),
         list(getall("sub")) or None,

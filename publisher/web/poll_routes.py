@@ -54,8 +54,7 @@ def rpc_error(
     return json_response(body, status, headers)
 
 
-@takes("resource", "max_results", "after", "before", "wait_time", "order",
-       repeated=("sub", "id", "prefix"), code="InvalidParameter")
+@takes(*longpoll.QUERY_SINGLE, repeated=longpoll.QUERY_REPEATED, code="InvalidParameter")
 async def events_get(request: web.Request) -> web.Response:
     """`GET /changefeeds/events`: a long poll of the log, its query in the URL."""
     try:
@@ -134,9 +133,7 @@ async def feed_get(request: web.Request) -> web.Response:
     """`GET /changefeeds/feed/v1`: the ZeroEventHub feed (NDJSON lines)."""
     config = request.app[LIVE].config
     try:
-        query = feed.parse_request(
-            request.query, lambda name: request.query.getall(name, []), config.limits
-        )
+        query = feed.parse_request(request.query, config.limits)
     except ParamError as exc:
         return json_error(400, "InvalidParameter", str(exc))
     if query.cursorset is not None and query.consumer not in config.feed.consumers:
