@@ -381,7 +381,7 @@ class Consumption:
                 self._arrived.set()
         except Exception as exc:  # a bug: handed to the application, which raises it
             consumer._log.exception("consume failed")
-            core.failure = exc
+            core.fail(exc)
         if core.failure is not None:
             consumer._log.error("consume ends", error=str(core.failure),
                                 error_type=type(core.failure).__name__,

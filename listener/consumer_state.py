@@ -135,6 +135,10 @@ class Puller:
         self.in_flight: EventsQuery | None = None
         self._sent_at = 0.0
 
+    def fail(self, error: Exception) -> None:
+        """End the pulling with `error` (a bug of the I/O layer's, handed to the application)."""
+        self.failure = error
+
     @property
     def heartbeat_window(self) -> float:
         """ADR-37: a missed heartbeat is reported after twice the idle heartbeat."""

@@ -22,6 +22,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PUBLISHER = ROOT / "publisher"
+PACKAGES = ("publisher", "listener", "changefeed", "changefeed_testing")
+"""What the rule covers: the publisher, the listener library, the shared core, the testing kit."""
 
 FRAMEWORK = {
     # ssl.SSLContext is configured by assigning its attributes (the ssl module's own API).
@@ -40,11 +42,6 @@ FRAMEWORK = {
     ("publisher/capture/session.py", "cur.itersize"),
 }
 """Framework objects that are configured by assignment, each (module, target) with its reason."""
-
-PENDING = ("publisher/bucket/", "publisher/web/", "publisher/server/")
-"""Packages re-cut concurrently (issue 29 items 1 and 3): their own writes are counted by
-`test_pending_packages_write_no_delivery_state` only, until their re-cut lands."""
-
 
 def _declared(tree: ast.Module) -> set[str]:
     """The attribute names the module's classes declare: class-body names and `self.x` (a
@@ -102,49 +99,12 @@ def foreign_writes(path: Path) -> list[str]:
 
 
 def _modules() -> list[Path]:
-    return sorted(PUBLISHER.rglob("*.py"))
+    return sorted(p for package in PACKAGES for p in (ROOT / package).rglob("*.py"))
 
 
-def _pending(path: Path) -> bool:
-    return path.relative_to(ROOT).as_posix().startswith(PENDING)
-
-
-@pytest.mark.parametrize(
-    "path", [p for p in _modules() if not _pending(p)], ids=lambda p: str(p.relative_to(ROOT))
-)
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_a_module_writes_only_its_own_attributes(path: Path) -> None:
     assert foreign_writes(path) == []
-
-
-SHARED_NAMES = {"redis_errors"}
-"""Names a delivery class and a class elsewhere both declare, so that a write of one names no
-single owner: `redis_errors` counts the tail's failed reads (`Faults`) and the web's
-(`publisher.web.metrics.Activity`)."""
-
-
-def _delivery_state() -> set[str]:
-    """What the delivery's classes own (the hub, its parts, the tail, a subscriber...)."""
-    names: set[str] = set()
-    for path in (PUBLISHER / "delivery").glob("*.py"):
-        names |= _declared(ast.parse(path.read_text()))
-    return names - SHARED_NAMES
-
-
-def test_the_delivery_state_names_the_hub_s_and_a_subscriber_s() -> None:
-    assert {"live", "position", "last_sent", "quiet", "identity", "unread", "heads",
-            "send_buffer", "coalesce_ids", "closed", "sse_ended", "delivered",
-            "observe_latency", "remember"} <= _delivery_state()
-
-
-@pytest.mark.parametrize(
-    "path", [p for p in _modules() if _pending(p)], ids=lambda p: str(p.relative_to(ROOT))
-)
-def test_pending_packages_write_no_delivery_state(path: Path) -> None:
-    """bucket/, web/ and server/ write none of the hub's, its parts', the tail's or a
-    subscriber's attributes."""
-    state = _delivery_state()
-    assert [w for w in foreign_writes(path)
-            if w.split(": ", 1)[1].split("[")[0].rsplit(".", 1)[-1] in state] == []
 
 
 def test_the_check_finds_what_it_forbids(tmp_path: Path) -> None:

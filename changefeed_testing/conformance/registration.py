@@ -105,11 +105,12 @@ async def resources(target: Target) -> str:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError:
         raise Failed(f"GET /changefeeds is not JSON: {raw[:120]!r}") from None
-    target.resources = parse_resources(body)
-    expect(target.resource in target.resources,
-           f"{target.resource!r} is not among the resources {sorted(target.resources)}")
-    return f"{len(target.resources)} resource(s): " + ", ".join(
-        f"{r} ({','.join(s)})" for r, s in target.resources.items())
+    resources = parse_resources(body)
+    target.learn_resources(resources)
+    expect(target.resource in resources,
+           f"{target.resource!r} is not among the resources {sorted(resources)}")
+    return f"{len(resources)} resource(s): " + ", ".join(
+        f"{r} ({','.join(s)})" for r, s in resources.items())
 
 
 # --- registration -------------------------------------------------------------------------------

@@ -53,6 +53,10 @@ class Target:
     def __post_init__(self) -> None:
         self.url = base_url(self.url)
 
+    def learn_resources(self, resources: dict[str, list[str]]) -> None:
+        """Keep the resources GET /changefeeds answered (the `resources` check)."""
+        self.resources = resources
+
     @property
     def ws_url(self) -> str:
         scheme, rest = self.url.split("://", 1)

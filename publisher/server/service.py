@@ -164,8 +164,8 @@ class Service:
         # One middleware: who may do what, every error as JSON, every request counted
         # (refusals too).
         self.app.middlewares.append(edge(self.metrics, self.access))
-        self.access.connections_refused = lambda: sum(self.admission.refusals.values())
-        self.access.trusted = config.server.trusted_proxies
+        self.access.report_connections_refused(lambda: sum(self.admission.refusals.values()))
+        self.access.trust(config.server.trusted_proxies)
         self.hub.fanout.observe(self.metrics.latency.observe)
         self._trace(config)
         self.app[ACCESS] = self.access
@@ -302,7 +302,7 @@ class Service:
     async def drain(self) -> None:
         """SIGTERM: say not ready (`/readyz` 503) and wait `health.drainDelay` seconds, for load
         balancers to stop sending new listeners here; `stop()` then closes the listeners."""
-        self.lifecycle.draining = True
+        self.lifecycle.drain()
         delay = self.live.config.health.drain_delay
         if delay:
             log.info("draining: not ready, waiting before closing listeners", seconds=delay)
@@ -320,10 +320,11 @@ class Service:
         self.live.config = self.config = applied
         self.hub.fanout.limit(applied.limits.send_buffer)
         self.hub.lagging.limit(applied.limits.coalesce_ids)
-        self.admission.most = applied.server.max_connections
-        self.admission.per_client = applied.server.max_connections_per_client
-        self.admission.exempt = Trusted(applied.server.trusted_proxies)
-        self.access.trusted = applied.server.trusted_proxies
+        self.admission.limit(
+            applied.server.max_connections, applied.server.max_connections_per_client,
+            Trusted(applied.server.trusted_proxies),
+        )
+        self.access.trust(applied.server.trusted_proxies)
         self._trace(applied)
         self._fit_connections_to_files()
         for part in self.on_reload:
@@ -363,8 +364,7 @@ class Service:
                 "server.maxConnections lowered to fit the open-file limit",
                 configured=self.admission.most, lowered_to=cap, open_file_limit=files,
             )
-        self.admission.most = cap
-        self.admission.per_client = min(self.admission.per_client, cap)
+        self.admission.limit(cap, min(self.admission.per_client, cap), self.admission.exempt)
 
     async def _background(self, app: web.Application) -> AsyncIterator[None]:
         restarts = self.metrics.activity.restarts
@@ -403,10 +403,10 @@ class Service:
             try:
                 removed = await self.bucket.log.trim(config.max_age, config.max_items)
             except BucketUnavailable as exc:
-                activity.redis_errors["trim"] += 1
+                activity.redis_failed("trim")
                 log.warning("gc skipped: bucket unavailable", error=str(exc))
                 continue
-            activity.items_trimmed += removed
+            activity.trimmed(removed)
             (log.info if removed else log.debug)(
                 "gc run",
                 removed=removed,
@@ -415,7 +415,7 @@ class Service:
             )
 
     async def _close_listeners(self, app: web.Application) -> None:
-        self.lifecycle.draining = True
+        self.lifecycle.drain()
         self.lifecycle.stopping.set()
         self.hub.release_waiters()  # long polls answer now instead of holding the shutdown up
         conns = list(self.hub.connections)

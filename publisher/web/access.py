@@ -178,6 +178,21 @@ class Access:
         if old is not authenticator:
             old.close()
 
+    def trust(self, proxies: Sequence[IPNetwork]) -> None:
+        """Take the client's address from the X-Forwarded-For of `proxies` from now on
+        (server.trustedProxies, at start and on reload)."""
+        self.trusted = proxies
+
+    def report_connections_refused(self, count: Callable[[], int]) -> None:
+        """Show `count()`, the admission's refused connections, in `counts()`."""
+        self.connections_refused = count
+
+    def expiries_after(self, moment: datetime) -> set[datetime]:
+        """The signed tokens' expiries still to come after `moment` (those passed are
+        forgotten)."""
+        self.expiries = {m for m in self.expiries if m > moment}
+        return self.expiries
+
     def close(self) -> None:
         """The service stops: stop what the authenticator runs in the background."""
         self.authenticator.close()

@@ -88,6 +88,11 @@ class Admission:
         self._by_client: dict[str, int] = {}
         self._log = Throttle(log_interval)
 
+    def limit(self, most: int, per_client: int, exempt: Container[str]) -> None:
+        """Admit at most `most` connections, `per_client` from one address not in `exempt`,
+        from now on (the config's caps, at start and on reload; those open stay open)."""
+        self.most, self.per_client, self.exempt = most, per_client, exempt
+
     def admit(self, client: str) -> str | None:
         """Count a new connection from `client`, or say why it is refused (nothing counted)."""
         if self.open >= self.most:

@@ -39,6 +39,18 @@ class Lifecycle:
     abnormal_closures: int = 0
     """Websockets whose connection ended without a close frame (1006), since start."""
 
+    def drain(self) -> None:
+        """Say not ready from now on (SIGTERM, or the shutdown)."""
+        self.draining = True
+
+    def count_refused(self, code: int) -> None:
+        """Count a websocket registration refused with close code `code`."""
+        self.refused[code] += 1
+
+    def count_abnormal_closure(self) -> None:
+        """Count a websocket that ended without a close frame."""
+        self.abnormal_closures += 1
+
 
 @dataclass(slots=True)
 class Live:

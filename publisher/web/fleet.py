@@ -159,7 +159,7 @@ class Advertiser:
                     log.info("fleet: advertising again")
                 self._failing = False
             except BucketUnavailable as exc:
-                self.activity.redis_errors["advertise"] += 1
+                self.activity.redis_failed("advertise")
                 if not self._failing:
                     log.warning("fleet: cannot advertise this publisher", error=str(exc))
                 self._failing = True

@@ -68,6 +68,14 @@ class Activity:
     """Background tasks that ended or failed and were started again, by task
     (`publisher.server.supervise`)."""
 
+    def trimmed(self, removed: int) -> None:
+        """Count `removed` items trimmed from the log."""
+        self.items_trimmed += removed
+
+    def redis_failed(self, operation: str) -> None:
+        """Count a failed Redis operation of background work (`trim`, `advertise`)."""
+        self.redis_errors[operation] += 1
+
 
 _Family = GaugeMetricFamily | CounterMetricFamily | InfoMetricFamily
 """What a collector yields."""

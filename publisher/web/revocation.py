@@ -70,8 +70,7 @@ async def expire_forever(hub: Hub, access: Access) -> None:
     tokens (JWT) they registered with pass their `exp`."""
     while True:
         current = now()
-        access.expiries -= {moment for moment in access.expiries if moment <= current}
-        moments = [access.authenticator.next_expiry(current), *access.expiries] + [
+        moments = [access.authenticator.next_expiry(current), *access.expiries_after(current)] + [
             conn.identity.expires for conn in hub.connections
             if conn.identity is not None and not conn.closing
         ]

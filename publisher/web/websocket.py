@@ -102,7 +102,7 @@ async def handle_changefeeds(request: web.Request) -> web.StreamResponse:
         # aiohttp cancels the handler when the connection is lost (handler_cancellation).
         reason, code = _why_cancelled(ws, lifecycle, guard)
         if code == CloseCode.ABNORMAL_CLOSURE:
-            lifecycle.abnormal_closures += 1
+            lifecycle.count_abnormal_closure()
         request[UPGRADED] = ws
         raise
     finally:
@@ -190,7 +190,7 @@ async def _registered(
         if guard is not None and guard.violation is not None:
             _refused_frame(lifecycle, CloseCode.PROTOCOL_ERROR, guard.violation, remote)
         elif not lifecycle.stopping.is_set():
-            lifecycle.abnormal_closures += 1
+            lifecycle.count_abnormal_closure()
         request[UPGRADED] = ws
         raise
     finally:
@@ -280,7 +280,7 @@ async def _refuse(
     """Close `ws` as `refusal` says (publisher.web.registrations), logged (unless the access
     checks logged it already) and counted by close code."""
     code = refusal.close_code
-    lifecycle.refused[code] += 1
+    lifecycle.count_refused(code)
     if refusal.why not in BY_ACCESS:
         log.info("registration refused", code=int(code), reason=refusal.reason, remote=remote)
     await ws.close(code=code, message=close_reason(refusal.reason).encode())
@@ -289,7 +289,7 @@ async def _refuse(
 def _refused_frame(lifecycle: Lifecycle, code: int, reason: str, remote: str) -> None:
     """Log and count a registration refused for its frame by aiohttp or the guard, which closed
     the socket themselves, with `code`."""
-    lifecycle.refused[code] += 1
+    lifecycle.count_refused(code)
     log.info("registration refused", code=int(code), reason=reason, remote=remote)
 
 

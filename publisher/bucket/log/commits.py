@@ -56,6 +56,11 @@ class StreamStats:
     batches: int = 0
     redis_seconds: float = 0.0
 
+    def waited(self, seconds: float, batches: int = 0) -> None:
+        """Count `seconds` waited for Redis, and `batches` sent."""
+        self.redis_seconds += seconds
+        self.batches += batches
+
 
 class Committer:
     """Runs commit.lua on one shard (keys `keys`, holding `partitions` partitions, '' when any

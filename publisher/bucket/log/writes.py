@@ -215,8 +215,7 @@ async def commit_stream(
         results = await _on_shards(order, [
             shards[s].commits.commit_one(*call) for s, call in zip(order, part_calls, strict=True)
         ])
-        stats.redis_seconds += time.perf_counter() - started
-        stats.batches += len(order)
+        stats.waited(time.perf_counter() - started, len(order))
         for result in results:
             yield result
 
