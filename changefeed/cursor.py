@@ -154,7 +154,13 @@ class Position:
         if not isinstance(text, str):
             raise CursorError(repr(text), "a cursor is a string")
         if COMPOSITE_SEPARATOR not in text:
-            return cls.decode_single(text)
+            match = _CURSOR_RE.fullmatch(text)
+            if match is None:
+                raise CursorError(text, "not a cursor issued by this change feed")
+            epoch, ms, length, seq = match.groups()
+            if len(seq) != ord(length) - ord("a") + 1:
+                raise CursorError(text, "sequence length does not match")
+            return cls(epoch, (StreamId(int(ms, 16), int(seq, 16)),), False)
         epoch, *positions = text.split(COMPOSITE_SEPARATOR)
         if _EPOCH_RE.fullmatch(epoch) is None:
             raise CursorError(text, "not a cursor issued by this change feed")
@@ -167,15 +173,9 @@ class Position:
         """The single cursor ``<epoch>.<id>`` `text`, where one total order is meant (a
         per-partition cursor of the feed, a durable consumer's start): CursorError for
         anything else, a composite cursor too."""
-        if not isinstance(text, str):
-            raise CursorError(repr(text), "a cursor is a string")
-        match = _CURSOR_RE.fullmatch(text)
-        if match is None:
+        if isinstance(text, str) and COMPOSITE_SEPARATOR in text:
             raise CursorError(text, "not a cursor issued by this change feed")
-        epoch, ms, length, seq = match.groups()
-        if len(seq) != ord(length) - ord("a") + 1:
-            raise CursorError(text, "sequence length does not match")
-        return cls(epoch, (StreamId(int(ms, 16), int(seq, 16)),), False)
+        return cls.decode(text)
 
     @staticmethod
     def run(epoch: str, ms: int, first: int, count: int) -> list[str]:
