@@ -88,8 +88,6 @@ def _decode_position(text: str, whole: str) -> StreamId:
     return StreamId(int(ms, 16), int(seq, 16))
 
 
-
-
 @dataclass(frozen=True, slots=True, init=False)
 class Position:
     """A position in every log of a bucket, with the bucket's epoch: everything up to
