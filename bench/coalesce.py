@@ -25,7 +25,7 @@ from bench import wire
 from bench.clients import HEADERS, PATH
 from bench.scenario import Context, ScenarioError
 from bench.stack import ours
-from changefeed.cursor import Cursor, StreamId
+from changefeed.cursor import Position, StreamId
 from publisher.bucket import Change
 from publisher.delivery.coalesce import Coalesced
 
@@ -199,7 +199,7 @@ def bytes_per_id(ids: int = 10_000) -> float:
 
 
 def _reached(cursor: str, head: str) -> bool:
-    return Cursor.decode(cursor).position >= Cursor.decode(head).position
+    return Position.decode_single(cursor).position >= Position.decode_single(head).position
 
 
 async def _register(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 
-from changefeed.cursor import Cursor, StreamId
+from changefeed.cursor import Position, StreamId
 from changefeed.protocol import ChangeItem
 
 ID_LENGTH = 7
@@ -56,7 +56,7 @@ def item(changed_id: str, ms: int) -> bytes:
     """A `vm`/`nic` item encoded as the publisher encodes it (docs/protocol.md), published at
     `ms` (a real time: as many digits as the publisher's) with the cursor of stream id ms-0:
     what the baseline servers and the NATS and pub/sub publishers send."""
-    cursor = Cursor(EPOCH, StreamId(ms, 0)).encode()
+    cursor = Position.single(EPOCH, StreamId(ms, 0)).encode()
     return ChangeItem("vm", ("nic",), changed_id, ms, cursor).encode()
 
 

@@ -1,4 +1,5 @@
-"""Cursors: opaque, ordered positions in one change bucket.
+"""Cursors: opaque, ordered positions in one change bucket, and `Position`, the one type that
+holds them.
 
 A cursor names a position in the bucket's log (a Redis stream id, `ms-seq`) together with the
 bucket's *epoch*, a random id created with the bucket. Cursors of one epoch sort in publish order as
@@ -6,15 +7,19 @@ plain strings; a cursor of another epoch (a bucket that was lost and created aga
 it is never compared with positions of the new log.
 
 Encoding: ``<epoch>.<ms as 12 hex digits><one letter giving the length of seq><seq in hex>``, e.g.
-``k2v9q4xa.0192f3a4b5c6a3`` for stream id ``1730000000454-3``. Clients must treat it as opaque.
+``k2v7q4xa.0192cc0915c6a3`` for stream id ``1730000000454-3``. Clients must treat it as opaque.
 
 A bucket in a Redis Cluster has one log per partition, each with its own sequence, so its
-positions are *composite* (`CompositeCursor`, a `Position`): the epoch and one position per
-partition, ``<epoch>~<position of partition 0>~<position of partition 1>...``, each position
-written as above after the epoch's dot (``0192f3a4b5c6a3``) and empty for 0-0 (nothing of that
-partition).
-The ``~`` tells the two kinds apart; `parse_cursor` reads either. Composite cursors are ordered
-partially: one is at or after another when each of its positions is (`CompositeCursor.covers`).
+positions are *composite* (`Position.composite`; `CompositeCursor` is a name of `Position`): the
+epoch and one position per partition, ``<epoch>~<position of partition 0>~<position of partition
+1>...``, each position written as above after the epoch's dot (``0192cc0915c6a3``) and empty for
+0-0 (nothing of that partition).
+
+One type holds both kinds: `Position` (the epoch, one position per log, and which encoding it is
+written in). `Position.decode` reads either encoding (the ``~`` tells them apart) and `encode`
+writes the one it was read from. Composite cursors are ordered partially: one is at or after
+another when each of its positions is (`Position.covers`, which orders single ones too).
+`Cursor` is the old name of `Position`.
 """
 
 from __future__ import annotations
@@ -27,9 +32,9 @@ from dataclasses import dataclass
 from changefeed.errors import CursorError, CursorGone
 
 _EPOCH_ALPHABET = "abcdefghijklmnopqrstuvwxyz234567"
-_CURSOR_RE = re.compile(r"^([a-z2-7]{8,32})\.([0-9a-f]{12})([a-p])([0-9a-f]+)$")
-_POSITION_RE = re.compile(r"^([0-9a-f]{12})([a-p])([0-9a-f]+)$")
-_EPOCH_RE = re.compile(r"^[a-z2-7]{8,32}$")
+_CURSOR_RE = re.compile(r"([a-z2-7]{8,32})\.([0-9a-f]{12})([a-p])([0-9a-f]+)")
+_POSITION_RE = re.compile(r"([0-9a-f]{12})([a-p])([0-9a-f]+)")
+_EPOCH_RE = re.compile(r"[a-z2-7]{8,32}")
 COMPOSITE_SEPARATOR = "~"
 MAX_PARTITIONS = 1024
 """Most partitions a composite cursor carries (bucket.partitions is bounded by it too)."""
@@ -61,55 +66,20 @@ def new_epoch() -> str:
     return "".join(secrets.choice(_EPOCH_ALPHABET) for _ in range(10))
 
 
-@dataclass(frozen=True, slots=True)
-class Cursor:
-    """A position in the log of the bucket whose epoch is `epoch`."""
-
-    epoch: str
-    position: StreamId
-
-    def encode(self) -> str:
-        seq = f"{self.position.seq:x}"
-        return f"{self.epoch}.{self.position.ms:012x}{chr(ord('a') + len(seq) - 1)}{seq}"
-
-    def __str__(self) -> str:
-        return self.encode()
-
-    @staticmethod
-    def run(epoch: str, ms: int, first: int, count: int) -> list[str]:
-        """The encoded cursors of positions ms-first, ms-(first+1)... (`count` of them): what a
-        commit of `count` changes returns, without building each Cursor."""
-        head = f"{epoch}.{ms:012x}"
-        out = []
-        for seq in range(first, first + count):
-            digits = f"{seq:x}"
-            out.append(f"{head}{chr(ord('a') + len(digits) - 1)}{digits}")
-        return out
-
-    @classmethod
-    def decode(cls, text: str) -> Cursor:
-        if not isinstance(text, str):
-            raise CursorError(repr(text), "a cursor is a string")
-        match = _CURSOR_RE.match(text)
-        if match is None:
-            raise CursorError(text, "not a cursor issued by this change feed")
-        epoch, ms, length, seq = match.groups()
-        if len(seq) != ord(length) - ord("a") + 1:
-            raise CursorError(text, "sequence length does not match")
-        return cls(epoch, StreamId(int(ms, 16), int(seq, 16)))
+def _encode_id(position: StreamId) -> str:
+    seq = f"{position.seq:x}"
+    return f"{position.ms:012x}{chr(ord('a') + len(seq) - 1)}{seq}"
 
 
 def _encode_position(position: StreamId) -> str:
-    if position == ZERO:
-        return ""
-    seq = f"{position.seq:x}"
-    return f"{position.ms:012x}{chr(ord('a') + len(seq) - 1)}{seq}"
+    """A composite cursor's piece: empty for ZERO (nothing of that partition)."""
+    return "" if position == ZERO else _encode_id(position)
 
 
 def _decode_position(text: str, whole: str) -> StreamId:
     if not text:
         return ZERO
-    match = _POSITION_RE.match(text)
+    match = _POSITION_RE.fullmatch(text)
     if match is None:
         raise CursorError(whole, "not a cursor issued by this change feed")
     ms, length, seq = match.groups()
@@ -118,7 +88,7 @@ def _decode_position(text: str, whole: str) -> StreamId:
     return StreamId(int(ms, 16), int(seq, 16))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Position:
     """A position in every log of a bucket, with the bucket's epoch: everything up to
     `positions[s]` of log s (ZERO: nothing of it). The one position type of the tree: a
@@ -126,20 +96,47 @@ class Position:
 
     `composite`: encoded as a composite cursor (a bucket in a Redis Cluster, one log per
     partition: ``<epoch>~<p0>~<p1>...``, even with one partition); else the bucket has one
-    total order and one position, encoded as a `Cursor` (``<epoch>.<id>``).
+    total order and one position (`single`, `position`), encoded ``<epoch>.<id>``.
+
+    ``Position(epoch, positions)`` is composite unless `composite` says otherwise.
+    ``Position(epoch, stream_id)`` — one stream id rather than a tuple — is the single position
+    `Position.single(epoch, stream_id)`: the constructor of `Cursor`, this type's old name.
     """
 
     epoch: str
     positions: tuple[StreamId, ...]
-    composite: bool = True
+    composite: bool
+
+    def __init__(
+        self, epoch: str, positions: tuple[StreamId, ...] | StreamId,
+        composite: bool | None = None,
+    ) -> None:
+        if isinstance(positions, StreamId):
+            positions, composite = (positions,), bool(composite)
+        object.__setattr__(self, "epoch", epoch)
+        object.__setattr__(self, "positions", positions)
+        object.__setattr__(self, "composite", True if composite is None else composite)
+
+    @classmethod
+    def single(cls, epoch: str, position: StreamId) -> Position:
+        """The one position of a bucket with one total order (encoded ``<epoch>.<id>``)."""
+        return cls(epoch, (position,), False)
 
     @classmethod
     def zero(cls, epoch: str, logs: int, composite: bool) -> Position:
         return cls(epoch, (ZERO,) * logs, composite)
 
+    @property
+    def position(self) -> StreamId:
+        """The position of a one-log Position (a single cursor's); ValueError when there are
+        several logs."""
+        if len(self.positions) != 1:
+            raise ValueError(f"a position in {len(self.positions)} logs has no single position")
+        return self.positions[0]
+
     def encode(self) -> str:
         if not self.composite:
-            return Cursor(self.epoch, self.positions[0]).encode()
+            return f"{self.epoch}.{_encode_id(self.positions[0])}"
         return COMPOSITE_SEPARATOR.join(
             [self.epoch, *(_encode_position(p) for p in self.positions)]
         )
@@ -149,20 +146,52 @@ class Position:
 
     @classmethod
     def decode(cls, text: str) -> Position:
-        """The composite cursor `text` (CursorError when it is none)."""
+        """The position a cursor names, of either encoding (the ``~`` tells them apart): a
+        single cursor ``<epoch>.<id>`` (not `composite`, one position) or a composite one
+        ``<epoch>~<p0>~<p1>...``. CursorError when `text` is neither."""
         if not isinstance(text, str):
             raise CursorError(repr(text), "a cursor is a string")
+        if COMPOSITE_SEPARATOR not in text:
+            match = _CURSOR_RE.fullmatch(text)
+            if match is None:
+                raise CursorError(text, "not a cursor issued by this change feed")
+            epoch, ms, length, seq = match.groups()
+            if len(seq) != ord(length) - ord("a") + 1:
+                raise CursorError(text, "sequence length does not match")
+            return cls(epoch, (StreamId(int(ms, 16), int(seq, 16)),), False)
         epoch, *positions = text.split(COMPOSITE_SEPARATOR)
-        if not positions or _EPOCH_RE.match(epoch) is None:
+        if _EPOCH_RE.fullmatch(epoch) is None:
             raise CursorError(text, "not a cursor issued by this change feed")
         if len(positions) > MAX_PARTITIONS:
             raise CursorError(text, f"more than {MAX_PARTITIONS} partitions")
-        return cls(epoch, tuple(_decode_position(p, text) for p in positions))
+        return cls(epoch, tuple(_decode_position(p, text) for p in positions), True)
 
     @classmethod
-    def at(cls, epoch: str, partitions: int, partition: int, position: StreamId) -> str:
+    def decode_single(cls, text: str) -> Position:
+        """The single cursor ``<epoch>.<id>`` `text`, where one total order is meant (a
+        per-partition cursor of the feed, a durable consumer's start): CursorError for
+        anything else, a composite cursor too."""
+        if isinstance(text, str) and COMPOSITE_SEPARATOR in text:
+            raise CursorError(text, "not a cursor issued by this change feed")
+        return cls.decode(text)
+
+    @staticmethod
+    def run(epoch: str, ms: int, first: int, count: int) -> list[str]:
+        """The encoded single cursors of positions ms-first, ms-(first+1)... (`count` of them):
+        what a commit of `count` changes to a bucket with one total order returns, without
+        building each Position."""
+        head = f"{epoch}.{ms:012x}"
+        out = []
+        for seq in range(first, first + count):
+            digits = f"{seq:x}"
+            out.append(f"{head}{chr(ord('a') + len(digits) - 1)}{digits}")
+        return out
+
+    @staticmethod
+    def at(epoch: str, partitions: int, partition: int, position: StreamId) -> str:
         """The encoded composite cursor of one position of one partition (nothing of the
-        others): what a commit returns for a change, and what `covers` compares with."""
+        others): what a commit to a bucket in a Redis Cluster returns for a change, and what
+        `covers` compares with."""
         pieces = [""] * partitions
         pieces[partition] = _encode_position(position)
         return COMPOSITE_SEPARATOR.join([epoch, *pieces])
@@ -185,10 +214,13 @@ class Position:
         return Position(self.epoch, tuple(positions), self.composite)
 
 
+Cursor = Position
+"""The old name of `Position` (exported by `publisher` and `changefeed`): ``Cursor(epoch,
+stream_id)``, ``Cursor.decode(text)``, ``.epoch``, ``.position``, ``.encode()`` and
+``Cursor.run`` keep working, and give a `Position`."""
+
 CompositeCursor = Position
 """A composite cursor: a `Position` of a bucket in a Redis Cluster (`composite`, the default)."""
-
-AnyCursor = Cursor | Position
 
 
 def is_composite(text: str) -> bool:
@@ -196,14 +228,7 @@ def is_composite(text: str) -> bool:
     return isinstance(text, str) and COMPOSITE_SEPARATOR in text
 
 
-def parse_cursor(text: str) -> AnyCursor:
-    """A single-position or a composite cursor; CursorError when `text` is neither."""
-    if is_composite(text):
-        return CompositeCursor.decode(text)
-    return Cursor.decode(text)
-
-
-def reached(delivered: str | None, wanted: AnyCursor) -> bool:
+def reached(delivered: str | None, wanted: Position) -> bool:
     """True when a listener whose last delivery (a Change, or a complete bootstrap) had cursor
     `delivered` has handed the application the change at `wanted`, or a later state of it.
 
@@ -212,20 +237,18 @@ def reached(delivered: str | None, wanted: AnyCursor) -> bool:
     """
     if delivered is None:
         return False
-    have = parse_cursor(delivered)
+    have = Position.decode(delivered)
     if have.epoch != wanted.epoch:
         raise CursorGone(
             f"cursor {wanted} is of bucket epoch {wanted.epoch}, the listener's is {have.epoch}:"
             " the bucket was recreated; its bootstrap is the state to trust"
         )
-    if isinstance(have, CompositeCursor) and isinstance(wanted, CompositeCursor):
-        if len(have.positions) != len(wanted.positions):
-            raise CursorError(
-                str(wanted), f"a cursor of {len(wanted.positions)} partitions, the listener's has "
-                f"{len(have.positions)}"
-            )
-        return have.covers(wanted)
-    if isinstance(have, Cursor) and isinstance(wanted, Cursor):
-        return have.position >= wanted.position
-    raise CursorError(str(wanted), "a cursor of the other kind than the listener's (composite "
-                      "cursors belong to buckets in a Redis Cluster)")
+    if have.composite != wanted.composite:
+        raise CursorError(str(wanted), "a cursor of the other kind than the listener's "
+                          "(composite cursors belong to buckets in a Redis Cluster)")
+    if len(have.positions) != len(wanted.positions):
+        raise CursorError(
+            str(wanted), f"a cursor of {len(wanted.positions)} partitions, the listener's has "
+            f"{len(have.positions)}"
+        )
+    return have.covers(wanted)

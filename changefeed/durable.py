@@ -32,7 +32,7 @@ from typing import Any
 import orjson
 
 from changefeed import longpoll
-from changefeed.cursor import Cursor
+from changefeed.cursor import Position
 from changefeed.deliveries import Action, DeadReason, DeliveryId, Outcome, valid_incarnation
 from changefeed.errors import CursorError, ParamError, ProtocolError
 from changefeed.longpoll import EventFilter
@@ -176,7 +176,7 @@ def parse_config(
         raise ParamError(f"start must be '{FIRST}', '{LAST}' or a cursor")
     if start not in (FIRST, LAST):
         try:
-            Cursor.decode(start)
+            Position.decode_single(start)
         except CursorError as exc:
             raise ParamError(f"start must be '{FIRST}', '{LAST}' or a cursor: {exc}") from None
     return ConsumerConfig(filter, ack_wait, max_deliver, pending, start)

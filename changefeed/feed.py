@@ -25,7 +25,7 @@ from typing import Any
 
 import orjson
 
-from changefeed.cursor import ZERO, Cursor, StreamId
+from changefeed.cursor import ZERO, Position, StreamId
 from changefeed.errors import CursorError, CursorGone, ParamError
 from changefeed.longpoll import PollLimits, parse_wait
 from changefeed.protocol import ChangeItem
@@ -134,7 +134,7 @@ def resolve(text: str, name: str, epoch: str, trimmed: StreamId, head: StreamId)
     if text == LAST:
         return head
     try:
-        cursor = Cursor.decode(text)
+        cursor = Position.decode_single(text)
     except CursorError:
         raise ParamError(f"{name} must be {FIRST}, {LAST} or a cursor this feed issued") from None
     if cursor.epoch != epoch:

@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from changefeed.cursor import AnyCursor, parse_cursor
+from changefeed.cursor import Position
 from changefeed.errors import CursorError, ParamError, ProtocolError
 from changefeed.protocol import WILDCARD, ChangeItem, Resource, decode_item
 from changefeed.watch import EVERYTHING, Watch, parse_watch
@@ -109,9 +109,9 @@ class EventsRequest:
 
     filter: EventFilter
     max_results: int
-    after: AnyCursor | None
+    after: Position | None
     """A single-position cursor, or a composite one (a bucket in a Redis Cluster)."""
-    before: AnyCursor | None
+    before: Position | None
     wait: float
     oldest_first: bool = False
 
@@ -256,13 +256,13 @@ def parse_int(name: str, value: Any) -> int:
     raise ParamError(f"{name} must be an integer")
 
 
-def _cursor(name: str, value: Any) -> AnyCursor | None:
+def _cursor(name: str, value: Any) -> Position | None:
     if value is None or value == "":
         return None
     if not isinstance(value, str):
         raise ParamError(f"{name} must be a cursor string")
     try:
-        return parse_cursor(value)
+        return Position.decode(value)
     except CursorError as exc:
         raise ParamError(f"{name}: {exc}") from None
 

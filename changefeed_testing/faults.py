@@ -62,9 +62,9 @@ class Faults:
         Raises ValueError when the log holds nothing after `cursor` (the cursor is the head:
         it stays resumable however much is trimmed) or `cursor` is of another bucket epoch.
         """
-        from changefeed.cursor import Cursor
+        from changefeed.cursor import Position
 
-        mark = Cursor.decode(cursor)
+        mark = Position.decode_single(cursor)
         removed = 0
         async with self.publisher.bucket() as bucket:
             retention = await bucket.log.retention()

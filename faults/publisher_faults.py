@@ -9,9 +9,10 @@ import signal
 import time
 from pathlib import Path
 
+from changefeed.cursor import Position
 from changefeed_testing.servers import PublisherProcess, scaled
 from faults.harness import PATIENT, Rig, Row, Size, Writer, exercise
-from publisher import ChangeBucket, Cursor
+from publisher import ChangeBucket
 
 MAX_ITEMS = 100
 
@@ -60,7 +61,7 @@ async def publisher_kill_two_urls(size: Size, directory: Path) -> Row:
 async def _trimmed_past(bucket: ChangeBucket, cursor: str, within: float) -> None:
     """Wait until the bucket's trimmed horizon is at or after `cursor` (the GC of another
     publisher runs every second: there is no event to wait on but the horizon itself)."""
-    position = Cursor.decode(cursor).position
+    position = Position.decode_single(cursor).position
     deadline = time.monotonic() + scaled(within)
     while (await bucket.log.retention()).trimmed < position:
         if time.monotonic() > deadline:

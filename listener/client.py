@@ -20,7 +20,7 @@ from urllib.parse import quote
 
 import orjson
 
-from changefeed.cursor import parse_cursor, reached
+from changefeed.cursor import Position, reached
 from changefeed.errors import ChangefeedError, FetchFailed
 from changefeed.logs import Log, get_logger
 from changefeed.watch import Watch
@@ -167,7 +167,7 @@ class Listener(Client):
         cursors (a position per partition): the listener has reached one when it has reached
         each of its positions.
         """
-        wanted = parse_cursor(cursor)
+        wanted = Position.decode(cursor)
         async with asyncio.timeout(timeout):
             while not reached(self._delivered, wanted):
                 await self._advanced.wait()

@@ -75,7 +75,7 @@ class CommandChanges:
                 .replace("{id}", shlex.quote(id)).replace("{sub}", shlex.quote(sub)))
 
     async def make(self, resource: str, id: str, sub: str) -> str | None:
-        from changefeed.cursor import Cursor
+        from changefeed.cursor import Position
         from changefeed.errors import CursorError
 
         command = self.command(resource, id, sub)
@@ -95,7 +95,7 @@ class CommandChanges:
                          f"{text[-200:]}")
         last = text.splitlines()[-1].strip() if text else ""
         try:
-            return Cursor.decode(last).encode()
+            return Position.decode_single(last).encode()
         except CursorError:
             return None
 

@@ -4,7 +4,7 @@ resume; a `since` that is not a cursor is refused with 1008."""
 
 from __future__ import annotations
 
-from changefeed.cursor import Cursor, StreamId, new_epoch
+from changefeed.cursor import Position, StreamId, new_epoch
 from changefeed.errors import CursorError
 from changefeed_testing.conformance.items import collect, ids, quiet
 from changefeed_testing.conformance.outcome import Failed, NotRun
@@ -68,14 +68,14 @@ async def resume(target: Target) -> str:
 async def resume_foreign(target: Target) -> str:
     cursor = await reply_cursor(target)
     try:
-        epoch = Cursor.decode(cursor).epoch
+        epoch = Position.decode_single(cursor).epoch
     except CursorError:
         raise NotRun(f"the reply's cursor {cursor!r} is not in this implementation's format, so "
                      "no foreign cursor can be made for it") from None
     other = new_epoch()
     while other == epoch:
         other = new_epoch()
-    foreign = Cursor(other, StreamId(1, 0)).encode()
+    foreign = Position.single(other, StreamId(1, 0)).encode()
     resumed = await resumed_for(target, foreign)
     expect(resumed is False, f"since={foreign} (another epoch) got resumed: {resumed!r}")
     return f"since={foreign}: resumed: false"
@@ -86,11 +86,11 @@ async def resume_foreign(target: Target) -> str:
 async def resume_future(target: Target) -> str:
     cursor = await reply_cursor(target)
     try:
-        epoch = Cursor.decode(cursor).epoch
+        epoch = Position.decode_single(cursor).epoch
     except CursorError:
         raise NotRun(f"the reply's cursor {cursor!r} is not in this implementation's format") \
             from None
-    future = Cursor(epoch, StreamId(2**46, 0)).encode()
+    future = Position.single(epoch, StreamId(2**46, 0)).encode()
     resumed = await resumed_for(target, future)
     expect(resumed is False, f"since={future} (beyond the log) got resumed: {resumed!r}")
     return f"since={future}: resumed: false"

@@ -54,7 +54,7 @@ from publisher.bucket.values.changes import (
 )
 from publisher.bucket.values.keys import Keys, partition_of
 from publisher.bucket.values.markers import decode_marker, encode_marker
-from publisher.bucket.values.vector import Vector, decode_vector, parse_vector
+from publisher.bucket.values.vector import Vector, decode_vector
 
 COMMIT_LUA = COMMIT.text
 """The commit script's text, for a test that must commit with a synchronous client."""
@@ -94,7 +94,6 @@ __all__ = [
     "object_state",
     "open_bucket",
     "parse_entry",
-    "parse_vector",
     "partition_of",
     "state_refused",
     "translate_redis_errors",

@@ -23,7 +23,7 @@ from typing import Any
 import aiohttp
 import click
 
-from changefeed.cursor import AnyCursor, parse_cursor, reached
+from changefeed.cursor import Position, reached
 from changefeed.errors import CursorError, CursorGone
 from changefeed.protocol import ChangeKind
 from changefeed.watch import Watch
@@ -47,7 +47,7 @@ def seen_by(
     resource: str,
     subs: Iterable[str],
     changed_id: str,
-    cursor: AnyCursor,
+    cursor: Position,
 ) -> tuple[int, int]:
     """(listeners of `service` the item is for, those of them sent it), from /changefeeds/stats
     registrations (one per listener and resource). Pure."""
@@ -81,7 +81,7 @@ async def wait_seen(
 ) -> int:
     """Poll the stats until `count` listeners of `service` were sent the item; returns how many
     were. Raises click.ClickException on time-out or without the `stats` scope."""
-    wanted = parse_cursor(cursor)
+    wanted = Position.decode(cursor)
     base = url.rstrip("/")
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout

@@ -26,7 +26,7 @@ import click
 import orjson
 
 from changefeed.credentials import Credentials
-from changefeed.cursor import Cursor
+from changefeed.cursor import Position
 from changefeed.errors import CursorError
 from publisher.cli.commands import _credentials, base_url
 from publisher.delivery.trace import iso
@@ -89,7 +89,7 @@ SKEW_MS = 60_000
 and still be taken for a commit's."""
 
 
-def committed_at(cursor: Cursor, gathered: Gathered, now: float) -> str | None:
+def committed_at(cursor: Position, gathered: Gathered, now: float) -> str | None:
     """When the change at `cursor` was committed (its cursor's time), or None when the cursor
     is not in the log: the start of a bucket (0-0), a time to come, or no publisher's log has
     it. Pure."""
@@ -104,7 +104,7 @@ def committed_at(cursor: Cursor, gathered: Gathered, now: float) -> str | None:
     return iso(ms / 1000)
 
 
-def render(cursor: Cursor, gathered: Gathered, now: float | None = None) -> list[str]:
+def render(cursor: Position, gathered: Gathered, now: float | None = None) -> list[str]:
     """The readable report (`now`: the host's clock, time.time() by default). Pure but for
     that default."""
     at = committed_at(cursor, gathered, time.time() if now is None else now)
@@ -235,7 +235,7 @@ def trace(cursor: str, url: str, this_publisher: bool, as_json: bool,
     when no publisher has it.
     """
     try:
-        wanted = Cursor.decode(cursor)
+        wanted = Position.decode_single(cursor)
     except CursorError as exc:
         raise click.BadParameter(str(exc), param_hint="CURSOR") from None
     credentials = _credentials(token_file, cafile)

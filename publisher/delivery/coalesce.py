@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from changefeed.cursor import Cursor, StreamId
+from changefeed.cursor import Position, StreamId
 from changefeed.protocol import ChangeItem
 
 Key = tuple[str, str]
@@ -54,7 +54,7 @@ class Pending:
         return ChangeItem(
             resource, tuple(self.sub_resources), changed,
             self.position.ms if self.published is None else self.published,
-            self.cursor or Cursor(epoch, self.position).encode(), coalesced=True,
+            self.cursor or Position.single(epoch, self.position).encode(), coalesced=True,
             caught_up=last,
         )
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from changefeed.cursor import ZERO, Cursor, StreamId
+from changefeed.cursor import ZERO, Position, StreamId
 from publisher.delivery.hub import Hub
 from publisher.delivery.tail import Tail
 
@@ -68,7 +68,7 @@ def _cursor_sent(hub: Hub, last: StreamId | None, sent: dict[StreamId, str | Non
         return None
     if hub.order.composite:
         return sent.get(last)
-    return Cursor(hub.epoch, last).encode()
+    return Position.single(hub.epoch, last).encode()
 
 
 __all__ = ["coalescing", "registrations"]

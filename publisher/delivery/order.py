@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from changefeed.cursor import ZERO, Cursor, StreamId
+from changefeed.cursor import ZERO, Position, StreamId
 from changefeed.protocol import ChangeItem
 from publisher.bucket import LogEntry, Vector
 
@@ -66,7 +66,7 @@ class TotalOrder:
 
     def cursor(self, epoch: str, position: StreamId, stamped: str | None) -> str:
         """The cursor of the window entry at `position` (stamped with `stamped`)."""
-        return Cursor(epoch, position).encode()
+        return Position.single(epoch, position).encode()
 
     def keep(self, changes: int) -> None:
         """Nothing to keep: a window position is the change's own."""

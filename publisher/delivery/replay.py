@@ -25,11 +25,11 @@ from typing import Protocol
 
 import structlog
 
-from changefeed.cursor import StreamId
+from changefeed.cursor import Position, StreamId
 from changefeed.errors import BucketBusy, BucketUnavailable, CursorError, EpochNotRead
 from changefeed.protocol import ChangeItem, CloseCode, text_frame
 from changefeed.sse import change_chunk
-from publisher.bucket import ChangeBucket, Vector, parse_vector
+from publisher.bucket import ChangeBucket, Vector
 from publisher.delivery.coalesce import Coalesced
 from publisher.delivery.counters import Counters
 from publisher.delivery.lagging import Lagging
@@ -87,7 +87,7 @@ async def start_of(hub: Hub, since: str | None) -> tuple[Vector, bool]:
         except CursorError:
             if bucket.log.ordered:
                 raise
-            parse_vector(since)  # not a cursor at all: refused on any bucket
+            Position.decode(since)  # not a cursor at all: refused on any bucket
     retentions = await bucket.log.retentions()
     # Redis's epoch too: another publisher may have started a new one (a rollback) that this
     # one's tail has not read yet (a shard of a bucket in a Redis Cluster holds a copy).

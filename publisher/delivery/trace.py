@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any, Protocol, TypeVar
 
-from changefeed.cursor import Cursor, StreamId
+from changefeed.cursor import Position, StreamId
 
 MAX_SERVICES = 16
 """Services one change keeps apart; writes to listeners of any further service are counted under
@@ -264,7 +264,7 @@ class TraceLog:
         age = "no age limit" if self.max_age is None else f"{self.max_age:g} s"
         return f"{self.items} changes / {age}"
 
-    def find(self, cursor: Cursor, epoch: str, head: StreamId, now: float) -> Record | NotTraced:
+    def find(self, cursor: Position, epoch: str, head: StreamId, now: float) -> Record | NotTraced:
         """The record of `cursor`, or why there is none. `epoch` and `head` are the hub's: the
         log this publisher reads and how far its tail has read it."""
         self.expire(now)
@@ -283,7 +283,7 @@ class TraceLog:
             return NotTraced(
                 "NotReadYet",
                 f"not traced: this publisher's tail has not read it yet (it has read up to "
-                f"{Cursor(epoch, head).encode()})",
+                f"{Position.single(epoch, head).encode()})",
             )
         oldest = self._order[0].position if current and self._order else None
         if oldest is not None and position > oldest:
@@ -293,7 +293,7 @@ class TraceLog:
                 "NotTraced", f"not traced: older than the trace window of {self.window()}"
             )
         since = "" if oldest is None else (
-            f" (its oldest traced change is {Cursor(epoch, oldest).encode()})")
+            f" (its oldest traced change is {Position.single(epoch, oldest).encode()})")
         return NotTraced(
             "NotTraced", f"not traced: committed before this publisher began tracing{since}"
         )
@@ -305,7 +305,7 @@ class TraceLog:
             "items": self.items,
             "maxAge": self.max_age,
             "held": len(self._order),
-            "oldest": None if oldest is None else Cursor(epoch, oldest.position).encode(),
+            "oldest": None if oldest is None else Position.single(epoch, oldest.position).encode(),
         }
 
 
@@ -317,7 +317,7 @@ def iso(at: float) -> str:
 
 
 def record_body(
-    record: Record, cursor: Cursor, publisher_id: str, shown: str | None = None
+    record: Record, cursor: Position, publisher_id: str, shown: str | None = None
 ) -> dict[str, Any]:
     """A record as `GET /changefeeds/trace/<cursor>` answers it (times as ISO strings, and as
     milliseconds after the commit: the commit's time is Redis's, the others this host's).

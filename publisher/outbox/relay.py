@@ -31,7 +31,7 @@ from typing import Any
 
 import structlog
 
-from changefeed.cursor import parse_cursor
+from changefeed.cursor import Position
 from changefeed.errors import BucketUnavailable, ChangeError, OutboxError
 from changefeed.protocol import Resource
 from publisher.bucket import Change, ChangeBucket
@@ -305,7 +305,7 @@ class Relay:
                 )
         self.stats.relayed += len(relayed)
         if relayed:
-            epoch = parse_cursor(relayed[-1][1]).epoch
+            epoch = Position.decode(relayed[-1][1]).epoch
             if self.epoch is not None and epoch != self.epoch:
                 self._lost = True  # the bucket lost its state (or was rolled back): re-seed
             else:

@@ -17,7 +17,7 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any
 
-from changefeed.cursor import ZERO, Cursor, StreamId, new_epoch
+from changefeed.cursor import ZERO, Position, StreamId, new_epoch
 from changefeed.durable import (
     FIRST,
     LAST,
@@ -107,7 +107,7 @@ class Durables:
             return epoch, retention.trimmed
         if start == LAST:
             return epoch, retention.head
-        cursor = Cursor.decode(start)
+        cursor = Position.decode_single(start)
         if cursor.epoch != epoch:
             raise CursorGone(
                 f"start: cursor {start!r} is of another bucket epoch (the bucket was recreated)"
@@ -138,10 +138,10 @@ class Durables:
             "config": config.to_wire(),
             "created": int(state.fields.get("created", 0)),
             "incarnation": state.incarnation,
-            "position": Cursor(epoch, state.position).encode(),
+            "position": Position.single(epoch, state.position).encode(),
             "pending": state.pending,
             "oldest_pending": None if state.oldest_pending is None
-            else Cursor(epoch, state.oldest_pending).encode(),
+            else Position.single(epoch, state.oldest_pending).encode(),
             "next_redelivery": state.next_deadline,
             "counts": counts,
             "dead_letters": {"kept": state.dead_kept,

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from changefeed import feed
-from changefeed.cursor import ZERO, Cursor, Position, StreamId, is_composite
+from changefeed.cursor import ZERO, Position, StreamId, is_composite
 from changefeed.errors import CursorError, CursorGone, ParamError
 from changefeed.longpoll import EventFilter, EventsReply, EventsRequest
 from changefeed.protocol import ChangeItem
@@ -51,8 +51,8 @@ def _edges(epoch: str, retentions: Sequence[Retention], ordered: bool) -> tuple[
         retention = retentions[0]
         if retention.oldest is None:
             return "", ""
-        return (Cursor(epoch, retention.oldest).encode(),
-                Cursor(epoch, retention.head).encode())
+        return (Position.single(epoch, retention.oldest).encode(),
+                Position.single(epoch, retention.head).encode())
     return (
         Position(epoch, tuple(r.trimmed for r in retentions)).encode(),
         Position(epoch, tuple(r.head for r in retentions)).encode(),
@@ -269,7 +269,7 @@ def _position(text: str, p: int, epoch: str, retention: Retention) -> StreamId:
             cursor = None
         if cursor is None or p >= len(cursor.positions):
             raise ParamError(f"cursor{p} is not a cursor this feed issued for partition {p}")
-        text = Cursor(cursor.epoch, cursor.positions[p]).encode()
+        text = Position.single(cursor.epoch, cursor.positions[p]).encode()
     return feed.resolve(text, f"cursor{p}", epoch, retention.trimmed, retention.head)
 
 
@@ -324,7 +324,7 @@ async def respond_feed(
         else:
             position = mine[-1].position if mine else positions[p]
         if position != positions[p] or cursors[p] in (feed.FIRST, feed.LAST):
-            lines.append(feed.checkpoint_line(p, Cursor(epoch, position).encode()))
+            lines.append(feed.checkpoint_line(p, Position.single(epoch, position).encode()))
     return lines
 
 

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 from pyspark.sql.datasource import InputPartition
 
-from changefeed.cursor import ZERO, StreamId
+from changefeed.cursor import ZERO, Position, StreamId
 from changefeed.errors import ChangefeedError, CursorError
 from publisher.bucket import (
     ChangeBucket,
@@ -33,7 +33,6 @@ from publisher.bucket import (
     decode_vector,
     merge_partitions,
     open_bucket,
-    parse_vector,
 )
 from publisher.spark.options import Options, SourceOptions, Target
 
@@ -365,6 +364,6 @@ def offset(cursor: Vector) -> dict[str, str]:
 
 def cursor_of(offset: dict[str, Any]) -> Vector:
     try:
-        return parse_vector(offset["cursor"])
+        return Position.decode(offset["cursor"])
     except (KeyError, TypeError):
         raise ChangefeedError(f"not an offset of the changefeed source: {offset!r}") from None

@@ -28,7 +28,7 @@ from pyspark.sql.types import (
 )
 
 from changefeed import configjs as cj
-from changefeed.cursor import Cursor
+from changefeed.cursor import Position
 from changefeed.errors import ConfigError, CursorError, OptionError
 from changefeed.protocol import Resource
 from publisher.bucket import BATCH, REPLICAS_TIMEOUT, Op
@@ -409,7 +409,7 @@ def _exclusive(
 
 def _cursor(key: str, value: str, expected: str) -> None:
     try:
-        Cursor.decode(value)
+        Position.decode(value)  # either kind: the bucket's layout is checked when read
     except CursorError:
         raise OptionError(key, value, expected) from None
 

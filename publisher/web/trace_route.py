@@ -16,7 +16,7 @@ import time
 
 from aiohttp import web
 
-from changefeed.cursor import ZERO, Cursor
+from changefeed.cursor import ZERO, Position
 from changefeed.errors import CursorError
 from publisher.delivery.trace import NotTraced, Record, record_body
 from publisher.web.access import requires
@@ -52,7 +52,7 @@ async def handle_trace(request: web.Request) -> web.Response:
     shard, position = own[0]
     window = trace.describe(hub.epoch)
     local = hub.order.local(shard, position)
-    cursor = Cursor(vector.epoch, position)
+    cursor = Position.single(vector.epoch, position)
     if local is None and vector.epoch == hub.epoch:  # not among the newest: say why
         found: Record | NotTraced = NotTraced(
             "NotReadYet", "not traced: this publisher's tail has not read it yet"
@@ -60,7 +60,7 @@ async def handle_trace(request: web.Request) -> web.Response:
             "NotTraced", f"not traced: older than the trace window of {trace.window()}, or "
             "read before this publisher began tracing")
     else:
-        found = trace.find(Cursor(vector.epoch, local or position), hub.epoch,
+        found = trace.find(Position.single(vector.epoch, local or position), hub.epoch,
                            hub.window.head, time.time())
     if isinstance(found, NotTraced):
         return json_response(

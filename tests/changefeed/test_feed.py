@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from changefeed import feed
-from changefeed.cursor import ZERO, Cursor, StreamId
+from changefeed.cursor import ZERO, Position, StreamId
 from changefeed.errors import CursorGone, ParamError
 from changefeed.protocol import ChangeItem
 
@@ -66,18 +66,19 @@ def test_resolve() -> None:
     head, trimmed = StreamId(50, 0), StreamId(10, 0)
     assert feed.resolve(feed.FIRST, "cursor0", "e" * 8, trimmed, head) == ZERO
     assert feed.resolve(feed.LAST, "cursor0", "e" * 8, trimmed, head) == head
-    inside = Cursor("e" * 8, StreamId(20, 1))
+    inside = Position.single("e" * 8, StreamId(20, 1))
     assert feed.resolve(inside.encode(), "cursor0", "e" * 8, trimmed, head) == inside.position
     with pytest.raises(CursorGone, match="another bucket epoch"):
         feed.resolve(inside.encode(), "cursor0", "f" * 8, trimmed, head)
     with pytest.raises(CursorGone, match="older than the retained log"):
-        feed.resolve(Cursor("e" * 8, StreamId(5, 0)).encode(), "cursor0", "e" * 8, trimmed, head)
+        old = Position.single("e" * 8, StreamId(5, 0)).encode()
+        feed.resolve(old, "cursor0", "e" * 8, trimmed, head)
     with pytest.raises(ParamError, match="cursor0 must be"):
         feed.resolve("nonsense", "cursor0", "e" * 8, trimmed, head)
 
 
 def test_lines() -> None:
-    cursor = Cursor("e" * 8, StreamId(1_730_000_000_454, 3)).encode()
+    cursor = Position.single("e" * 8, StreamId(1_730_000_000_454, 3)).encode()
     item = ChangeItem("vm", ("nic",), "vm-1", 1_730_000_000_454, cursor)
     line = orjson.loads(feed.event_line(2, item, "changefeed", ("ce_id", "ce_time", "ce_source")))
     assert line == {

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import orjson
 import pytest
 
-from changefeed.cursor import Cursor, StreamId
+from changefeed.cursor import Position, StreamId
 from changefeed.errors import ParamError, ProtocolError
 from changefeed.longpoll import (
     MAX_RESULTS,
@@ -40,7 +40,7 @@ class Limits:
 
 
 def cursor(n: int) -> str:
-    return Cursor(EPOCH, StreamId(1730000000000 + n, 0)).encode()
+    return Position.single(EPOCH, StreamId(1730000000000 + n, 0)).encode()
 
 
 def item(n: int, id: str | None = None) -> ChangeItem:

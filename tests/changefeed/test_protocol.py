@@ -8,7 +8,7 @@ import orjson
 import pytest
 
 from changefeed.backoff import Backoff
-from changefeed.cursor import Cursor, StreamId
+from changefeed.cursor import Position, StreamId
 from changefeed.errors import CursorError, ProtocolError, RegistrationError
 from changefeed.protocol import (
     ChangeItem,
@@ -233,9 +233,9 @@ def test_cursor_round_trip_and_order() -> None:
         StreamId(1730000000000, 3),
         StreamId(1730000000001, 0),
     ]
-    cursors = [Cursor("abcdefgh", sid).encode() for sid in ids]
+    cursors = [Position.single("abcdefgh", sid).encode() for sid in ids]
     assert cursors == sorted(cursors), "cursors of one epoch sort as strings in log order"
-    assert [Cursor.decode(c).position for c in cursors] == ids
+    assert [Position.decode(c).position for c in cursors] == ids
     for bad in (
         "",
         "nope",
@@ -244,7 +244,7 @@ def test_cursor_round_trip_and_order() -> None:
         "ABCDEFGH.0192f3a4b5c6a1",
     ):
         with pytest.raises(CursorError):
-            Cursor.decode(bad)
+            Position.decode(bad)
 
 
 def test_backoff_grows_to_its_maximum_with_jitter() -> None:

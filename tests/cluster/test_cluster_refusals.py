@@ -11,7 +11,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from changefeed.cursor import ZERO, CompositeCursor, StreamId
+from changefeed.cursor import ZERO, Position, StreamId
 from changefeed.errors import ConfigError
 from publisher.config.settings import Config
 from publisher.server.service import Service
@@ -65,13 +65,13 @@ async def test_the_trace_finds_a_commits_composite_cursor(
         # A listener's cursor (every shard's position) names no one change.
         async with http.get(f"{a.url}/changefeeds/trace/{items[-1]['cursor']}") as response:
             body = await response.json()
-        wanted = CompositeCursor.decode(items[-1]["cursor"])
+        wanted = Position.decode(items[-1]["cursor"])
         if sum(at != ZERO for at in wanted.positions) > 1:
             assert response.status == 400 and body["code"] == "InvalidCursor"
         # A change not read yet, and one of another epoch.
-        ahead = CompositeCursor.at(a.hub.epoch, PARTITIONS, 0, StreamId(2**46, 0))
+        ahead = Position.at(a.hub.epoch, PARTITIONS, 0, StreamId(2**46, 0))
         async with http.get(f"{a.url}/changefeeds/trace/{ahead}") as response:
             assert response.status == 404 and (await response.json())["code"] == "NotReadYet"
-        other = CompositeCursor.at("abcdefghij", PARTITIONS, 0, StreamId(1, 0))
+        other = Position.at("abcdefghij", PARTITIONS, 0, StreamId(1, 0))
         async with http.get(f"{a.url}/changefeeds/trace/{other}") as response:
             assert response.status == 404 and (await response.json())["code"] == "OtherEpoch"

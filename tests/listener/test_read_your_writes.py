@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
-from changefeed.cursor import Cursor
+from changefeed.cursor import Position
 from changefeed.errors import CursorGone
 from listener import BootstrapDone, Change, Event, Listener
 from publisher.server.service import Service
@@ -58,7 +58,7 @@ async def test_wait_for_resolves_once_the_change_was_handed_over(publisher: Serv
         assert feed.cursor == later
         with pytest.raises(TimeoutError):
             await feed.wait_for(await bucket.commit("vm", "vm-4", ["alias"], {}), 0.2)
-        foreign = Cursor("abcdefghij", Cursor.decode(later).position).encode()
+        foreign = Position.single("abcdefghij", Position.decode(later).position).encode()
         with pytest.raises(CursorGone):
             await feed.wait_for(foreign, scaled(5))
 
@@ -66,8 +66,8 @@ async def test_wait_for_resolves_once_the_change_was_handed_over(publisher: Serv
 async def test_bootstrap_routes_wait_for_min_cursor(publisher: Service) -> None:
     bucket = publisher.bucket
     cursor = await bucket.commit("vm", "vm-1", ["nic"], {"uuid": "vm-1"})
-    head = Cursor.decode(cursor)
-    ahead = Cursor(head.epoch, type(head.position)(head.position.ms + 2000, 0)).encode()
+    head = Position.decode(cursor)
+    ahead = Position.single(head.epoch, type(head.position)(head.position.ms + 2000, 0)).encode()
     async with aiohttp.ClientSession() as http:
         async with http.get(f"{publisher.url}/vms?min_cursor={cursor}") as response:
             assert response.status == 200
@@ -77,7 +77,7 @@ async def test_bootstrap_routes_wait_for_min_cursor(publisher: Service) -> None:
         async with http.get(f"{publisher.url}/vms?min_cursor={ahead}&wait=0.2") as response:
             assert response.status == 504
             assert (await response.json())["code"] == "MinCursorTimeout"
-        foreign = Cursor("abcdefghij", head.position).encode()
+        foreign = Position.single("abcdefghij", head.position).encode()
         async with http.get(f"{publisher.url}/vms?min_cursor={foreign}") as response:
             assert response.status == 410  # CursorGone, as on the pull routes
             assert (await response.json())["code"] == "CursorGone"
@@ -92,7 +92,7 @@ async def test_bootstrap_routes_wait_for_min_cursor(publisher: Service) -> None:
         waiting = asyncio.create_task(page())
         await asyncio.sleep(0.2)
         assert not waiting.done()
-        while Cursor.decode(cursor).position < Cursor.decode(ahead).position:
+        while Position.decode(cursor).position < Position.decode(ahead).position:
             cursor = await bucket.commit("vm", "vm-2", ["nic"], {"uuid": "vm-2"})
             await asyncio.sleep(0.1)
         status, body = await asyncio.wait_for(waiting, scaled(5))

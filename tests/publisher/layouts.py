@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from changefeed.cursor import StreamId
-from publisher.bucket import Change, Vector, parse_vector, partition_of
+from changefeed.cursor import Position, StreamId
+from publisher.bucket import Change, Vector, partition_of
 from publisher.server.service import Service
 
 PARTITIONS = 4
@@ -16,7 +16,7 @@ PARTITIONS = 4
 def own(cursor: str, changed_id: str) -> tuple[int, StreamId]:
     """An item's own position: (its shard, its position there). A cursor stamped on an item
     holds, in the item's shard, the item's own position."""
-    vector = parse_vector(cursor)
+    vector = Position.decode(cursor)
     shard = partition_of(changed_id, PARTITIONS) if vector.composite else 0
     return shard, vector.positions[shard]
 
@@ -41,7 +41,7 @@ def check_order(items: list[dict[str, Any]]) -> None:
     """Each item's cursor never goes back in any shard, and moves the item's own shard."""
     before: Vector | None = None
     for item in items:
-        cursor = parse_vector(item["cursor"])
+        cursor = Position.decode(item["cursor"])
         if before is not None:
             assert cursor.covers(before)
             shard, position = own(item["cursor"], item["changedResourceId"])

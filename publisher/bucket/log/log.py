@@ -15,7 +15,7 @@ from typing import Any, cast
 
 import redis.asyncio as aioredis
 
-from changefeed.cursor import AnyCursor, Cursor, StreamId, new_epoch
+from changefeed.cursor import Position, StreamId, new_epoch
 from changefeed.errors import ChangefeedError
 from changefeed.protocol import Resource
 from publisher.bucket.log import writes
@@ -128,10 +128,6 @@ class Log:
     def vector(self, epoch: str, positions: Sequence[StreamId]) -> Vector:
         """A position of this bucket: one stream id per shard."""
         return Vector(epoch, tuple(positions), not self.ordered)
-
-    def cursor(self, vector: Vector) -> AnyCursor:
-        """`vector` as a cursor: a `Cursor` for an ordered bucket, else the composite vector."""
-        return vector if vector.composite else Cursor(vector.epoch, vector.positions[0])
 
     async def decode_cursor(self, text: str) -> Vector:
         """The vector a cursor of this bucket names (CursorError when it is not one: see
@@ -259,11 +255,6 @@ class Log:
             return None
         return self.vector(epoch, [r.head for r in await self.retentions()])
 
-    async def head_cursor(self) -> AnyCursor | None:
-        """The bucket's head as a cursor (None before the bucket has an epoch)."""
-        head = await self.head()
-        return None if head is None else self.cursor(head)
-
     # --- reading the log -----------------------------------------------------------------
 
     async def read(
@@ -348,10 +339,9 @@ class Log:
         shards = await self.shards()
         pages = await asyncio.gather(*(s.page_pieces(resource, pieces, limit) for s in shards))
         epochs = {epoch for _, epoch, _ in pages}
-        cursor: AnyCursor | None = None
+        cursor: Position | None = None
         if len(epochs) == 1 and None not in epochs:
-            cursor = self.cursor(self.vector(cast(str, epochs.pop()),
-                                             [head for _, _, head in pages]))
+            cursor = self.vector(cast(str, epochs.pop()), [head for _, _, head in pages])
         if len(pages) == 1:
             return StatePage(pages[0][0].ids, pages[0][0].states, cursor)
         rows = sorted(

@@ -15,7 +15,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from typing import TypeVar
 
-from changefeed.cursor import CompositeCursor, Cursor, StreamId
+from changefeed.cursor import Position, StreamId
 from changefeed.errors import BucketUnavailable, ChangefeedError, CommitOutcomeUnknown
 from publisher.bucket.log.commits import CommitCall, StreamStats
 from publisher.bucket.log.shard import Shard
@@ -151,12 +151,12 @@ async def commit_many(
     def taker(s: int, numbers: list[int]) -> Callable[[Committed], None]:
         """What gives the changes of shard `s` their cursors, one answer at a time."""
         if n == 1:  # one position: the changes are in order, their cursors a run
-            return lambda c: cursors.extend(Cursor.run(c.epoch, c.ms, c.first, c.count))
+            return lambda c: cursors.extend(Position.run(c.epoch, c.ms, c.first, c.count))
         each = iter(numbers)
 
         def take(c: Committed) -> None:
             for offset in range(c.count):
-                cursors[next(each)] = CompositeCursor.at(
+                cursors[next(each)] = Position.at(
                     c.epoch, n, s, StreamId(c.ms, c.first + offset))
         return take
 

@@ -26,7 +26,7 @@ from typing import Any
 import orjson
 import redis.asyncio as aioredis
 
-from changefeed.cursor import Cursor, StreamId
+from changefeed.cursor import Position, StreamId
 from changefeed.durable import Action, ConsumerConfig, DeliveryId, Outcome, Settled
 from changefeed.protocol import ChangeItem
 from publisher.bucket.lua.scripts import DURABLE
@@ -258,14 +258,14 @@ def dead_to_wire(record: DeadRecord, epoch: str) -> dict[str, Any]:
         position = StreamId.parse(fields["id"])
         stored = fields.get("item", "")
         item = decode_item(position, stored.encode()) if stored else None
-        wire["cursor"] = item.cursor if item else Cursor(epoch, position).encode()
+        wire["cursor"] = item.cursor if item else Position.single(epoch, position).encode()
         wire["deliveries"] = int(fields.get("deliveries", 0))
         if item is not None:
             wire["item"] = item.to_wire()
     old_epoch = fields.get("epoch", epoch)
     for key in ("after", "through"):
         if key in fields:
-            wire[key] = Cursor(old_epoch, StreamId.parse(fields[key])).encode()
+            wire[key] = Position.single(old_epoch, StreamId.parse(fields[key])).encode()
     if "epoch" in fields:
         wire["epoch"] = fields["epoch"]
     return wire

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import orjson
 
-from changefeed.cursor import AnyCursor, Cursor, StreamId
+from changefeed.cursor import Position, StreamId
 from changefeed.errors import ChangeError
 from changefeed.protocol import ChangeItem
 from changefeed.watch import MAX_ID_BYTES
@@ -102,7 +102,7 @@ class LogEntry:
             self.sub_resources,
             self.changed_resource_id,
             self.position.ms,
-            Cursor(epoch, self.position).encode(),
+            Position.single(epoch, self.position).encode(),
         )
 
 
@@ -149,7 +149,7 @@ class StatePage:
     ids: list[str]
     states: list[bytes]
     """Each state as committed, as JSON bytes (not decoded again)."""
-    cursor: AnyCursor | None
+    cursor: Position | None
     """The bucket head when the page was read (None before the bucket has an epoch)."""
 
 
@@ -185,16 +185,17 @@ class Committed:
 
     @property
     def cursors(self) -> list[str]:
-        return Cursor.run(self.epoch, self.ms, self.first, self.count)
+        return Position.run(self.epoch, self.ms, self.first, self.count)
 
     @property
     def first_cursor(self) -> str | None:
-        return Cursor(self.epoch, StreamId(self.ms, self.first)).encode() if self.count else None
+        first = StreamId(self.ms, self.first)
+        return Position.single(self.epoch, first).encode() if self.count else None
 
     @property
     def last_cursor(self) -> str | None:
         last = StreamId(self.ms, self.first + self.count - 1)
-        return Cursor(self.epoch, last).encode() if self.count else None
+        return Position.single(self.epoch, last).encode() if self.count else None
 
 
 def digest_of(changes: Sequence[Change]) -> str:

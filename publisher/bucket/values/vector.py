@@ -6,7 +6,7 @@ A bucket is a set of shards, each a log with one id sequence (`publisher.bucket.
 position in the bucket is one stream id per shard, with the bucket's epoch. On the wire:
 
 - an ordered bucket (a single Redis or Sentinel: one shard, its partitions sharing one id
-  sequence) has one position, encoded as a `Cursor`: ``<epoch>.<id>``;
+  sequence) has one position, encoded as a single cursor: ``<epoch>.<id>``;
 - a bucket in a Redis Cluster (one shard per partition, each with its own sequence) has one
   position per partition, encoded as a composite cursor: ``<epoch>~<id>~<id>...``, even with one
   partition (so a cursor stored by a listener of such a bucket keeps working).
@@ -14,7 +14,7 @@ position in the bucket is one stream id per shard, with the bucket's epoch. On t
 
 from __future__ import annotations
 
-from changefeed.cursor import Cursor, Position, parse_cursor
+from changefeed.cursor import Position
 from changefeed.errors import CursorError
 
 Vector = Position
@@ -27,29 +27,20 @@ def decode_vector(text: str, shards: int, composite: bool) -> Vector:
     Raises CursorError when `text` is not a cursor of such a bucket: a composite cursor given to
     an ordered bucket, a single-position one to a bucket in a Redis Cluster, a composite cursor
     of another partition count. The epoch is not checked (the caller compares it)."""
-    cursor = parse_cursor(text)
-    if composite:
-        if not isinstance(cursor, Position):
-            raise CursorError(text, "a bucket in a Redis Cluster takes composite cursors only")
-        if len(cursor.positions) != shards:
-            raise CursorError(
-                text, f"a composite cursor of {len(cursor.positions)} partition(s), "
-                f"not of this bucket's {shards}"
-            )
-        return cursor
-    if isinstance(cursor, Position):
+    vector = Position.decode(text)
+    if vector.composite != composite:
+        raise CursorError(text, _OTHER_KIND[composite])
+    if len(vector.positions) != shards:
         raise CursorError(
-            text, "the cursor is composite (of a bucket in a Redis Cluster), not of this bucket"
+            text, f"a composite cursor of {len(vector.positions)} partition(s), "
+            f"not of this bucket's {shards}"
         )
-    return Position(cursor.epoch, (cursor.position,), False)
+    return vector
 
 
-def parse_vector(text: str) -> Vector:
-    """The vector of any cursor, composite as its text is (CursorError when it is none)."""
-    cursor = parse_cursor(text)
-    if isinstance(cursor, Cursor):
-        return Position(cursor.epoch, (cursor.position,), False)
-    return cursor
+_OTHER_KIND = {
+    True: "a bucket in a Redis Cluster takes composite cursors only",
+    False: "the cursor is composite (of a bucket in a Redis Cluster), not of this bucket",
+}
 
-
-__all__ = ["Vector", "decode_vector", "parse_vector"]
+__all__ = ["Vector", "decode_vector"]

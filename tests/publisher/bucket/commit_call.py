@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from changefeed.cursor import Cursor
+from changefeed.cursor import Position
 from publisher.bucket import Change, ChangeBucket, encode_change
 from publisher.bucket.values.changes import pack_changes
 
@@ -26,4 +26,4 @@ def commit_arguments(
 def cursors_of(reply: bytes) -> list[str]:
     """The cursors of commit.lua's reply '<epoch> <ms> <first seq> <count> ...'."""
     epoch, ms, first, count = reply.split()[:4]
-    return Cursor.run(epoch.decode(), int(ms), int(first), int(count))
+    return Position.run(epoch.decode(), int(ms), int(first), int(count))

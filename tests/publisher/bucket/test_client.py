@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 import redis.asyncio as aioredis
 
-from changefeed.cursor import Cursor
+from changefeed.cursor import Position
 from changefeed.errors import BucketUnavailable, ChangeError
 from publisher.bucket import Change, ChangeBucket, connect
 from publisher.bucket.redis import resp
@@ -45,7 +45,7 @@ async def test_concurrent_commits_leave_store_and_bucket_in_agreement(
     assert len(set(cursors)) == len(cursors) == 1600
     assert batch == sorted(batch), "a batch's cursors follow its order"
 
-    log = await bucket.log.read(Cursor.decode(cursors[0]).position.__class__(0, 0), count=10_000)
+    log = await bucket.log.read(Position.decode(cursors[0]).position.__class__(0, 0), count=10_000)
     assert len(log) == 1600
     # Replay the log: the last change of each id decides whether it is stored.
     last: dict[str, str] = {}
@@ -99,13 +99,13 @@ async def test_trim_removes_old_items_and_records_the_horizon(bucket: ChangeBuck
     assert await bucket.log.trim(1.0) == 5
     assert await bucket.log.trim(1.0) == 0, "trimming is idempotent"
     retention = await bucket.log.retention()
-    assert retention.trimmed == Cursor.decode(old[-1]).position
-    assert retention.oldest == retention.head == Cursor.decode(new).position
+    assert retention.trimmed == Position.decode(old[-1]).position
+    assert retention.oldest == retention.head == Position.decode(new).position
     await asyncio.sleep(1.5)
     assert await bucket.log.trim(1.0) == 1
     retention = await bucket.log.retention()
     assert retention.oldest is None
-    assert retention.trimmed == retention.head == Cursor.decode(new).position
+    assert retention.trimmed == retention.head == Position.decode(new).position
 
 
 async def test_publisher_trims_by_max_age(
@@ -123,7 +123,7 @@ async def test_publisher_trims_by_max_age(
         retention = await service.bucket.log.retention()
         assert retention.oldest is None and retention.trimmed == retention.head
         again = await service.bucket.publish("vm", "a", ["nic"], key="k")
-        assert Cursor.decode(again).position > retention.head, "the key went with its item"
+        assert Position.decode(again).position > retention.head, "the key went with its item"
 
 
 async def test_bootstrap_pages_under_concurrent_writes(publisher: Service) -> None:
@@ -151,7 +151,7 @@ async def test_bootstrap_pages_under_concurrent_writes(publisher: Service) -> No
                 assert response.status == 200
                 page = await response.json()
             seen += [item["uuid"] for item in page["items"]]
-            assert Cursor.decode(page["cursor"])
+            assert Position.decode(page["cursor"])
             url = page["next"]
             pages += 1
             await asyncio.sleep(0)
@@ -210,16 +210,16 @@ async def test_a_blocking_tail_read_survives_a_flushed_script_and_a_killed_conne
     """The tail's wait-and-read is sent as raw RESP on a pooled connection: when Redis forgot
     tail.lua (restarted, failed over, SCRIPT FLUSH) it loads it and reads; when the pooled
     connection was closed under it, it reads on a fresh one. Nothing is missed either way."""
-    first = Cursor.decode(await bucket.commit("vm", "a", ["nic"], {"n": 1})).position
+    first = Position.decode(await bucket.commit("vm", "a", ["nic"], {"n": 1})).position
     read = await bucket.log.tail(first, 1000, 100)  # nothing after `first`: the wait times out
     assert read.entries == [] and read.head == first
 
-    second = Cursor.decode(await bucket.commit("vm", "b", ["nic"], {"n": 2})).position
+    second = Position.decode(await bucket.commit("vm", "b", ["nic"], {"n": 2})).position
     await plain.script_flush()
     read = await bucket.log.tail(first, 1000, 100)
     assert [e.position for e in read.entries] == [second]
 
-    third = Cursor.decode(await bucket.commit("vm", "c", ["nic"], {"n": 3})).position
+    third = Position.decode(await bucket.commit("vm", "c", ["nic"], {"n": 3})).position
     await plain.client_kill_filter(_type="normal", skipme=True)
     read = await bucket.log.tail(second, 1000, 100)
     assert [e.position for e in read.entries] == [third] and read.witnessed
@@ -231,7 +231,7 @@ async def test_a_blocked_tail_read_is_abandoned_at_once_and_later_ones_send_noth
     """The tail's stop() ends its blocked read by aborting the connection the read keeps: the
     read fails as BucketUnavailable now, not when its 5 s wait ends; a later blocking read fails
     at once too, and the bucket's other calls are not affected."""
-    first = Cursor.decode(await bucket.commit("vm", "a", ["nic"], {"n": 1})).position
+    first = Position.decode(await bucket.commit("vm", "a", ["nic"], {"n": 1})).position
     blocked = asyncio.create_task(bucket.log.tail(first, 5000, 100))
     await asyncio.sleep(0.2)
     assert not blocked.done(), "the read waits for a change"
@@ -240,7 +240,7 @@ async def test_a_blocked_tail_read_is_abandoned_at_once_and_later_ones_send_noth
     with pytest.raises(BucketUnavailable):
         await asyncio.wait_for(blocked, 2)
     assert asyncio.get_running_loop().time() - started < 1
-    second = Cursor.decode(await bucket.commit("vm", "b", ["nic"], {"n": 2})).position
+    second = Position.decode(await bucket.commit("vm", "b", ["nic"], {"n": 2})).position
     with pytest.raises(BucketUnavailable, match="abandoned"):
         await asyncio.wait_for(bucket.log.tail(first, 5000, 100), 1)
     read = await bucket.log.tail(first, None, 100)
@@ -256,7 +256,7 @@ async def test_the_tail_reads_with_the_python_reply_reader_when_hiredis_is_missi
     assert config.bucket.redis_url
     bucket = ChangeBucket(connect(config.bucket.redis_url), "python-reader", config.resources)
     try:
-        first = Cursor.decode(await bucket.commit("vm", "first", ["nic"], {"n": 0})).position
+        first = Position.decode(await bucket.commit("vm", "first", ["nic"], {"n": 0})).position
         waiting = asyncio.create_task(bucket.log.tail(first, 5000, 1000))
         await asyncio.sleep(0.1)
         ids = [f"{n:04d}-" + "x" * 80 for n in range(900)]
@@ -268,7 +268,7 @@ async def test_the_tail_reads_with_the_python_reply_reader_when_hiredis_is_missi
         channel = (await bucket.log.shards())[0]._channel
         assert channel is not None
         assert isinstance(channel._parser, resp.RespReader)
-        assert [e.position for e in read.entries] == [Cursor.decode(c).position for c in cursors]
+        assert [e.position for e in read.entries] == [Position.decode(c).position for c in cursors]
         assert read.complete and read.witnessed
     finally:
         await bucket.aclose()
@@ -284,7 +284,7 @@ async def test_a_tail_read_that_redis_does_not_answer_times_out_and_the_next_one
     bucket = ChangeBucket(connect(config.bucket.redis_url, blocking=True, timeout=1),
                           "paused", config.resources)
     try:
-        first = Cursor.decode(await bucket.commit("vm", "a", ["nic"], {"n": 1})).position
+        first = Position.decode(await bucket.commit("vm", "a", ["nic"], {"n": 1})).position
         await bucket.log.tail(first, 100, 100)  # the channel's connection is taken
         redis_server.pause()
         try:
@@ -294,7 +294,7 @@ async def test_a_tail_read_that_redis_does_not_answer_times_out_and_the_next_one
             assert asyncio.get_running_loop().time() - started < 3.5
         finally:
             redis_server.resume()
-        second = Cursor.decode(await bucket.commit("vm", "b", ["nic"], {"n": 2})).position
+        second = Position.decode(await bucket.commit("vm", "b", ["nic"], {"n": 2})).position
         read = await bucket.log.tail(first, 1000, 100)
         assert [e.position for e in read.entries] == [second]
     finally:
@@ -321,13 +321,13 @@ async def test_single_commits_keep_a_connection_and_survive_a_flush_a_kill_and_c
     assert kept is not None and kept._connection is not None
     log: list[tuple[bytes, Any]] = await plain.xrange("{test}:log")  # type: ignore[assignment]
     assert [entry_id.decode() for entry_id, _ in log] == [
-        str(Cursor.decode(c).position) for c in sorted(cursors, key=_position_of)
+        str(Position.decode(c).position) for c in sorted(cursors, key=_position_of)
     ]
     assert len(log) == 23, "each commit written once"
 
 
 def _position_of(cursor: str) -> tuple[int, int]:
-    position = Cursor.decode(cursor).position
+    position = Position.decode(cursor).position
     return position.ms, position.seq
 
 
@@ -347,7 +347,7 @@ async def test_a_single_commit_to_a_master_made_a_replica_is_not_written_and_the
     finally:
         await plain.execute_command("REPLICAOF", "NO", "ONE")  # type: ignore[no-untyped-call]
     cursor = await bucket.commit("vm", "c", ["nic"], {"n": 3})
-    assert await plain.xrange("{test}:log", str(Cursor.decode(cursor).position)) != []
+    assert await plain.xrange("{test}:log", str(Position.decode(cursor).position)) != []
 
 
 async def test_a_tail_read_abandoned_while_its_connection_opens_sends_nothing(
@@ -359,7 +359,7 @@ async def test_a_tail_read_abandoned_while_its_connection_opens_sends_nothing(
     bucket = ChangeBucket(connect(config.bucket.redis_url, blocking=True), "opening",
                           config.resources)
     try:
-        first = Cursor.decode(await bucket.commit("vm", "a", ["nic"], {"n": 1})).position
+        first = Position.decode(await bucket.commit("vm", "a", ["nic"], {"n": 1})).position
         redis_server.pause()
         try:
             reading = asyncio.create_task(bucket.log.tail(first, 5000, 100))

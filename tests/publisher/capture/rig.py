@@ -15,7 +15,7 @@ from typing import Any
 import asyncpg
 import psycopg2
 
-from changefeed.cursor import Cursor, StreamId
+from changefeed.cursor import Position, StreamId
 from faults.oracle import Attempt, History, Outcome
 from publisher.bucket import ChangeBucket, LogEntry
 from publisher.capture import database
@@ -204,7 +204,7 @@ def account(written: Sequence[Written], entries: Sequence[LogEntry], copy_lsn: i
             continue
         if history is not None:
             for w, entry in zip(commits[len(commits) - len(got):], got, strict=True):
-                cursor = Cursor(epoch, entry.position).encode()
+                cursor = Position.single(epoch, entry.position).encode()
                 history.attempts.append(Attempt(id, w.seq, Outcome.ACKNOWLEDGED, cursor,
                                                 w.stamp, w.time))
     if history is not None:

@@ -26,7 +26,7 @@ import pytest
 import redis
 from websockets.exceptions import ConnectionClosed
 
-from changefeed.cursor import Cursor
+from changefeed.cursor import Position
 from tests.servers import PublisherProcess, RedisServer, scaled, write_config
 from tests.wsclient import register, v1
 
@@ -112,7 +112,7 @@ async def test_serve_with_embedded_redis_publish_stats_and_sigterm(short_dir: Pa
         )
         assert status == 0, output
         cursor = output.strip().splitlines()[-1]
-        assert Cursor.decode(cursor).epoch == Cursor.decode(feed.reply["cursor"]).epoch
+        assert Position.decode(cursor).epoch == Position.decode(feed.reply["cursor"]).epoch
         item = await feed.next()
         assert item["cursor"] == cursor and item["changedResourceId"] == "vm-1"
         assert item["changeKind"] == {"resource": "vm", "subResources": ["nic"]}
@@ -254,7 +254,7 @@ async def test_publish_with_a_key_commits_once_and_prints_the_first_cursor(
     status, again = await changefeed(*command)
     assert status == 0, again
     assert again.strip().splitlines()[-1] == first.strip().splitlines()[-1]
-    Cursor.decode(first.strip().splitlines()[-1])
+    Position.decode(first.strip().splitlines()[-1])
     with redis.Redis.from_url(redis_server.url) as client:
         assert client.xlen("{test}:log") == 1
         assert client.hkeys("{test}:idem") == [b"deploy-42"]
@@ -304,6 +304,6 @@ async def test_publish_with_replicas_that_do_not_confirm_prints_the_cursor_and_f
     assert status == 1, output
     assert "only 0 of 1 replica(s) confirmed it" in output and "written on the master" in output
     cursor = next(line for line in output.splitlines() if line.strip() and "Error" not in line)
-    Cursor.decode(cursor.strip())
+    Position.decode(cursor.strip())
     with redis.Redis.from_url(redis_server.url) as client:
         assert client.xlen("{test}:log") == 1

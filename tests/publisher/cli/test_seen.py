@@ -6,14 +6,14 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from changefeed.cursor import Cursor
+from changefeed.cursor import Position
 from publisher.cli.seen import parse_wait_seen_by, seen_by
 from publisher.server.service import Service
 from tests.publisher.cli.test_cli import changefeed
 from tests.servers import RedisServer, write_config
 from tests.wsclient import register, v1, v2
 
-C = Cursor.decode("abcdefghij.0192f3a4b5c6a3")
+C = Position.decode("abcdefghij.0192f3a4b5c6a3")
 
 
 def reg(service: str, subs: list[str], sent: str | None, **kind: list[str]) -> dict[str, object]:
@@ -23,8 +23,8 @@ def reg(service: str, subs: list[str], sent: str | None, **kind: list[str]) -> d
 
 
 def test_only_listeners_the_item_is_for_count() -> None:
-    later = Cursor(C.epoch, type(C.position)(C.position.ms + 1, 0)).encode()
-    foreign = Cursor("zzzzzzzzzz", C.position).encode()
+    later = Position.single(C.epoch, type(C.position)(C.position.ms + 1, 0)).encode()
+    foreign = Position.single("zzzzzzzzzz", C.position).encode()
     registrations = [
         reg("tcns", ["nic"], str(C)),
         reg("tcns", ["*"], later),

@@ -3,7 +3,7 @@ itself runs against real publishers in test_trace_route.py)."""
 
 from __future__ import annotations
 
-from changefeed.cursor import Cursor, StreamId
+from changefeed.cursor import Position, StreamId
 from publisher.cli.trace import Answer, Gathered, advertised, committed_at, peer_address, render
 
 
@@ -17,7 +17,7 @@ def test_a_wildcard_host_is_replaced_by_the_host_asked() -> None:
 
 
 def test_the_report_shows_each_publisher_and_the_total() -> None:
-    cursor = Cursor.decode("abcdefghij.0192f3a4b5c6a3")
+    cursor = Position.decode("abcdefghij.0192f3a4b5c6a3")
     traced = {"publisher": "p1", "readAt": "2024-10-27T03:33:20.460Z", "readMs": 1.5,
               "listeners": 3, "services": {
                   "napi": {"listeners": 1, "firstWriteMs": 1.7, "lastWriteMs": 1.7},
@@ -39,9 +39,9 @@ def test_the_report_shows_each_publisher_and_the_total() -> None:
 
 def test_a_cursor_outside_the_log_has_no_commit_time() -> None:
     now = 1_732_000_000.0
-    head = Cursor.decode("abcdefghij.0192f3a4b5c6a3")
-    fresh = Cursor.decode(Cursor(head.epoch, StreamId(0, 0)).encode())
-    future = Cursor(head.epoch, StreamId(int(now * 1000) * 3000, 0))
+    head = Position.decode("abcdefghij.0192f3a4b5c6a3")
+    fresh = Position.decode(Position.single(head.epoch, StreamId(0, 0)).encode())
+    future = Position.single(head.epoch, StreamId(int(now * 1000) * 3000, 0))
     not_read = Gathered({"p1": Answer("http://a:1", 404, {"code": "NotReadYet"})})
     for cursor, gathered in [
         (fresh, Gathered({"p1": Answer("http://a:1", 404, {"code": "NotTraced"})})),

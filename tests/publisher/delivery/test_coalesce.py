@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from changefeed.cursor import Cursor, StreamId
+from changefeed.cursor import Position, StreamId
 from publisher.delivery.coalesce import Coalesced, CoalesceOverflow
 
 
@@ -18,7 +18,7 @@ def drain(coalesced: Coalesced) -> list[tuple[str, str, tuple[str, ...], int, bo
     out = []
     while coalesced:
         item, position = coalesced.pop("E")
-        assert item.coalesced and item.cursor == Cursor("E", position).encode()
+        assert item.coalesced and item.cursor == Position.single("E", position).encode()
         assert item.published == position.ms
         out.append((item.resource, item.changed_resource_id, item.sub_resources, position.ms,
                     item.caught_up))

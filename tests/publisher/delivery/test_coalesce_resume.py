@@ -10,7 +10,8 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
-from publisher.bucket import parse_vector, partition_of
+from changefeed.cursor import Position
+from publisher.bucket import partition_of
 from publisher.config.settings import Config
 from publisher.server.service import Service
 from tests.conftest import PublisherFactory
@@ -31,7 +32,7 @@ PARTITIONS = 4
 def own(cursor: str, changed_id: str) -> tuple[int, Any]:
     """The item's own position: (its partition's shard, its position there). A composite
     cursor stamped on an item holds, in the item's shard, the item's own position."""
-    vector = parse_vector(cursor)
+    vector = Position.decode(cursor)
     shard = partition_of(changed_id, PARTITIONS) if vector.composite else 0
     return shard, vector.positions[shard]
 
@@ -96,7 +97,7 @@ async def test_a_coalescing_listener_killed_mid_catch_up_resumes_exactly(
         back = await register(service.ws_url, v1("vm", ["nic", "alias"], instance="coalescing",
                                                    since=last))
         assert back.reply["resumed"] is True
-        vector = parse_vector(last)
+        vector = Position.decode(last)
         wanted = [(i, s, c) for i, s, c in committed if "state" not in s]
         after = [own(c, i) for i, _, c in wanted if own(c, i)[1] > vector.positions[own(c, i)[0]]]
         resumed = [await back.next() for _ in after]
@@ -143,7 +144,7 @@ async def test_the_coalesced_cursors_are_the_entries_own(
         coalesced = [i for i in items if i.get("coalesced")]
         assert coalesced
         for item in coalesced:
-            vector = parse_vector(item["cursor"])
+            vector = Position.decode(item["cursor"])
             assert vector.epoch == service.hub.epoch
             assert vector.composite == (layout == "cluster")
             assert own(item["cursor"], item["changedResourceId"]) in (
@@ -153,7 +154,7 @@ async def test_the_coalesced_cursors_are_the_entries_own(
         back = await register(service.ws_url, v1("vm", ["nic", "alias"], instance="back",
                                                    since=items[-1]["cursor"]))
         assert back.reply["resumed"] is True
-        caught_up = parse_vector(items[-1]["cursor"])
+        caught_up = Position.decode(items[-1]["cursor"])
         while (item := await back.next())["changedResourceId"] != "after":
             shard, position = own(item["cursor"], item["changedResourceId"])
             assert position > caught_up.positions[shard], "only what came after it"

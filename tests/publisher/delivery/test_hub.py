@@ -23,8 +23,8 @@ from typing import Any
 import aiohttp
 import orjson
 
-from changefeed.cursor import StreamId
-from publisher.bucket import Change, parse_vector
+from changefeed.cursor import Position, StreamId
+from publisher.bucket import Change
 from publisher.config.settings import Config
 from publisher.delivery.hub import CLOSE_GRACE
 from publisher.server.service import Service
@@ -228,7 +228,7 @@ async def test_slow_consumer_is_closed_with_4008_and_the_others_get_everything(
         since = items[-1]["cursor"]
         back = await register(service.ws_url, v1("vm", ["nic"], instance="slow", since=since))
         assert back.reply["resumed"] is True
-        vector = parse_vector(since)
+        vector = Position.decode(since)
         missed = [(s, p) for s, p in [*run.committed, own(last, "after")]
                   if p > vector.positions[s]]
         assert sorted(owns(await back.take(len(missed), timeout=15))) == sorted(missed)

@@ -13,8 +13,8 @@ import aiohttp
 import orjson
 import pytest
 
-from changefeed.cursor import ZERO, CompositeCursor, Cursor, StreamId, new_epoch
-from publisher.bucket import Change, ChangeBucket, parse_vector
+from changefeed.cursor import ZERO, Position, StreamId, new_epoch
+from publisher.bucket import Change, ChangeBucket
 from publisher.config.settings import Config, load_config
 from publisher.delivery.hub import TRIMMED
 from tests.conftest import PublisherFactory
@@ -32,7 +32,7 @@ async def test_fan_out_and_resume(
     config = layout_config(PARTITIONS, limits={"window": 20})
     async with start_publisher(config) as a, start_publisher(config) as b:
         first = await register(a.ws_url, v1("vm", ["nic"]))
-        start = parse_vector(first.reply["cursor"])
+        start = Position.decode(first.reply["cursor"])
         assert start.composite == (layout == "cluster")
         assert start.positions == (ZERO,) * len(start.positions)
         committed = await commit(a, "a", 30)
@@ -41,8 +41,8 @@ async def test_fan_out_and_resume(
         check_order(items)
         # Each commit's cursor is covered by the item that carried it.
         for item in items:
-            mine = parse_vector(committed[item["changedResourceId"]])
-            assert parse_vector(item["cursor"]).covers(mine)
+            mine = Position.decode(committed[item["changedResourceId"]])
+            assert Position.decode(item["cursor"]).covers(mine)
         await first.close()
 
         # 200 missed (more than the window of 20: read from Redis) plus some of another
@@ -70,9 +70,10 @@ async def test_fan_out_and_resume(
             async with http.get(a.url + "/changefeeds/stats") as r:
                 stats = await r.json()
             assert r.status == 200
-            assert parse_vector(stats["tail"]["position"]).covers(parse_vector(got[-1]["cursor"]))
+            read_to = Position.decode(stats["tail"]["position"])
+            assert read_to.covers(Position.decode(got[-1]["cursor"]))
             sent = [s["lastCursorSent"] for s in stats["registrations"]]
-            assert sent and all(c is None or parse_vector(c).epoch == a.hub.epoch for c in sent)
+            assert sent and all(c is None or Position.decode(c).epoch == a.hub.epoch for c in sent)
 
 
 async def test_a_cursor_of_the_other_kind_is_not_resumed(
@@ -82,10 +83,10 @@ async def test_a_cursor_of_the_other_kind_is_not_resumed(
     partition count; an ordered bucket refuses a composite cursor (1008) and starts over from
     one of another epoch."""
     async with start_publisher(layout_config(PARTITIONS)) as service:
-        single = Cursor(new_epoch(), StreamId(1, 0)).encode()
+        single = Position.single(new_epoch(), StreamId(1, 0)).encode()
         fresh = await register(service.ws_url, v1("vm", ["nic"], since=single))
         assert fresh.reply["resumed"] is False
-        composite = CompositeCursor(service.hub.epoch, (ZERO,)).encode()
+        composite = Position(service.hub.epoch, (ZERO,)).encode()
         body = orjson.dumps(v1("vm", ["nic"], since=composite)).decode()
         if layout == "cluster":
             fresh = await register(service.ws_url, v1("vm", ["nic"], since=composite))
@@ -107,11 +108,11 @@ async def test_bootstrap_pages_merge_the_shards_by_id(
                 async with http.get(url) as response:
                     page = await response.json()
                 seen += [item["uuid"] for item in page["items"]]
-                cursor = parse_vector(page["cursor"])
+                cursor = Position.decode(page["cursor"])
                 url = f"{service.url}{page['next']}" if page["next"] else ""
         assert seen == sorted(committed, key=lambda id: id.encode())
         for text in committed.values():
-            assert cursor.covers(parse_vector(text))
+            assert cursor.covers(Position.decode(text))
 
 
 async def test_a_trimmed_cursor_is_not_resumed_and_a_lost_shard_is_a_new_epoch(
@@ -141,7 +142,7 @@ async def test_a_trimmed_cursor_is_not_resumed_and_a_lost_shard_is_a_new_epoch(
         assert service.hub.epoch != epoch
         again = await register(service.ws_url, v1("vm", ["nic"], since=items[-1]["cursor"]))
         assert again.reply["resumed"] is False
-        assert parse_vector(again.reply["cursor"]).epoch == service.hub.epoch
+        assert Position.decode(again.reply["cursor"]).epoch == service.hub.epoch
 
 
 async def test_server_sent_events_carry_and_resume_cursors(
@@ -151,7 +152,7 @@ async def test_server_sent_events_carry_and_resume_cursors(
         async with stream(service.url, "resource=vm&sub=nic") as feed:
             registered = await feed.next()
             assert registered.id is not None
-            assert parse_vector(registered.id).epoch == service.hub.epoch
+            assert Position.decode(registered.id).epoch == service.hub.epoch
             first = await commit(service, "s", 6)
             items = await feed.changes(6)
             assert {i["changedResourceId"] for i in items} == set(first)

@@ -10,7 +10,7 @@ import aiohttp
 import orjson
 import pytest
 
-from changefeed.cursor import Cursor
+from changefeed.cursor import Position, StreamId
 from publisher.bucket import Change
 from publisher.bucket.log.shard import Shard
 from publisher.config.settings import Config
@@ -75,7 +75,7 @@ async def test_since_outside_the_retained_log_is_not_resumed(publisher: Service)
     assert edge.reply["resumed"] is True
     assert [i["cursor"] for i in await edge.take(1)] == new
 
-    future = Cursor(publisher.hub.epoch, Cursor.decode(new[0]).position.__class__(2**46, 0))
+    future = Position.single(publisher.hub.epoch, StreamId(2**46, 0))
     ahead = await register(publisher.ws_url, v1("vm", ["nic"], since=future.encode()))
     assert ahead.reply["resumed"] is False, "a cursor beyond the log head is not of this log"
 
@@ -95,7 +95,7 @@ async def test_recreated_bucket_is_a_new_epoch(publisher: Service) -> None:
     new = await _commit(publisher, 2, "f")
     items = await again.take(2)
     assert [i["cursor"] for i in items] == new
-    assert all(Cursor.decode(c).epoch == publisher.hub.epoch for c in new)
+    assert all(Position.decode(c).epoch == publisher.hub.epoch for c in new)
 
 
 async def test_no_registration_while_redis_holds_an_epoch_the_tail_has_not_read(
@@ -117,7 +117,7 @@ async def test_no_registration_while_redis_holds_an_epoch_the_tail_has_not_read(
             await asyncio.wait_for(late.reached.wait(), scaled(10))
             await service.bucket.redis.flushall()  # Redis came back empty
             new = await _commit(service, 1, "c")
-            epoch = Cursor.decode(new[0]).epoch
+            epoch = Position.decode(new[0]).epoch
             assert epoch != old and service.hub.epoch == old, "a new epoch the tail has not read"
 
             for frame in (v1("vm", ["nic"], since=seen[-1]), v1("vm", ["nic"])):
@@ -134,6 +134,6 @@ async def test_no_registration_while_redis_holds_an_epoch_the_tail_has_not_read(
         await eventually(lambda: service.hub.epoch == epoch, "the tail read the new epoch")
         again = await register(service.ws_url, v1("vm", ["nic"], since=seen[-1]))
         assert again.reply["resumed"] is False
-        assert Cursor.decode(again.reply["cursor"]).epoch == epoch
+        assert Position.decode(again.reply["cursor"]).epoch == epoch
         after = await _commit(service, 1, "d")
         assert [i["cursor"] for i in await again.take(1)] == after

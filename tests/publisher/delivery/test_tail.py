@@ -24,7 +24,7 @@ import redis.asyncio as aioredis
 from structlog.testing import capture_logs
 from websockets.exceptions import ConnectionClosed
 
-from changefeed.cursor import Cursor, StreamId
+from changefeed.cursor import Position, StreamId
 from changefeed.errors import BucketUnavailable
 from listener import Backoff, Listener, ListenerConfig
 from publisher.bucket import Change, ChangeBucket, Log, LogEntry, LogRead, Shard
@@ -204,7 +204,7 @@ async def test_a_publisher_stopped_while_another_trims_makes_its_listeners_boots
                 # Fewer than the tail's BATCH: A's tail reads the burst in one atomic read,
                 # so its own GC (maxItems 100) cannot trim between two of its reads.
                 cursors = await bucket.commit_many(_changes("burst", 900))
-                await _trimmed_past(bucket, Cursor.decode(cursors[700]).position)
+                await _trimmed_past(bucket, Position.decode(cursors[700]).position)
             await view.wait_for(lambda: view.counts["BootstrapDone"] == 2)
             assert view.counts["Resync"] == 1
             last = await bucket.commit("vm", "last", ["nic"], vm("last"))
@@ -213,8 +213,8 @@ async def test_a_publisher_stopped_while_another_trims_makes_its_listeners_boots
 
         items, code, reason = await closing
         assert (code, reason) == (4009, TRIMMED)
-        got = [Cursor.decode(i["cursor"]).position for i in items]
-        assert got == [Cursor.decode(c).position for c in [seen, *cursors]][: len(got)], (
+        got = [Position.decode(i["cursor"]).position for i in items]
+        assert got == [Position.decode(c).position for c in [seen, *cursors]][: len(got)], (
             "what it was sent before the close has no gap"
         )
         again = await register(b.ws_url, v1("vm", ["nic"], since=items[-1]["cursor"]))
@@ -251,14 +251,14 @@ async def test_a_stalled_tail_under_another_writers_trim_closes_listeners_and_lo
             assert removed == 1910
             horizon = (await bucket.log.retention()).trimmed
             # Resumes at the horizon itself: it has missed nothing, it only waits for the tail.
-            at_horizon = Cursor(Cursor.decode(burst[0]).epoch, horizon).encode()
+            at_horizon = Position.single(Position.decode(burst[0]).epoch, horizon).encode()
             ahead = asyncio.create_task(register(
                 b.ws_url, v1("vm", ["nic"], instance="ahead", since=at_horizon)))
         items, code, reason = await closing
         assert (code, reason) == (4009, TRIMMED)
         sent = [i["cursor"] for i in items]
         assert sent == burst[: len(sent)], "a gap-free prefix, then the close"
-        lost = [c for c in burst[len(sent):] if Cursor.decode(c).position <= horizon]
+        lost = [c for c in burst[len(sent):] if Position.decode(c).position <= horizon]
         assert lost, "the close announces a real gap"
 
         answer = await poll
@@ -368,7 +368,7 @@ async def test_redis_restored_from_an_older_snapshot_starts_a_new_epoch(
                 await view.wait_for(lambda: view.cursor == after)
 
             assert a.hub.epoch == b.hub.epoch != old
-            assert Cursor.decode(after).epoch == a.hub.epoch
+            assert Position.decode(after).epoch == a.hub.epoch
             errors = [e for e in logs if e["event"].startswith("bucket rolled back")]
             assert errors and all(e["log_level"] == "error" for e in errors), logs
             assert {e["old"] for e in errors} == {old}
@@ -434,8 +434,8 @@ async def test_an_unexpected_error_of_a_read_does_not_end_the_tail(
             first = await service.bucket.commit("vm", "vm-1", ["nic"], {"n": 1})
             await eventually(lambda: failpoint.fired, "the failpoint fired")
             second = await service.bucket.commit("vm", "vm-2", ["nic"], {"n": 2})
-            position = Cursor.decode(second).position
-            assert position > Cursor.decode(first).position
+            position = Position.decode(second).position
+            assert position > Position.decode(first).position
             await eventually(lambda: service.hub.vector.positions[0] >= position,
                              "the tail read past both commits", within=10)
         assert service.tail.faults.unexpected == 1
@@ -461,7 +461,7 @@ async def test_a_redis_that_fails_while_the_tail_takes_up_a_new_history_is_retri
         await eventually(lambda: service.hub.epoch != old and service.tail.healthy,
                          "the tail took up the new history", within=10)
         cursor = await service.bucket.commit("vm", "vm-1", ["nic"], {"n": 1})
-        position = Cursor.decode(cursor).position
+        position = Position.decode(cursor).position
         await eventually(lambda: service.hub.vector.positions[0] >= position,
                          "the tail read the commit", within=10)
         assert service.tail.faults.unexpected == 0

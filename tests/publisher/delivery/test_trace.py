@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from changefeed.cursor import Cursor, StreamId
+from changefeed.cursor import Position, StreamId
 from publisher.delivery.trace import (
     MAX_SERVICE_CHARS,
     MAX_SERVICES,
@@ -62,11 +62,11 @@ def entry(ms: int, seq: int = 0) -> Entry:
     return Entry(StreamId(ms, seq), bytes(bytearray(b"frame %d-%d" % (ms, seq))))
 
 
-def at(ms: int, seq: int = 0) -> Cursor:
-    return Cursor(EPOCH, StreamId(ms, seq))
+def at(ms: int, seq: int = 0) -> Position:
+    return Position.single(EPOCH, StreamId(ms, seq))
 
 
-def found(trace: TraceLog, cursor: Cursor, head: StreamId, now: float = 0.0) -> Record:
+def found(trace: TraceLog, cursor: Position, head: StreamId, now: float = 0.0) -> Record:
     record = trace.find(cursor, EPOCH, head, now)
     assert isinstance(record, Record), record
     return record
@@ -97,7 +97,7 @@ def test_a_batch_attributes_each_frame_to_its_entry_by_identity() -> None:
     )
     publish(trace, EPOCH, [a, b, c], writes, 2.0, 2.1)
     counts = {
-        e.position: {s: w.listeners for s, w in found(trace, Cursor(EPOCH, e.position),
+        e.position: {s: w.listeners for s, w in found(trace, Position.single(EPOCH, e.position),
                                                       c.position).services.items()}
         for e in (a, b, c)
     }
@@ -112,7 +112,7 @@ def test_a_batch_written_whole_to_every_connection_counts_each_entry() -> None:
     publish(trace, EPOCH, [a, b], written(("tcns", both), ("tcns", both), ("napi", both)),
             2.0, 2.1)
     for e in (a, b):
-        record = found(trace, Cursor(EPOCH, e.position), b.position)
+        record = found(trace, Position.single(EPOCH, e.position), b.position)
         assert {s: w.listeners for s, w in record.services.items()} == {"tcns": 2, "napi": 1}
 
 
@@ -170,7 +170,7 @@ def test_every_reason_for_no_record() -> None:
     assert isinstance(between, NotTraced) and between.code == "NoSuchChange"
     before = trace.find(at(999), EPOCH, head, 1.0)
     assert isinstance(before, NotTraced) and "before this publisher began tracing" in before.message
-    other = trace.find(Cursor("zzzzzzzzzz", a.position), EPOCH, head, 1.0)
+    other = trace.find(Position.single("zzzzzzzzzz", a.position), EPOCH, head, 1.0)
     assert isinstance(other, NotTraced) and other.code == "OtherEpoch"
 
 
@@ -209,7 +209,7 @@ def test_resize_applies_the_new_bounds_at_once() -> None:
 def test_the_answer_shows_times_after_the_commit() -> None:
     record = Record(StreamId(1_700_000_000_000, 0), 1_700_000_000.002)
     record.wrote("tcns", 2, 1_700_000_000.0035)
-    body = record_body(record, Cursor(EPOCH, record.position), "p1")
+    body = record_body(record, Position.single(EPOCH, record.position), "p1")
     assert body["committedAt"] == "2023-11-14T22:13:20.000Z"
     assert body["readAt"] == "2023-11-14T22:13:20.002Z"
     assert body["listeners"] == 2

@@ -10,7 +10,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from changefeed.cursor import Cursor
+from changefeed.cursor import Position
 from publisher.config.settings import Config
 from publisher.server.service import Service
 from tests.conftest import PublisherFactory
@@ -458,7 +458,7 @@ async def test_the_bucket_recreated_is_recorded_and_the_consumer_reads_the_new_l
     for key in (service.bucket.keys.epoch, service.bucket.keys.last, service.bucket.keys.log):
         await service.bucket.redis.delete(key)
     new = await commit(service, "f", 2)
-    assert Cursor.decode(new[0]).epoch != Cursor.decode(old[0]).epoch
+    assert Position.decode(new[0]).epoch != Position.decode(old[0]).epoch
     reply = await fetch(http, service)
     assert cursors(reply) == new and reply["dead_lettered"] == 1
     _status, dead = await call(http, service, "GET", f"{BASE}/billing/dead")

@@ -11,7 +11,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from changefeed.cursor import Cursor
+from changefeed.cursor import Position
 from publisher.bucket import Log
 from publisher.config.settings import Config
 from publisher.server.service import Service
@@ -41,7 +41,7 @@ def _renew_after_the_epoch_is_read(
 
 
 def _epochs(items: list[dict[str, Any]]) -> set[str]:
-    return {Cursor.decode(item["cursor"]).epoch for item in items}
+    return {Position.decode(item["cursor"]).epoch for item in items}
 
 
 async def test_events_serves_nothing_of_a_new_epoch_under_the_old_ones_cursors(
@@ -78,7 +78,7 @@ async def test_json_rpc_serves_nothing_of_a_new_epoch_under_the_old_ones_cursors
     new = await service.bucket.log.current_epoch()
     # Told first: the cursor's entry is in the new epoch's history, so its position there.
     assert body["items"] == [] and body["missed"] is True, body
-    assert Cursor.decode(body["resume_after"]).epoch == new
+    assert Position.decode(body["resume_after"]).epoch == new
 
 
 async def test_the_feed_answers_410_when_the_epoch_changes_between_its_reads(

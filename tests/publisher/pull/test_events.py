@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 import redis.asyncio as aioredis
 
-from changefeed.cursor import Cursor, new_epoch
+from changefeed.cursor import Position, new_epoch
 from publisher.config.settings import Config
 from publisher.server.service import Service
 from tests.conftest import PublisherFactory
@@ -189,7 +189,7 @@ async def test_missed_items_are_reported(feed: Feed) -> None:
     # After the newest trimmed item, nothing was missed.
     assert (await feed.get(after=feed.cursors[7]))["missed"] is False
 
-    foreign = Cursor(new_epoch(), Cursor.decode(new).position).encode()
+    foreign = Position.single(new_epoch(), Position.decode(new).position).encode()
     reply = await feed.get(after=foreign)
     assert reply["missed"] is True and "epoch" in reply["missed_reason"]
 
@@ -365,7 +365,7 @@ async def test_a_cursor_whose_entry_is_gone_is_told_what_it_was_given_was_rolled
         after_loss = await bucket.publish("vm", "after", ["nic"])
         client = aioredis.from_url(redis_server.url)
         for stream in await bucket.log.streams():
-            await client.xdel(stream, str(Cursor.decode(lost).position))
+            await client.xdel(stream, str(Position.decode(lost).position))
 
         async def get(after: str) -> dict[str, Any]:
             params = {"after": after, "wait_time": "0"}
@@ -379,11 +379,11 @@ async def test_a_cursor_whose_entry_is_gone_is_told_what_it_was_given_was_rolled
         assert {item["cursor"] for item in reply["items"]} == {kept, after_loss}  # all it has
         assert (await get(kept))["missed"] is False
 
-        position = Cursor.decode(kept).position
-        reply = await get(Cursor(new_epoch(), position).encode())
+        position = Position.decode(kept).position
+        reply = await get(Position.single(new_epoch(), position).encode())
         assert reply["missed"] is True and reply["items"] == []
         assert reply["resume_after"] == kept
-        reply = await get(Cursor(new_epoch(), Cursor.decode(lost).position).encode())
+        reply = await get(Position.single(new_epoch(), Position.decode(lost).position).encode())
         assert reply["missed"] is True and "rolled back" in reply["missed_reason"]
         assert "resume_after" not in reply
         await client.aclose()

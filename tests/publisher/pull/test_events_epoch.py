@@ -19,7 +19,7 @@ import aiohttp
 import pytest
 import redis
 
-from changefeed.cursor import Cursor
+from changefeed.cursor import Position
 from changefeed.errors import BucketUnavailable, CommitOutcomeUnknown
 from changefeed_testing.proxy import Proxy
 from listener import ItemsMissed, PullConsumer
@@ -64,12 +64,12 @@ async def test_a_reader_resuming_from_an_old_epoch_cursor_is_told_where_it_stand
         with redis.Redis(host="127.0.0.1", port=servers.replica.port) as replica:
             replica.replicaof("127.0.0.1", link.port)
         lost = await bucket.publish("vm", "lost", ["nic"], key="lost-write")
-        await eventually(lambda: service.hub.position(0) >= Cursor.decode(lost).position,
+        await eventually(lambda: service.hub.position(0) >= Position.decode(lost).position,
                          "the publisher's tail read the write the replica lacks")
         servers.master.kill()
         await servers.fail_over(everywhere=True)
         with redis.Redis(host="127.0.0.1", port=servers.replica.port) as promoted:
-            at = str(Cursor.decode(lost).position)
+            at = str(Position.decode(lost).position)
             assert not promoted.xrange("{test}:log", at, at), "the write was lost"
         # The tail's position is gone from the promoted replica: it begins a new epoch.
         new = old
@@ -80,12 +80,12 @@ async def test_a_reader_resuming_from_an_old_epoch_cursor_is_told_where_it_stand
         while retried is None:  # the writer's retry of the write whose answer it never had
             with contextlib.suppress(BucketUnavailable, CommitOutcomeUnknown):
                 retried = await bucket.publish("vm", "lost", ["nic"], key="lost-write")
-        assert Cursor.decode(retried).epoch == new
+        assert Position.decode(retried).epoch == new
 
         told = await _events(service.url, kept)
         assert told["items"] == [] and told["missed"] is True, told
-        position = Cursor.decode(kept).position
-        assert told["resume_after"] == Cursor(str(new), position).encode(), told
+        position = Position.decode(kept).position
+        assert told["resume_after"] == Position.single(str(new), position).encode(), told
 
         async with PullConsumer(service.url, resource="vm", after=kept) as reader:
             again = await reader.fetch(ITEMS + 1, expires=5)

@@ -10,8 +10,8 @@ import aiohttp
 import orjson
 import pytest
 
-from changefeed.cursor import Cursor
-from publisher.bucket import parse_vector, partition_of
+from changefeed.cursor import Position
+from publisher.bucket import partition_of
 from publisher.config.settings import Config
 from publisher.server.service import Service
 from tests.conftest import PublisherFactory
@@ -52,7 +52,7 @@ class Client:
         commit's cursor is composite on a bucket in a Redis Cluster)."""
         cursors = await self.service.bucket.publish_many(("vm", id, ["nic"]) for id in ids)
         return [
-            Cursor(parse_vector(c).epoch, own(c, id)[1]).encode()
+            Position.single(Position.decode(c).epoch, own(c, id)[1]).encode()
             for c, id in zip(cursors, ids, strict=True)
         ]
 
@@ -251,7 +251,7 @@ async def test_an_epoch_that_changes_while_a_read_waits_is_gone(client: Client) 
     params = {"n": N, **{f"cursor{p}": c for p, c in checkpoints.items()}, "wait": scaled(30)}
     waiting = asyncio.create_task(client.error(params))
     await eventually(lambda: client.service.hub.waiters.waiting == 1, "the read waits on the hub")
-    assert await client.service.bucket.log.renew_epoch(Cursor.decode(old[0]).epoch)
+    assert await client.service.bucket.log.renew_epoch(Position.decode(old[0]).epoch)
     await client.publish("e-2")
     status, message = await asyncio.wait_for(waiting, scaled(10))
     assert status == 410 and "epoch changed" in message

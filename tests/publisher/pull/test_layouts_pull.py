@@ -9,9 +9,9 @@ from collections.abc import Callable
 import aiohttp
 import orjson
 
-from changefeed.cursor import Cursor, StreamId
+from changefeed.cursor import Position, StreamId
 from listener import BootstrapRecords, Change, ChangeItem, Listener, PullConsumer
-from publisher.bucket import parse_vector, partition_of
+from publisher.bucket import partition_of
 from publisher.config.settings import Config
 from tests.conftest import PublisherFactory
 from tests.listener.test_client import FAST
@@ -29,7 +29,7 @@ async def test_the_pull_consumer_follows_the_bucket(
             first = await consumer.fetch(12, expires=5)
             assert len(first) == 12
             saved = consumer.cursor
-            assert saved is not None and parse_vector(saved).epoch == service.hub.epoch
+            assert saved is not None and Position.decode(saved).epoch == service.hub.epoch
         rest: list[ChangeItem] = []
         async with PullConsumer(service.url, resource="vm", after=saved) as resumed:
             while len(rest) < 18:
@@ -81,7 +81,7 @@ async def test_the_feed_gives_each_partition_its_own_cursor(
                     break
             assert sorted(seen) == sorted(committed), "each once"
             for text in checkpoints.values():
-                assert Cursor.decode(text).epoch == service.hub.epoch
+                assert Position.decode(text).epoch == service.hub.epoch
             query = {**params, **{f"cursor{p}": checkpoints[p] for p in range(PARTITIONS)}}
             async with http.get(service.url + "/changefeeds/feed/v1", params=query) as r:
                 assert r.status == 200 and not [
@@ -106,7 +106,7 @@ async def test_a_listener_bootstraps_follows_and_waits_for_its_writes(
             changes = [e for e in got if isinstance(e, Change)]
             assert {c.item.changed_resource_id for c in changes} >= set(written)
             assert feed.cursor is not None
-            assert all(parse_vector(feed.cursor).covers(parse_vector(c))
+            assert all(Position.decode(feed.cursor).covers(Position.decode(c))
                        for c in written.values())
 
 
@@ -120,7 +120,7 @@ async def test_bootstrap_waits_for_a_min_cursor(
             for cursor in written.values():
                 async with http.get(url, params={"min_cursor": cursor}) as r:
                     assert r.status == 200
-            mine = parse_vector(written["m-0"])
+            mine = Position.decode(written["m-0"])
             ahead = mine.with_positions([StreamId(at.ms + 10**9, 0) for at in mine.positions])
             async with http.get(url, params={"min_cursor": ahead.encode(), "wait": "0.1"}) as r:
                 assert r.status == 504

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from websockets.exceptions import ConnectionClosed
 
-from changefeed.cursor import Cursor
+from changefeed.cursor import Position
 from publisher.bucket import Change
 from publisher.config.settings import Config
 from publisher.delivery.hub_stats import registrations
@@ -107,9 +107,9 @@ async def test_two_publishers_every_listener_gets_every_matching_change_once_in_
                 Change.put("network", "net-last", SUBS["network"], {})]
         tail = list(zip(await a.bucket.commit_many(last), last, strict=True))
 
-        committed = sorted(via_a + via_b, key=lambda pair: Cursor.decode(pair[0]).position)
+        committed = sorted(via_a + via_b, key=lambda pair: Position.decode(pair[0]).position)
         committed += tail
-        positions = [Cursor.decode(c).position for c, _ in committed]
+        positions = [Position.decode(c).position for c, _ in committed]
         assert positions == sorted(set(positions)), "cursors are unique and ordered"
         # Cursor strings of one epoch sort like their positions.
         assert [c for c, _ in committed] == sorted(c for c, _ in committed)

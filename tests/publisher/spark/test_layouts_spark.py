@@ -13,7 +13,8 @@ import pytest
 from pyspark.sql import SparkSession
 from websockets.asyncio.client import connect
 
-from publisher.bucket import Change, open_bucket, parse_vector
+from changefeed.cursor import Position
+from publisher.bucket import Change, open_bucket
 from publisher.config.settings import load_config
 from tests.conftest import PublisherFactory
 from tests.publisher.spark.test_sink import vms, write
@@ -42,7 +43,7 @@ def layout_options(url: str, tmp_path: Path, name: str) -> dict[str, str]:
 
 def shards_of(cursor: str) -> int:
     """How many positions `cursor` holds (one for an ordered bucket's)."""
-    vector = parse_vector(cursor)
+    vector = Position.decode(cursor)
     assert vector.composite == (len(vector.positions) > 1)
     return len(vector.positions)
 

@@ -11,7 +11,7 @@ import pytest
 from pyspark.errors import PySparkException
 from pyspark.sql import DataFrameReader, SparkSession
 
-from changefeed.cursor import Cursor, StreamId
+from changefeed.cursor import Position, StreamId
 from publisher.bucket import Change, ChangeBucket, connect
 from publisher.spark.log import split
 from tests.publisher.spark.test_stream import commit
@@ -29,7 +29,7 @@ def test_a_batch_read_loads_the_retained_log(
     assert sorted(r.id for r in rows) == sorted(f"vm-{n}" for n in range(25))
     first = min(rows, key=lambda r: r.cursor)
     assert (first.resource, first.subResources) == ("vm", ["nic"])
-    assert first.published.timestamp() == Cursor.decode(first.cursor).position.ms / 1000
+    assert first.published.timestamp() == Position.decode(first.cursor).position.ms / 1000
 
     after = reader.option("startingCursor", cursors[19]).load()
     assert sorted(r.cursor for r in after.collect()) == cursors[20:]
@@ -44,7 +44,7 @@ def test_cursors_of_another_bucket_are_refused(
     spark: SparkSession, redis_server: RedisServer, options: dict[str, str]
 ) -> None:
     asyncio.run(commit(redis_server.url, range(1)))
-    foreign = Cursor("aaaaaaaaaa", StreamId(1, 0)).encode()
+    foreign = Position.single("aaaaaaaaaa", StreamId(1, 0)).encode()
     reader = spark.read.format("changefeed").options(**options)
     with pytest.raises(PySparkException, match="of another bucket epoch"):
         reader.option("startingCursor", foreign).load().collect()
@@ -102,7 +102,7 @@ def test_a_batch_read_is_bounded_by_ending_cursor_and_timestamps(
     assert first == sorted(r.cursor for r in bounded.load().collect()) == cursors[3:7]
 
     def ms(cursor: str) -> int:
-        return Cursor.decode(cursor).position.ms
+        return Position.decode(cursor).position.ms
 
     def iso(milliseconds: int) -> str:
         return datetime.fromtimestamp(milliseconds / 1000, tz=UTC).isoformat()

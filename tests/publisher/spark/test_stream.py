@@ -15,7 +15,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 
-from changefeed.cursor import Cursor
+from changefeed.cursor import Position
 from changefeed.errors import OptionError
 from publisher.bucket import Change, ChangeBucket, connect
 from publisher.spark import Figures, committed_batches
@@ -223,7 +223,7 @@ async def test_the_nemesis_stream_writer_publishes_once_across_a_failed_micro_ba
         entries = cast(list[tuple[bytes, dict[bytes, bytes]]],
                        redis.Redis.from_url(master.url).xrange("{test}:log"))
         assert [f[b"i"].decode() for _, f in entries] == [a.id for a in acked], "each once"
-        assert [str(Cursor.decode(a.cursor).position) for a in acked if a.cursor] == [
+        assert [str(Position.decode(a.cursor).position) for a in acked if a.cursor] == [
             entry.decode() for entry, _ in entries], "acknowledged at its cursor"
         ledger = await bucket.ledgers.ledger("stream")
         figures = parse_entry(1, ledger[1]).figures

@@ -13,7 +13,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from changefeed.cursor import Cursor
+from changefeed.cursor import Position
 from publisher.bucket import ChangeBucket, connect
 from publisher.config.settings import Config, Trace, load_config
 from publisher.server.service import Service
@@ -112,8 +112,8 @@ async def test_outside_the_window_and_bad_cursors(
         status, body = await get(f"{service.url}/changefeeds/trace/{cursors[3]}")
         assert status == 200 and body["services"]["tcns"]["listeners"] == 1
 
-        ahead = Cursor.decode(cursors[3])
-        later = Cursor(ahead.epoch, dataclasses.replace(ahead.position,
+        ahead = Position.decode(cursors[3])
+        later = Position.single(ahead.epoch, dataclasses.replace(ahead.position,
                                                         ms=ahead.position.ms + 60_000))
         status, body = await get(f"{service.url}/changefeeds/trace/{later.encode()}")
         assert status == 404 and body["code"] == "NotReadYet"

@@ -9,7 +9,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from changefeed.cursor import Cursor
+from changefeed.cursor import Position
 from changefeed.watch import Watch
 from publisher.bucket import Change
 from publisher.server.service import Service
@@ -131,7 +131,7 @@ async def test_bootstrap_route_with_ids_and_prefixes_pages_in_id_order(
             assert page["next"].startswith(
                 "/vms?limit=4&id=a&id=nope&id=servers/1&id=zed&prefix=servers&marker="
             )
-        assert all(Cursor.decode(page["cursor"]).encode() == last for page in pages)
+        assert all(Position.decode(page["cursor"]).encode() == last for page in pages)
 
         # A prefix deeper than another adds nothing; a trailing slash is the same prefix.
         again, _ = await _walk_route(http, "/vms?limit=3&prefix=servers/&prefix=servers/1")

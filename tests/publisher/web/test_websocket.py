@@ -11,7 +11,7 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
-from changefeed.cursor import Cursor
+from changefeed.cursor import Position
 from publisher.bucket import Change
 from publisher.config.settings import Config
 from publisher.server.service import Service
@@ -42,7 +42,7 @@ async def test_v1_and_v2_listeners_get_matching_items_only(publisher: Service) -
     assert item["changeKind"] == {"resource": "vm", "subResources": ["nic"]}
     assert item["changedResourceId"] == "vm-1" and item["cursor"] == c1
     assert "bootstrapRoute" not in item
-    assert int(item["published"]) == Cursor.decode(c1).position.ms
+    assert int(item["published"]) == Position.decode(c1).position.ms
     assert (await nic.next())["cursor"] == c5
     assert [i["cursor"] for i in await everything.take(4)] == [c1, c2, c4, c5]
     assert [i["cursor"] for i in await legacy.take(1)] == [c5]
@@ -191,8 +191,8 @@ async def test_a_fresh_registration_starts_at_the_buckets_head_even_when_the_tai
     )
     fresh = await register(publisher.ws_url, v1("vm", ["nic"]))
     assert fresh.reply["cursor"] == cursors[-1]
-    assert Cursor.decode(fresh.reply["cursor"]).position > publisher.hub.window.head
+    assert Position.decode(fresh.reply["cursor"]).position > publisher.hub.window.head
     assert fresh.reply["resumed"] is False
-    assert Cursor.decode(before.reply["cursor"]).position == publisher.hub.window.head
+    assert Position.decode(before.reply["cursor"]).position == publisher.hub.window.head
     await fresh.close()
     await before.close()

@@ -15,7 +15,7 @@ from pathlib import Path
 import redis
 from structlog.testing import capture_logs
 
-from changefeed.cursor import Cursor
+from changefeed.cursor import Position
 from changefeed.errors import CommitOutcomeUnknown
 from changefeed_testing.proxy import Proxy
 from publisher.bucket import Change, ChangeBucket, connect
@@ -45,24 +45,25 @@ async def test_a_commit_after_a_rollback_starts_a_new_epoch(tmp_path: Path) -> N
 
         bucket.redis = connect(server.url)  # the same client's memory, a new connection
         restored = await bucket.log.retention()
-        assert restored.epoch == Cursor.decode(first[0]).epoch, "the snapshot's epoch came back"
-        assert restored.head == Cursor.decode(first[-1]).position < Cursor.decode(lost[-1]).position
+        assert restored.epoch == Position.decode(first[0]).epoch, "the snapshot's epoch came back"
+        assert restored.head == Position.decode(first[-1]).position
+        assert restored.head < Position.decode(lost[-1]).position
 
         with capture_logs() as logs:
             after = await bucket.commit("vm", "c", ["nic"], {"n": 1})
-        assert Cursor.decode(after).epoch != restored.epoch, "a new history: a new epoch"
-        assert (await bucket.log.retention()).epoch == Cursor.decode(after).epoch
+        assert Position.decode(after).epoch != restored.epoch, "a new history: a new epoch"
+        assert (await bucket.log.retention()).epoch == Position.decode(after).epoch
         assert [e["log_level"] for e in logs if "rolled back" in e["event"]] == ["error"]
 
         with capture_logs() as logs:
             again = await bucket.commit("vm", "d", ["nic"], {"n": 2})
-        assert Cursor.decode(again).epoch == Cursor.decode(after).epoch, "renewed once"
+        assert Position.decode(again).epoch == Position.decode(after).epoch, "renewed once"
         assert not [e for e in logs if "rolled back" in e["event"]]
 
         # A client that never committed before has no witness: nothing to compare, nothing
         # renewed.
         other = ChangeBucket(connect(server.url), "test")
-        assert Cursor.decode(await other.publish("vm", "e", ["nic"])).epoch == Cursor.decode(
+        assert Position.decode(await other.publish("vm", "e", ["nic"])).epoch == Position.decode(
             after
         ).epoch
         await other.aclose()
@@ -102,22 +103,22 @@ async def test_a_commit_with_a_witness_of_a_history_this_bucket_never_held_start
             await asyncio.sleep(0.01)  # the lost side's commits come after, by Redis's ms
             lost = await writer.commit("vm", "a", ["nic"], {"n": 1})
             await other.commit("vm", "b", ["nic"], {"n": 1})
-            assert Cursor.decode(kept).epoch != Cursor.decode(lost).epoch
+            assert Position.decode(kept).epoch != Position.decode(lost).epoch
 
             proxy.retarget("127.0.0.1", winner.port)  # the writers' address: the winner now
             lost_side.kill()
             with capture_logs() as logs:
                 after = await _retried(writer, "a")
-            renewed = Cursor.decode(after).epoch
-            assert renewed not in (Cursor.decode(kept).epoch, Cursor.decode(lost).epoch)
+            renewed = Position.decode(after).epoch
+            assert renewed not in (Position.decode(kept).epoch, Position.decode(lost).epoch)
             assert (await survivor.log.retention()).epoch == renewed
             assert [e["log_level"] for e in logs if "rolled back" in e["event"]] == ["error"]
 
             # Another writer of the lost history: the loss is announced already, not again.
-            assert Cursor.decode(await _retried(other, "b")).epoch == renewed
+            assert Position.decode(await _retried(other, "b")).epoch == renewed
             # The survivor's witness is of the epoch the bucket renewed from: its own history.
             again = await survivor.commit("vm", "c", ["nic"], {"n": 2})
-            assert Cursor.decode(again).epoch == renewed
+            assert Position.decode(again).epoch == renewed
             for bucket in (writer, other, survivor):
                 await bucket.aclose()
     finally:
@@ -139,7 +140,7 @@ async def test_a_witness_of_an_epoch_past_where_this_history_left_it_starts_a_ne
     try:
         async with Proxy("127.0.0.1", winner.port) as proxy:
             writer = ChangeBucket(connect(f"redis://127.0.0.1:{proxy.port}/0"), "test")
-            shared = Cursor.decode(await writer.commit("vm", "a", ["nic"], {"n": 1})).epoch
+            shared = Position.decode(await writer.commit("vm", "a", ["nic"], {"n": 1})).epoch
             snapshot = await asyncio.to_thread(_snapshot, winner)
             other_side.directory.mkdir(parents=True, exist_ok=True)
             shutil.copy(snapshot, other_side.directory / "dump.rdb")
@@ -151,18 +152,18 @@ async def test_a_witness_of_an_epoch_past_where_this_history_left_it_starts_a_ne
             await asyncio.sleep(0.01)  # the other side's commit comes after, by Redis's ms
             proxy.retarget("127.0.0.1", other_side.port)
             lost = await _retried(writer, "b")
-            assert Cursor.decode(lost).epoch == shared, "the other side went on in the old epoch"
+            assert Position.decode(lost).epoch == shared, "the other side went on in the old epoch"
 
             proxy.retarget("127.0.0.1", winner.port)  # the writer's address: the winner now
             other_side.kill()
             with capture_logs() as logs:
                 after = await _retried(writer, "c")
-            assert Cursor.decode(after).epoch not in (shared, renewed), "the loss is announced"
-            assert (await survivor.log.retention()).epoch == Cursor.decode(after).epoch
+            assert Position.decode(after).epoch not in (shared, renewed), "the loss is announced"
+            assert (await survivor.log.retention()).epoch == Position.decode(after).epoch
             assert [e["log_level"] for e in logs if "rolled back" in e["event"]] == ["error"]
             # A witness of the old epoch at or before where the winner left it is its own.
-            assert Cursor.decode(await survivor.commit("vm", "d", ["nic"], {"n": 1})).epoch == (
-                Cursor.decode(after).epoch)
+            assert Position.decode(await survivor.commit("vm", "d", ["nic"], {"n": 1})).epoch == (
+                Position.decode(after).epoch)
             for bucket in (writer, survivor):
                 await bucket.aclose()
     finally:
@@ -200,7 +201,7 @@ async def split_brain(tmp_path: Path) -> AsyncIterator[SplitBrain]:
         async with Proxy("127.0.0.1", winner.port) as proxy:
             writer = ChangeBucket(connect(f"redis://127.0.0.1:{proxy.port}/0"), "test")
             try:
-                shared = Cursor.decode(await writer.commit("vm", "a", ["nic"], {"n": 1})).epoch
+                shared = Position.decode(await writer.commit("vm", "a", ["nic"], {"n": 1})).epoch
                 await asyncio.to_thread(_split, winner, other_side)
                 yield SplitBrain(winner, other_side, proxy, writer, shared)
             finally:
@@ -220,23 +221,23 @@ async def test_a_witness_the_winner_lacks_starts_a_new_epoch_whatever_its_epoch_
     async with split_brain(tmp_path) as brain:
         writer, shared = brain.writer, brain.shared
         brain.proxy.retarget("127.0.0.1", brain.other_side.port)
-        lost = Cursor.decode(await _retried(writer, "b"))
+        lost = Position.decode(await _retried(writer, "b"))
         assert lost.epoch == shared
 
         survivor = ChangeBucket(connect(brain.winner.url), "test")
         await asyncio.sleep(0.01)
-        ahead = Cursor.decode(await survivor.commit("vm", "c", ["nic"], {"n": 1}))
+        ahead = Position.decode(await survivor.commit("vm", "c", ["nic"], {"n": 1}))
         assert ahead.epoch == shared and lost.position < ahead.position
 
         brain.proxy.retarget("127.0.0.1", brain.winner.port)
         brain.other_side.kill()
         with capture_logs() as logs:
-            after = Cursor.decode(await _retried(writer, "d"))
+            after = Position.decode(await _retried(writer, "d"))
         assert after.epoch != shared, "the loss is announced"
         assert (await survivor.log.retention()).epoch == after.epoch
         assert [e["log_level"] for e in logs if "rolled back" in e["event"]] == ["error"]
         # The survivor's witness is in the winner's history: no third epoch.
-        assert Cursor.decode(await survivor.commit("vm", "e", ["nic"], {})).epoch == after.epoch
+        assert Position.decode(await survivor.commit("vm", "e", ["nic"], {})).epoch == after.epoch
         await survivor.aclose()
 
 
@@ -255,16 +256,16 @@ async def test_a_client_acknowledged_by_both_sides_at_once_keeps_a_witness_of_ea
         winner.pause()
         kept = asyncio.ensure_future(writer.commit("vm", "x", ["nic"], {"n": 1}))
         await asyncio.sleep(0.05)  # x waits on the kept connection: y takes a new one
-        lost = Cursor.decode(await writer.commit("vm", "y", ["nic"], {"n": 1}))
+        lost = Position.decode(await writer.commit("vm", "y", ["nic"], {"n": 1}))
         await asyncio.sleep(0.01)
         winner.resume()
-        newest = Cursor.decode(await kept)
+        newest = Position.decode(await kept)
         assert lost.epoch == newest.epoch == brain.shared and lost.position < newest.position
 
         brain.proxy.retarget("127.0.0.1", winner.port)
         brain.other_side.kill()
         with capture_logs() as logs:
-            after = Cursor.decode(await _retried(writer, "z"))
+            after = Position.decode(await _retried(writer, "z"))
         assert after.epoch != brain.shared, "the other side's commit is missed and announced"
         assert [e["log_level"] for e in logs if "rolled back" in e["event"]] == ["error"]
 
@@ -279,13 +280,13 @@ async def test_a_witness_of_a_history_lost_before_this_one_began_starts_no_new_e
     writer = ChangeBucket(connect(redis_server.url), "test")
     other = ChangeBucket(connect(redis_server.url), "test")
     try:
-        before = Cursor.decode(await writer.commit("vm", "a", ["nic"], {"n": 1})).epoch
+        before = Position.decode(await writer.commit("vm", "a", ["nic"], {"n": 1})).epoch
         await writer.redis.flushall()
         await asyncio.sleep(0.01)
-        recreated = Cursor.decode(await other.commit("vm", "b", ["nic"], {"n": 1})).epoch
+        recreated = Position.decode(await other.commit("vm", "b", ["nic"], {"n": 1})).epoch
         assert recreated != before
         with capture_logs() as logs:
-            after = Cursor.decode(await writer.commit("vm", "a", ["nic"], {"n": 2})).epoch
+            after = Position.decode(await writer.commit("vm", "a", ["nic"], {"n": 2})).epoch
         assert after == recreated
         assert not [e for e in logs if "rolled back" in e["event"]]
     finally:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from changefeed.cursor import Cursor, StreamId
+from changefeed.cursor import Position, StreamId
 from changefeed.errors import PartitionMismatch
 from publisher.bucket import ChangeBucket, LogEntry, connect, merge_partitions, partition_of
 from publisher.config.settings import Config
@@ -111,11 +111,11 @@ async def test_max_items_trims_the_oldest_across_partitions(
     config = make_config(redis_server.url, bucket=bucket, maxItems=5, gcInterval=0.05)
     async with start_publisher(config) as service:
         cursors = await service.bucket.publish_many(("vm", f"vm-{i}", ["nic"]) for i in range(20))
-        epoch = Cursor.decode(cursors[0]).epoch
+        epoch = Position.decode(cursors[0]).epoch
         kept: list[str] = []
         for _ in range(200):  # the publisher's own trim task does it
             kept = [
-                Cursor(epoch, e.position).encode()
+                Position.single(epoch, e.position).encode()
                 for e in await service.bucket.log.read(StreamId(0, 0))
             ]
             if len(kept) == 5:
@@ -123,4 +123,5 @@ async def test_max_items_trims_the_oldest_across_partitions(
             await asyncio.sleep(0.05)
         assert kept == cursors[-5:], "exactly the newest maxItems items are kept"
         retention = await service.bucket.log.retention()
-        assert Cursor(epoch, retention.trimmed).encode() == cursors[-6], "the horizon moved"
+        horizon = Position.single(epoch, retention.trimmed).encode()
+        assert horizon == cursors[-6], "the horizon moved"

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from changefeed.cursor import Cursor
+from changefeed.cursor import Position
 from changefeed.errors import BucketUnavailable, CommitOutcomeUnknown
 from faults.sentinel_faults import MASTER, sentinel_ready
 from publisher.bucket import ChangeBucket, connect
@@ -37,7 +37,7 @@ def _master_port(sentinel: SentinelServer) -> int:
 
 def _has(server: RedisServer, cursor: str) -> bool:
     """Whether `server`'s log holds the entry of `cursor`."""
-    position = str(Cursor.decode(cursor).position)
+    position = str(Position.decode(cursor).position)
     with redis.Redis(host="127.0.0.1", port=server.port) as client:
         return bool(client.xrange("{test}:log", position, position))
 
@@ -209,7 +209,7 @@ async def test_with_every_sentinel_down_a_commit_says_it_was_not_written(tmp_pat
         servers.sentinels[2].start()  # one is enough to name the master
         third = await bucket.commit("vm", "a", ["nic"], {"n": 3}, key="k3")
         assert _has(servers.master, third)
-        newer = await bucket.log.read(Cursor.decode(kept).position)
+        newer = await bucket.log.read(Position.decode(kept).position)
         assert len(newer) == 1, "the refused commit was not written"
         await bucket.aclose()
 

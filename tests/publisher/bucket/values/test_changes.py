@@ -9,7 +9,7 @@ from importlib.resources import files
 import orjson
 import pytest
 
-from changefeed.cursor import Cursor, StreamId
+from changefeed.cursor import Position, StreamId
 from changefeed.errors import ChangeError
 from publisher.bucket import (
     COMMIT_LUA,
@@ -70,7 +70,7 @@ def test_digest_names_the_changes_in_order() -> None:
 def test_committed_gives_the_run_of_cursors() -> None:
     done = Committed("abcdefgh", 1_700_000_000_000, 4, 3, fresh=False)
     assert done.cursors == [
-        Cursor("abcdefgh", StreamId(1_700_000_000_000, seq)).encode() for seq in (4, 5, 6)
+        Position.single("abcdefgh", StreamId(1_700_000_000_000, seq)).encode() for seq in (4, 5, 6)
     ]
     assert (done.first_cursor, done.last_cursor) == (done.cursors[0], done.cursors[-1])
     assert Committed("abcdefgh", 1, 0, 0).first_cursor is None
