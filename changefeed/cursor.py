@@ -80,10 +80,14 @@ class Cursor:
         """The encoded cursors of positions ms-first, ms-(first+1)... (`count` of them): what a
         commit of `count` changes returns, without building each Cursor."""
         head = f"{epoch}.{ms:012x}"
-        out = []
-        for seq in range(first, first + count):
-            digits = f"{seq:x}"
-            out.append(f"{head}{chr(ord('a') + len(digits) - 1)}{digits}")
+        out: list[str] = []
+        seq, end = first, first + count
+        while seq < end:  # one run of sequence numbers of as many hex digits at a time
+            digits = len(f"{seq:x}")
+            stop = min(end, 16**digits)
+            prefix = f"{head}{chr(ord('a') + digits - 1)}"
+            out += [f"{prefix}{s:x}" for s in range(seq, stop)]
+            seq = stop
         return out
 
     @classmethod

@@ -26,6 +26,10 @@ def test_run_equals_cursors_built_one_by_one() -> None:
     epoch = new_epoch()
     run = Cursor.run(epoch, 1_730_000_000_454, 14, 5)
     assert run == [Cursor(epoch, StreamId(1_730_000_000_454, s)).encode() for s in range(14, 19)]
+    # Across the sequence numbers' changes of length (15 -> 16, 4095 -> 4096), and none.
+    for first, count in [(0, 300), (4090, 20), (2**40 - 3, 9), (7, 0)]:
+        assert Cursor.run(epoch, 5, first, count) == [
+            Cursor(epoch, StreamId(5, s)).encode() for s in range(first, first + count)]
 
 
 def test_stream_ids() -> None:
