@@ -73,6 +73,7 @@ def test_packing_changes_in_one_pass_gives_the_bytes_of_encoding_then_packing() 
         Change.put("vm", "a", ("nic",), {"n": 1, "s": "é"}), Change.delete("vm", "b", ["nic", "x"]),
         Change.publish("net", "c", ("q",)), Change("vm", "d", ("nic",), "delete", {"x": 1}),
         Change.put("net", "ü", ["a"], {"y": [1, 2]}), Change.put("vm", "e", ["nic"], {}),
+        Change.put("vm", "big", ("nic",), {"y": "z" * 5000}),  # a header not looked up
     ]
     one_pass = pack_change_values(changes)
     assert one_pass == pack_changes([encode_change(c) for c in changes])
