@@ -181,10 +181,14 @@ class Position:
         what a commit of `count` changes to a bucket with one total order returns, without
         building each Position."""
         head = f"{epoch}.{ms:012x}"
-        out = []
-        for seq in range(first, first + count):
-            digits = f"{seq:x}"
-            out.append(f"{head}{chr(ord('a') + len(digits) - 1)}{digits}")
+        out: list[str] = []
+        seq, end = first, first + count
+        while seq < end:  # one run of sequence numbers of as many hex digits at a time
+            digits = len(f"{seq:x}")
+            stop = min(end, 16**digits)
+            prefix = f"{head}{chr(ord('a') + digits - 1)}"
+            out += [f"{prefix}{s:x}" for s in range(seq, stop)]
+            seq = stop
         return out
 
     @staticmethod

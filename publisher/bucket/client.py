@@ -130,9 +130,7 @@ class ChangeBucket:
         >>> cursors = await bucket.commit_many([Change.put("vm", id, ["nic"], state)], key=k)
         """
         changes = list(changes)
-        validate = self.log.validator.validate
-        for change in changes:
-            validate(change)
+        self.log.validator.validate_all(changes)
         return await self.log.commit_many(changes, key)
 
     async def commit_replicated(

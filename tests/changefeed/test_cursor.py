@@ -73,6 +73,10 @@ def test_run_equals_cursors_built_one_by_one() -> None:
     assert [Position.decode(c).position for c in Position.run(epoch, 5, 14, 4)] == [
         StreamId(5, s) for s in range(14, 18)
     ]
+    # Across the sequence numbers' changes of length (15 -> 16, 4095 -> 4096), and none.
+    for first, count in [(0, 300), (4090, 20), (2**40 - 3, 9), (7, 0)]:
+        assert Position.run(epoch, 5, first, count) == [
+            Position.single(epoch, StreamId(5, s)).encode() for s in range(first, first + count)]
 
 
 def test_stream_ids() -> None:

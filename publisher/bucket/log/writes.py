@@ -24,7 +24,7 @@ from publisher.bucket.values.changes import (
     Committed,
     Encoded,
     PackedChanges,
-    encode_change,
+    pack_change_values,
     pack_changes,
 )
 from publisher.bucket.values.keys import partition_of
@@ -138,17 +138,20 @@ async def commit_many(
     if not changes:
         return [], None
     n = len(shards)
-    by_shard = split([c.changed_resource_id for c in changes], n)
+    by_shard: dict[int, Sequence[int]] = (
+        {0: range(len(changes))} if n == 1
+        else dict(split([c.changed_resource_id for c in changes], n))
+    )
     cursors: list[str] = [] if n == 1 else [""] * len(changes)
 
-    def calls(s: int, numbers: list[int]) -> Iterator[CommitCall]:
+    def calls(s: int, numbers: Sequence[int]) -> Iterator[CommitCall]:
         name = key_in(key, s) if key is not None else ""
         for batch, start in enumerate(range(0, len(numbers), BATCH)):
-            chunk = numbers[start : start + BATCH]
-            packed = pack_changes([encode_change(changes[i]) for i in chunk])
-            yield _call(packed, f"{name}#{batch}" if batch and name else name)
+            chunk = (changes[start : start + BATCH] if n == 1  # the changes in order: a slice
+                     else [changes[i] for i in numbers[start : start + BATCH]])
+            yield _call(pack_change_values(chunk), f"{name}#{batch}" if batch and name else name)
 
-    def taker(s: int, numbers: list[int]) -> Callable[[Committed], None]:
+    def taker(s: int, numbers: Sequence[int]) -> Callable[[Committed], None]:
         """What gives the changes of shard `s` their cursors, one answer at a time."""
         if n == 1:  # one position: the changes are in order, their cursors a run
             return lambda c: cursors.extend(Position.run(c.epoch, c.ms, c.first, c.count))
@@ -225,7 +228,7 @@ async def commit_batches(shard: Shard, batches: Sequence[Batch]) -> list[Committ
     the one shard of an ordered bucket (`Log.commit_batches`). Up to WINDOW calls of a full
     BATCH are in flight, more of smaller batches (as many changes in flight at most): many
     small transactions go in one round trip, not one per WINDOW calls."""
-    calls = [_call(pack_changes([encode_change(c) for c in changes]), key or "")
+    calls = [_call(pack_change_values(changes), key or "")
              for changes, key in batches]
     largest = max((len(changes) for changes, _ in batches), default=1)
     window = max(WINDOW, WINDOW * BATCH // max(1, largest))

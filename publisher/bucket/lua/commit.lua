@@ -99,9 +99,9 @@ local function flush()
   end
   run_op, fields, members, size = nil, {}, {}, 0
 end
-local log = KEYS[1]
-for a = 7 + resources, #ARGV, 4 do
-  local code, changed = ARGV[a], ARGV[a + 1]
+local log, argv = KEYS[1], ARGV
+for a = 7 + resources, #argv, 4 do
+  local code, changed = argv[a], argv[a + 1]
   local op, r = op_of[code], resource_of[code]
   if not op then
     op, r = string.sub(code, 1, 1), tonumber(string.sub(code, 2))
@@ -114,7 +114,7 @@ for a = 7 + resources, #ARGV, 4 do
     end
     size = size + 1
     if op == 'p' then
-      fields[2 * size - 1], fields[2 * size] = changed, ARGV[a + 3]
+      fields[2 * size - 1], fields[2 * size] = changed, argv[a + 3]
       members[2 * size - 1], members[2 * size] = '0', changed
     else
       fields[size] = changed
@@ -128,7 +128,7 @@ for a = 7 + resources, #ARGV, 4 do
   seq = seq + 1
   local id
   if plain then id = prefix .. seq else id = prefix .. string.format('%d', seq) end
-  call('XADD', target, id, 'r', ARGV[6 + r], 's', ARGV[a + 2], 'i', changed)
+  call('XADD', target, id, 'r', argv[6 + r], 's', argv[a + 2], 'i', changed)
   last_p, last_changed = p, changed
 end
 flush()

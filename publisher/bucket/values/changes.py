@@ -204,7 +204,7 @@ def digest_of(changes: Sequence[Change]) -> str:
 
     It is the digest of the changes as the commit script takes them (`pack_changes`), so a writer
     that sends encoded changes (`commit_stream`) and one that sends `Change`s agree."""
-    return pack_changes([encode_change(change) for change in changes]).digest()
+    return pack_change_values(changes).digest()
 
 
 Encoded = tuple[Op, str, str, bytes, bytes]
@@ -217,11 +217,17 @@ def encode_change(change: Change) -> Encoded:
     subs = change.sub_resources
     subs_json = _SUBS_JSON.get(subs) if type(subs) is tuple else None
     if subs_json is None:
-        subs_json = orjson.dumps(list(subs))
-        if type(subs) is tuple and len(_SUBS_JSON) < _SUBS_REMEMBERED:
-            _SUBS_JSON[subs] = subs_json
+        subs_json = _subs_json(subs)
     state = orjson.dumps(change.state) if change.op == "put" else b""
     return (change.op, change.resource, change.changed_resource_id, subs_json, state)
+
+
+def _subs_json(subs: Sequence[str]) -> bytes:
+    """`subs` as a JSON array, remembered when it is a tuple (`_SUBS_JSON`)."""
+    subs_json = orjson.dumps(list(subs))
+    if type(subs) is tuple and len(_SUBS_JSON) < _SUBS_REMEMBERED:
+        _SUBS_JSON[subs] = subs_json
+    return subs_json
 
 
 _SUBS_JSON: dict[tuple[str, ...], bytes] = {}
@@ -281,6 +287,54 @@ def pack_changes(changes: Sequence[Encoded]) -> PackedChanges:
         )
     names = b"".join(_bulk(resource.encode()) for resource in codes)
     return PackedChanges(list(codes), names + b"".join(parts), len(changes))
+
+
+def pack_change_values(changes: Sequence[Change]) -> PackedChanges:
+    """`changes` (validated or not) encoded and packed in one pass: what
+    `pack_changes([encode_change(c) for c in changes])` gives, byte for byte, for a third of the
+    CPU. Each state's JSON is copied into its change's packed bytes and dropped at once: a batch
+    that keeps hundreds of orjson's results alive (a list of `Encoded`) costs the allocator
+    several µs per change, more than the encoding itself. The bulk strings' headers are looked
+    up (`_HEADS`), the sub-resources' bulk string packed once per list (`_SUBS_BULK`)."""
+    codes: dict[str, dict[str, bytes]] = {}
+    parts: list[bytes] = []
+    append = parts.append
+    join = b"".join
+    dumps = orjson.dumps
+    heads = _HEADS
+    known_subs = _SUBS_BULK
+    for change in changes:
+        resource = change.resource
+        known = codes.get(resource)
+        if known is None:
+            known = codes[resource] = _codes(len(codes) + 1)
+        subs = change.sub_resources
+        subs_bulk = known_subs.get(subs) if type(subs) is tuple else None
+        if subs_bulk is None:
+            subs_bulk = _bulk(_subs_json(subs))
+            if type(subs) is tuple and len(known_subs) < _SUBS_REMEMBERED:
+                known_subs[subs] = subs_bulk
+        op = change.op
+        raw = change.changed_resource_id.encode()
+        size = len(raw)
+        id_head = heads[size] if size < _HEADS_KNOWN else b"$%d\r\n" % size
+        if op == "put":
+            state = dumps(change.state)
+            size = len(state)
+            state_head = heads[size] if size < _HEADS_KNOWN else b"$%d\r\n" % size
+            append(join((known[op], id_head, raw, b"\r\n", subs_bulk, state_head, state,
+                         b"\r\n")))
+        else:
+            append(join((known[op], id_head, raw, b"\r\n", subs_bulk, b"$0\r\n\r\n")))
+    names = b"".join(_bulk(resource.encode()) for resource in codes)
+    return PackedChanges(list(codes), names + b"".join(parts), len(changes))
+
+
+_HEADS_KNOWN = 4096
+_HEADS = [b"$%d\r\n" % size for size in range(_HEADS_KNOWN)]
+"""The header of a bulk string of each length below _HEADS_KNOWN."""
+_SUBS_BULK: dict[tuple[str, ...], bytes] = {}
+"""Sub-resource lists as packed bulk strings of their JSON (`pack_change_values`)."""
 
 
 _CODES: list[dict[str, bytes]] = []
@@ -362,6 +416,7 @@ __all__ = [
     "json_type",
     "merge_partitions",
     "object_state",
+    "pack_change_values",
     "pack_changes",
     "parse_entry",
     "state_refused",

@@ -53,5 +53,23 @@ class Validator:
         if hashable and len(self._fitting) < KINDS_REMEMBERED:
             self._fitting.add(kind)
 
+    def validate_all(self, changes: Iterable[Change]) -> None:
+        """`validate` each of `changes`, in order (the first that does not fit raises). A change
+        whose resource and sub-resources are the very objects of the change checked before it
+        (a bulk writer's changes of one kind share them) has only its id checked."""
+        validate = self.validate
+        resource: object = None
+        subs: object = None
+        for change in changes:
+            id = change.changed_resource_id
+            if (
+                change.sub_resources is subs and change.resource is resource
+                and type(id) is str and id and len(id) * 4 <= MAX_ID_BYTES
+            ):
+                continue
+            validate(change)
+            if type(change.sub_resources) is tuple:  # immutable: it fits from now on
+                resource, subs = change.resource, change.sub_resources
+
 
 __all__ = ["KINDS_REMEMBERED", "Validator"]

@@ -23,6 +23,7 @@ from publisher.bucket import (
     state_refused,
 )
 from publisher.bucket.lua import scripts
+from publisher.bucket.values.changes import encode_change, pack_change_values, pack_changes
 
 
 @dataclass
@@ -65,6 +66,21 @@ def test_digest_names_the_changes_in_order() -> None:
     assert digest_of([a]) != digest_of([Change.publish("vm", "a", ["nic"])])
     # A delete's state is not stored, so it is not part of what the key names.
     assert digest_of([Change("vm", "b", ("nic",), "delete", {"x": 1})]) == digest_of([b])
+
+
+def test_packing_changes_in_one_pass_gives_the_bytes_of_encoding_then_packing() -> None:
+    changes = [
+        Change.put("vm", "a", ("nic",), {"n": 1, "s": "é"}), Change.delete("vm", "b", ["nic", "x"]),
+        Change.publish("net", "c", ("q",)), Change("vm", "d", ("nic",), "delete", {"x": 1}),
+        Change.put("net", "ü", ["a"], {"y": [1, 2]}), Change.put("vm", "e", ["nic"], {}),
+        Change.put("vm", "big", ("nic",), {"y": "z" * 5000}),  # a header not looked up
+    ]
+    one_pass = pack_change_values(changes)
+    assert one_pass == pack_changes([encode_change(c) for c in changes])
+    assert one_pass.resources == ["vm", "net"]
+    assert pack_change_values([]) == pack_changes([])
+    with pytest.raises(TypeError):  # what orjson cannot encode fails the packing
+        pack_change_values([Change.put("vm", "f", ("nic",), {"x": object()})])
 
 
 def test_committed_gives_the_run_of_cursors() -> None:
