@@ -266,6 +266,7 @@ class Session:
         log.info("capture: streaming", slot=self.capture.slot, publisher=self.name)
         looked = 0.0
         pending: list[Transaction] = []
+        rows = 0  # of `pending`
         flight = Flight(self, cur, mark)
         try:
             while not self.stop.is_set():
@@ -273,12 +274,15 @@ class Session:
                     looked = time.monotonic()
                     self.sink.lag(self._lag(lock), flight.confirmed)
                 flight.land(wait=False)
-                with translate_postgres_errors("capture stream"):
+                try:  # (not a `with` each message: this loop is the capture's hottest)
                     message = cur.read_message()
+                except database.ERRORS:
+                    with translate_postgres_errors("capture stream"):
+                        raise
                 if message is None:
                     if pending and not flight.busy:  # what arrived while the bucket answered
                         flight.launch(pending)
-                        pending = []
+                        pending, rows = [], 0
                         continue
                     if not (pending or flight.busy or assembler.in_transaction):
                         flight.idle(cur.wal_end)  # nothing pending: the idle slot moves on
@@ -294,13 +298,13 @@ class Session:
                 if txn.truncated and pending:  # a TRUNCATE reads the store: what is before first
                     flight.land(wait=True)
                     flight.launch(pending)
-                    pending = []
+                    pending, rows = [], 0
                 pending.append(txn)
-                if txn.truncated or len(pending) >= GROUP or \
-                        sum(len(t.rows) for t in pending) >= GROUP_ROWS:
+                rows += len(txn.rows)
+                if txn.truncated or len(pending) >= GROUP or rows >= GROUP_ROWS:
                     flight.land(wait=True)
                     flight.launch(pending)
-                    pending = []
+                    pending, rows = [], 0
         finally:
             flight.close()
 
