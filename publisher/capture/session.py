@@ -48,7 +48,7 @@ LOCK_CLASS = 0x63617074  # "capt"
 """The first key of the capture's advisory lock; the second is a hash of the slot's name."""
 COPY_BATCH = 1000
 """Rows of a table read (and committed) per round of the copy."""
-GROUP = 100
+GROUP = 1000
 """Complete transactions handed to the bucket at most at once (each its own atomic commit, all
 in one round trip): those that arrived while the bucket answered the ones before."""
 GROUP_ROWS = 2000
