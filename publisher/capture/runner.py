@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -74,13 +73,22 @@ class CaptureRunner:
         return self._task
 
     async def stop(self) -> None:
+        """Stop the capture and wait for its task. The task's own cancellation is the stop's
+        doing and ends here; the caller's (it is cancelled while it waits) goes on up."""
         self._stop.set()
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-        self._thread.shutdown(wait=False)
+        try:
+            if self._task is not None:
+                self._task.cancel()
+                try:
+                    await self._task
+                except asyncio.CancelledError:
+                    current = asyncio.current_task()
+                    if current is not None and current.cancelling():
+                        raise
+                finally:
+                    self._task = None
+        finally:
+            self._thread.shutdown(wait=False)
 
     async def run(self) -> None:
         """Run sessions until stopped: a failed one is logged and followed by another."""
