@@ -260,7 +260,7 @@ def _tuple_at(payload: bytes, at: int) -> tuple[Tuple, int]:
     for _ in range(count):
         kind = payload[at]
         at += 1
-        if kind == _T or kind == _B:
+        if kind in (_T, _B):
             (size,) = _INT32.unpack_from(payload, at)
             end = at + 4 + size
             if size < 0 or end > len(payload):
@@ -288,7 +288,7 @@ def _fast_insert(payload: bytes) -> Insert:
 def _fast_update(payload: bytes) -> Update:
     oid, marker = _OID_MARKER.unpack_from(payload, 1)
     old, old_kind, at = None, None, 6
-    if marker == _K or marker == _O:
+    if marker in (_K, _O):
         old, at = _tuple_at(payload, at)
         old_kind = chr(marker)
         marker = payload[at]
@@ -302,7 +302,7 @@ def _fast_update(payload: bytes) -> Update:
 
 def _fast_delete(payload: bytes) -> Delete:
     oid, marker = _OID_MARKER.unpack_from(payload, 1)
-    if marker != _K and marker != _O:
+    if marker not in (_K, _O):
         raise DecodeError(f"a Delete with {chr(marker)!r} where its old tuple begins")
     old, at = _tuple_at(payload, 6)
     _ended(payload, at, "Delete")

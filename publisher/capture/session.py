@@ -6,8 +6,9 @@ committed transaction to the event loop (`Sink`, carried out by publisher.captur
 waiting for the bucket's answer before it confirms the transaction's end to PostgreSQL. So the
 slot's confirmed position never passes a transaction the bucket has not acknowledged. The
 complete transactions that arrived while the bucket answered go together (`GROUP`), each still
-its own atomic commit; the session holds at most two groups: the one the bucket commits
-(`Flight`) and the one it reads meanwhile.
+its own atomic commit (small ones several to a script call, each under its own key); the
+session holds at most two groups: the one the bucket commits (`Flight`) and the one it reads
+meanwhile.
 
 One publisher streams a slot at a time: the session that holds the advisory lock of the slot
 (on its plain connection; a standby tries for it every `takeoverInterval` seconds, and gets it
@@ -49,8 +50,9 @@ LOCK_CLASS = 0x63617074  # "capt"
 COPY_BATCH = 1000
 """Rows of a table read (and committed) per round of the copy."""
 GROUP = 1000
-"""Complete transactions handed to the bucket at most at once (each its own atomic commit, all
-in one round trip): those that arrived while the bucket answered the ones before."""
+"""Complete transactions handed to the bucket at most at once (each its own atomic commit,
+small ones several to a script call of up to 500 changes, the calls in one round trip): those
+that arrived while the bucket answered the ones before."""
 GROUP_ROWS = 2000
 """Rows of a group at most (a larger transaction goes alone)."""
 PG_EPOCH = 946684800
