@@ -70,9 +70,19 @@ class Assembler:
         return self.current is not None
 
     def feed(self, message: po.Decoded) -> Transaction | None:
-        if isinstance(message, po.Begin):
-            self.current = Transaction(message)
+        kind = type(message)  # a transaction's messages first: the common case
+        if kind is po.Insert or kind is po.Update or kind is po.Delete:
+            if self.current is None:
+                raise ProtocolViolation(f"{kind.__name__} outside a transaction")
+            self._row(self.current, message)  # type: ignore[arg-type]
             return None
+        if kind is po.Begin:
+            self.current = Transaction(message)  # type: ignore[arg-type]
+            return None
+        if kind is po.Commit and self.current is not None:
+            txn, self.current = self.current, None
+            txn.commit = message  # type: ignore[assignment]
+            return txn
         if isinstance(message, po.Relation):
             self._relation(message)
             return None
