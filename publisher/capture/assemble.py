@@ -79,10 +79,6 @@ class Assembler:
         if kind is po.Begin:
             self.current = Transaction(message)  # type: ignore[arg-type]
             return None
-        if kind is po.Commit and self.current is not None:
-            txn, self.current = self.current, None
-            txn.commit = message  # type: ignore[assignment]
-            return txn
         if isinstance(message, po.Relation):
             self._relation(message)
             return None
@@ -98,8 +94,6 @@ class Assembler:
         if isinstance(message, po.Truncate):
             txn.truncated += [s.table for oid in message.relations
                               if (s := self.shapes.get(oid)) is not None]
-            return None
-        self._row(txn, message)
         return None
 
     def _relation(self, relation: po.Relation) -> None:
