@@ -70,8 +70,14 @@ class Assembler:
         return self.current is not None
 
     def feed(self, message: po.Decoded) -> Transaction | None:
-        if isinstance(message, po.Begin):
-            self.current = Transaction(message)
+        kind = type(message)  # a transaction's messages first: the common case
+        if kind is po.Insert or kind is po.Update or kind is po.Delete:
+            if self.current is None:
+                raise ProtocolViolation(f"{kind.__name__} outside a transaction")
+            self._row(self.current, message)  # type: ignore[arg-type]
+            return None
+        if kind is po.Begin:
+            self.current = Transaction(message)  # type: ignore[arg-type]
             return None
         if isinstance(message, po.Relation):
             self._relation(message)
@@ -88,8 +94,6 @@ class Assembler:
         if isinstance(message, po.Truncate):
             txn.truncated += [s.table for oid in message.relations
                               if (s := self.shapes.get(oid)) is not None]
-            return None
-        self._row(txn, message)
         return None
 
     def _relation(self, relation: po.Relation) -> None:

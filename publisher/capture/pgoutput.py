@@ -211,6 +211,13 @@ def decode(payload: bytes) -> Decoded:
     """The message of one XLogData payload; DecodeError when it is not one."""
     if not payload:
         raise DecodeError("an empty message")
+    fast = _FAST.get(payload[0])
+    if fast is not None:  # the messages of every transaction, read without a `_Reader`
+        try:
+            return fast(payload)
+        except (struct.error, IndexError):
+            raise DecodeError(f"a {chr(payload[0])!r} message of {len(payload)} bytes "
+                              "ends early") from None
     r = _Reader(payload)
     kind = chr(r.int8())
     decoder = _DECODERS.get(kind)
@@ -219,6 +226,95 @@ def decode(payload: bytes) -> Decoded:
     out = decoder(r)
     r.done(type(out).__name__)
     return out
+
+
+_BEGIN = struct.Struct(">QqI")
+_COMMIT = struct.Struct(">BQQq")
+_OID_MARKER = struct.Struct(">IB")
+_INT16 = struct.Struct(">h")
+_INT32 = struct.Struct(">i")
+_T, _B, _N, _U, _K, _O, _NEW = b"tbnuKON"
+
+
+def _ended(payload: bytes, at: int, what: str) -> None:
+    if at != len(payload):
+        raise DecodeError(f"{len(payload) - at} bytes after the end of a {what}")
+
+
+def _fast_begin(payload: bytes) -> Begin:
+    _ended(payload, 1 + _BEGIN.size, "Begin")
+    return Begin(*_BEGIN.unpack_from(payload, 1))
+
+
+def _fast_commit(payload: bytes) -> Commit:
+    _ended(payload, 1 + _COMMIT.size, "Commit")
+    return Commit(*_COMMIT.unpack_from(payload, 1))
+
+
+def _tuple_at(payload: bytes, at: int) -> tuple[Tuple, int]:
+    """The tuple at offset `at` of `payload`, and the offset after it (`_Reader.tuple`)."""
+    (count,) = _INT16.unpack_from(payload, at)
+    at += 2
+    values: list[Value] = []
+    append = values.append
+    for _ in range(count):
+        kind = payload[at]
+        at += 1
+        if kind in (_T, _B):
+            (size,) = _INT32.unpack_from(payload, at)
+            end = at + 4 + size
+            if size < 0 or end > len(payload):
+                raise DecodeError(f"message ends after {len(payload)} bytes, {end} needed")
+            append(Value("t" if kind == _T else "b", payload[at + 4 : end]))
+            at = end
+        elif kind == _N:
+            append(NULL)
+        elif kind == _U:
+            append(UNCHANGED)
+        else:
+            raise DecodeError(f"unknown tuple value kind {chr(kind)!r}")
+    return tuple(values), at
+
+
+def _fast_insert(payload: bytes) -> Insert:
+    oid, marker = _OID_MARKER.unpack_from(payload, 1)
+    if marker != _NEW:
+        raise DecodeError("an Insert without its new tuple")
+    new, at = _tuple_at(payload, 6)
+    _ended(payload, at, "Insert")
+    return Insert(oid, new)
+
+
+def _fast_update(payload: bytes) -> Update:
+    oid, marker = _OID_MARKER.unpack_from(payload, 1)
+    old, old_kind, at = None, None, 6
+    if marker in (_K, _O):
+        old, at = _tuple_at(payload, at)
+        old_kind = chr(marker)
+        marker = payload[at]
+        at += 1
+    if marker != _NEW:
+        raise DecodeError(f"an Update with {chr(marker)!r} where its new tuple begins")
+    new, at = _tuple_at(payload, at)
+    _ended(payload, at, "Update")
+    return Update(oid, old, new, old_kind)  # type: ignore[arg-type]
+
+
+def _fast_delete(payload: bytes) -> Delete:
+    oid, marker = _OID_MARKER.unpack_from(payload, 1)
+    if marker not in (_K, _O):
+        raise DecodeError(f"a Delete with {chr(marker)!r} where its old tuple begins")
+    old, at = _tuple_at(payload, 6)
+    _ended(payload, at, "Delete")
+    return Delete(oid, old, chr(marker))  # type: ignore[arg-type]
+
+
+_FAST: dict[int, Callable[[bytes], Decoded]] = {
+    ord("B"): _fast_begin, ord("C"): _fast_commit, ord("I"): _fast_insert,
+    ord("U"): _fast_update, ord("D"): _fast_delete,
+}
+"""The decoders of the messages every transaction has, by kind byte (the others use
+`_Reader`)."""
 
 
 def _begin(r: _Reader) -> Begin:

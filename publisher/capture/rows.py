@@ -20,7 +20,7 @@ renamed) or whose type changed, a `_value` that is not a JSON object, an id too 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,21 +38,26 @@ TYPE_NAMES = {16: "bool", 20: "int8", 21: "int2", 23: "int4", 25: "text", 26: "o
               2950: "uuid", 3802: "jsonb", 1184: "timestamptz", 1114: "timestamp"}
 
 
+def _float(data: bytes) -> Any:
+    number = float(data)
+    return number if number - number == 0 else data.decode()  # NaN and infinities stay text
+
+
+_CONVERTERS: dict[int, Callable[[bytes], Any]] = {
+    **dict.fromkeys(_INTEGERS, int), **dict.fromkeys(_FLOATS, _float),
+    _BOOL: lambda data: data == b"t", _JSON: orjson.loads, _JSONB: orjson.loads,
+}
+"""How a column's bytes become its JSON value, by type (`value_of`; text by default)."""
+
+
+def converter(type_oid: int) -> Callable[[bytes], Any]:
+    return _CONVERTERS.get(type_oid, bytes.decode)
+
+
 def value_of(type_oid: int, text: str | None) -> Any:
     """The JSON value of a column's text: integers, floats and booleans as such, json and jsonb
     parsed, every other type (numeric, timestamps, arrays, enums...) as its text."""
-    if text is None:
-        return None
-    if type_oid in _INTEGERS:
-        return int(text)
-    if type_oid in _FLOATS:
-        number = float(text)
-        return number if number - number == 0 else text  # NaN and infinities stay text
-    if type_oid == _BOOL:
-        return text == "t"
-    if type_oid in (_JSON, _JSONB):
-        return orjson.loads(text)
-    return text
+    return None if text is None else converter(type_oid)(text.encode())
 
 
 def type_name(oid: int) -> str:
@@ -88,10 +93,18 @@ class Shape:
     types: dict[str, int]
     problem: str | None = None
     """Why its rows are set aside (None: they map)."""
+    id_at: int = -1
+    """The id column's place among the relation's columns (-1: it has none)."""
+    converters: tuple[tuple[str, Callable[[bytes], Any]], ...] = ()
+    """Each column's name and how its bytes become its JSON value (`value_of`)."""
 
     @classmethod
     def of(cls, table: Table, relation: po.Relation, types: dict[str, int]) -> Shape:
-        shape = cls(table, relation, types)
+        names = [c.name for c in relation.columns]
+        shape = cls(table, relation, types,
+                    id_at=names.index(table.id) if table.id in names else -1,
+                    converters=tuple((c.name, converter(c.type_oid))
+                                     for c in relation.columns))
         have = {c.name: c.type_oid for c in relation.columns}
         keys = {c.name for c in relation.columns if c.key}
         if table.id in have and table.id not in keys:
@@ -112,21 +125,22 @@ class Shape:
 
     def id_of(self, values: po.Tuple) -> str | None:
         """The id column's text in `values` (None when null or not sent)."""
-        for column, value in zip(self.relation.columns, values, strict=False):
-            if column.name == self.table.id:
-                return value.data.decode() if value.kind == "t" else None
-        return None
+        if not 0 <= self.id_at < len(values):
+            return None
+        value = values[self.id_at]
+        return value.data.decode() if value.kind == "t" else None
 
     def row(self, values: po.Tuple) -> dict[str, Any]:
         """Column -> JSON value; po.UNCHANGED for an unchanged TOASTed value."""
         out: dict[str, Any] = {}
-        for column, value in zip(self.relation.columns, values, strict=False):
-            if value.kind == "u":
-                out[column.name] = po.UNCHANGED
-            elif value.kind == "n":
-                out[column.name] = None
+        for (name, convert), value in zip(self.converters, values, strict=False):
+            kind = value.kind
+            if kind == "u":
+                out[name] = po.UNCHANGED
+            elif kind == "n":
+                out[name] = None
             else:
-                out[column.name] = value_of(column.type_oid, value.data.decode())
+                out[name] = convert(value.data)
         return out
 
 

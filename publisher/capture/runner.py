@@ -2,8 +2,9 @@
 its sessions (publisher.capture.session, in a thread).
 
 Each PostgreSQL transaction is one atomic commit of the bucket (a batch of `commit_batches`: one
-script call, whatever its size; a group of consecutive transactions goes in one round trip; on a
-Redis Cluster, `commit_many`: atomic per partition), under the idempotency key
+script call, whatever its size, or a part of one that holds several small transactions, each
+applied whole under its own key; a group of consecutive transactions goes in one round trip; on
+a Redis Cluster, `commit_many`: atomic per partition), under the idempotency key
 `capture:<slot>:<copy lsn>:<commit lsn>`. A transaction the slot sends again after a restart
 (the bucket acknowledged it, the slot's confirmed position had not moved yet) is found applied by
 its key before it is planned (`CaptureMarks.before_commit`) and writes nothing; should a race
@@ -74,6 +75,8 @@ class CaptureRunner:
         return self._task
 
     async def stop(self) -> None:
+        """Stop the capture and wait for its task. The task's own cancellation is the stop's
+        doing and ends here; the caller's (it is cancelled while it waits) goes on up."""
         self._stop.set()
         task, self._task = self._task, None
         try:
@@ -175,7 +178,8 @@ class CaptureRunner:
 
     async def apply(self, txns: list[Transaction], mark: Mark) -> bool:
         """Commit each of `txns` (consecutive, in commit order) atomically under its key, all in
-        one round trip; False when the bucket lost its state (copy again)."""
+        one round trip (small ones several to a script call); False when the bucket lost its
+        state (copy again)."""
         keys = [f"capture:{self.config.slot}:{mark.lsn}:{txn.lsn}" for txn in txns]
         (marked, known), stored = await asyncio.gather(  # two reads in one round trip's time
             self._retry(partial(self.marks.before_commit, self.config.slot, keys), "capture mark"),
@@ -269,9 +273,9 @@ class CaptureRunner:
         return out
 
     async def _commit(self, batches: list[tuple[list[Change], str]]) -> list[str | None]:
-        """Commit each batch atomically under its key, in order (one script call each, in one
-        round trip): the epoch each landed in, None for one whose key was known with other
-        changes (applied already)."""
+        """Commit each batch atomically under its key, in order (in one round trip; small
+        batches several to a script call): the epoch each landed in, None for one whose key was
+        known with other changes (applied already)."""
         if not batches:
             return []
         if self.bucket.log.ordered:

@@ -6,8 +6,9 @@ committed transaction to the event loop (`Sink`, carried out by publisher.captur
 waiting for the bucket's answer before it confirms the transaction's end to PostgreSQL. So the
 slot's confirmed position never passes a transaction the bucket has not acknowledged. The
 complete transactions that arrived while the bucket answered go together (`GROUP`), each still
-its own atomic commit; the session holds at most two groups: the one the bucket commits
-(`Flight`) and the one it reads meanwhile.
+its own atomic commit (small ones several to a script call, each under its own key); the
+session holds at most two groups: the one the bucket commits (`Flight`) and the one it reads
+meanwhile.
 
 One publisher streams a slot at a time: the session that holds the advisory lock of the slot
 (on its plain connection; a standby tries for it every `takeoverInterval` seconds, and gets it
@@ -48,9 +49,10 @@ LOCK_CLASS = 0x63617074  # "capt"
 """The first key of the capture's advisory lock; the second is a hash of the slot's name."""
 COPY_BATCH = 1000
 """Rows of a table read (and committed) per round of the copy."""
-GROUP = 100
-"""Complete transactions handed to the bucket at most at once (each its own atomic commit, all
-in one round trip): those that arrived while the bucket answered the ones before."""
+GROUP = 1000
+"""Complete transactions handed to the bucket at most at once (each its own atomic commit,
+small ones several to a script call of up to 500 changes, the calls in one round trip): those
+that arrived while the bucket answered the ones before."""
 GROUP_ROWS = 2000
 """Rows of a group at most (a larger transaction goes alone)."""
 PG_EPOCH = 946684800
@@ -266,6 +268,7 @@ class Session:
         log.info("capture: streaming", slot=self.capture.slot, publisher=self.name)
         looked = 0.0
         pending: list[Transaction] = []
+        rows = 0  # of `pending`
         flight = Flight(self, cur, mark)
         try:
             while not self.stop.is_set():
@@ -273,12 +276,15 @@ class Session:
                     looked = time.monotonic()
                     self.sink.lag(self._lag(lock), flight.confirmed)
                 flight.land(wait=False)
-                with translate_postgres_errors("capture stream"):
+                try:  # (not a `with` each message: this loop is the capture's hottest)
                     message = cur.read_message()
+                except database.ERRORS:
+                    with translate_postgres_errors("capture stream"):
+                        raise
                 if message is None:
                     if pending and not flight.busy:  # what arrived while the bucket answered
                         flight.launch(pending)
-                        pending = []
+                        pending, rows = [], 0
                         continue
                     if not (pending or flight.busy or assembler.in_transaction):
                         flight.idle(cur.wal_end)  # nothing pending: the idle slot moves on
@@ -294,13 +300,13 @@ class Session:
                 if txn.truncated and pending:  # a TRUNCATE reads the store: what is before first
                     flight.land(wait=True)
                     flight.launch(pending)
-                    pending = []
+                    pending, rows = [], 0
                 pending.append(txn)
-                if txn.truncated or len(pending) >= GROUP or \
-                        sum(len(t.rows) for t in pending) >= GROUP_ROWS:
+                rows += len(txn.rows)
+                if txn.truncated or len(pending) >= GROUP or rows >= GROUP_ROWS:
                     flight.land(wait=True)
                     flight.launch(pending)
-                    pending = []
+                    pending, rows = [], 0
         finally:
             flight.close()
 

@@ -134,15 +134,23 @@ class Committer:
             packed.digest() if key else "",
             self.idempotency_keys,
             self._witness_argument(),
+            packed.parts or "",
             *unpack_bulk(packed.args),
         ]
         return keys, args
 
     @staticmethod
     def _committed(parts: list[bytes]) -> Committed:
+        """commit.lua's reply, split: the call's figures, and after its witness those of each
+        transaction of a call of several (five each)."""
         epoch, ms, first, count, fresh, renewed = parts[:6]
+        each = tuple(
+            Committed(parts[at].decode(), int(parts[at + 1]), int(parts[at + 2]),
+                      int(parts[at + 3]), parts[at + 4] == b"1")
+            for at in range(8, len(parts), 5)
+        )
         return Committed(
-            epoch.decode(), int(ms), int(first), int(count), fresh == b"1", renewed == b"1"
+            epoch.decode(), int(ms), int(first), int(count), fresh == b"1", renewed == b"1", each
         )
 
     def _witness_argument(self, over: object = None) -> str:
@@ -206,11 +214,12 @@ class Committer:
         resource_keys = [self._resource_keys(resource) for resource in packed.resources]
         count = 7 + 2 * len(resource_keys)
         return b"".join([
-            b"*%d\r\n" % (3 + count + 6 + packed.arg_count),
+            b"*%d\r\n" % (3 + count + 7 + packed.arg_count),
             self._evalsha, _bulk(b"%d" % count), self._fixed_keys, *resource_keys,
             _bulk(self._candidate.encode()), self._partitions_argument,
             _bulk(key.encode()) if key else EMPTY, _bulk(digest.encode()) if digest else EMPTY,
-            self._most_argument, self._witnesses_over(over), packed.args,
+            self._most_argument, self._witnesses_over(over),
+            _bulk(b"%d" % packed.parts) if packed.parts else EMPTY, packed.args,
         ])
 
     def _resource_keys(self, resource: str) -> bytes:

@@ -162,10 +162,11 @@ class Log:
             yield committed
 
     async def commit_batches(self, batches: Sequence[writes.Batch]) -> list[Committed]:
-        """Commit each batch atomically (one script call each, up to WINDOW in flight), in
-        order, on an ordered bucket (a batch over several shards of a bucket in a Redis Cluster
-        is not one atomic call: use `commit_many`); a batch whose key is already known is not
-        written again (`fresh` False).
+        """Commit each batch atomically under its key, in order, on an ordered bucket (a batch
+        over several shards of a bucket in a Redis Cluster is not one atomic call: use
+        `commit_many`); a batch whose key is already known is not written again (`fresh`
+        False). Small consecutive batches go several to a script call (`writes.commit_batches`),
+        up to WINDOW calls of a full BATCH in flight.
 
         Every change is validated before anything is sent. Raises BucketUnavailable when
         nothing was sent, CommitOutcomeUnknown when the calls were sent but no answer came: some

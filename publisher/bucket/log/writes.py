@@ -26,6 +26,7 @@ from publisher.bucket.values.changes import (
     PackedChanges,
     pack_change_values,
     pack_changes,
+    pack_group,
 )
 from publisher.bucket.values.keys import partition_of
 
@@ -224,15 +225,42 @@ async def commit_stream(
 
 
 async def commit_batches(shard: Shard, batches: Sequence[Batch]) -> list[Committed]:
-    """Commit each batch of validated changes atomically (one script call each), in order, on
-    the one shard of an ordered bucket (`Log.commit_batches`). Up to WINDOW calls of a full
-    BATCH are in flight, more of smaller batches (as many changes in flight at most): many
-    small transactions go in one round trip, not one per WINDOW calls."""
-    calls = [_call(pack_change_values(changes), key or "")
-             for changes, key in batches]
-    largest = max((len(changes) for changes, _ in batches), default=1)
+    """Commit each batch of validated changes atomically under its key, in order, on the one
+    shard of an ordered bucket (`Log.commit_batches`); one `Committed` per batch. Consecutive
+    small batches go together, up to BATCH changes, as one script call that applies each under
+    its own key (`pack_group`: a batch whose key is known is skipped, the others written); a
+    larger batch is a call of its own. Up to WINDOW calls of a full BATCH are in flight, more
+    of smaller ones (as many changes in flight at most)."""
+    calls: list[CommitCall] = []
+    sizes: list[int] = []
+    """Per call, how many batches it holds (0: one, as a plain call)."""
+    group: list[tuple[PackedChanges, str]] = []
+    held = 0
+
+    def close_group() -> None:
+        nonlocal group, held
+        if len(group) == 1:
+            calls.append(_call(*group[0]))
+            sizes.append(0)
+        elif group:
+            calls.append((pack_group(group), "", ""))
+            sizes.append(len(group))
+        group, held = [], 0
+
+    for changes, key in batches:
+        packed = pack_change_values(changes)
+        if held + packed.count > BATCH:
+            close_group()
+        group.append((packed, key or ""))
+        held += packed.count
+    close_group()
+    largest = max((call[0].count for call in calls), default=1)
     window = max(WINDOW, WINDOW * BATCH // max(1, largest))
-    return await _run(shard, iter(calls), len(calls), window=window)
+    done = await _run(shard, iter(calls), len(calls), window=window)
+    out: list[Committed] = []
+    for committed, size in zip(done, sizes, strict=True):
+        out += committed.parts if size else [committed]
+    return out
 
 
 __all__ = ["BATCH", "WINDOW", "Batch", "EncodedBatch", "KeyIn", "KeyOf", "commit_batches",

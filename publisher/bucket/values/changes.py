@@ -182,6 +182,10 @@ class Committed:
     count: int
     fresh: bool = True
     renewed: bool = False
+    parts: tuple[Committed, ...] = ()
+    """A call of several transactions (`pack_group`): what each one got, in order (its
+    `fresh` False when it was skipped, its key known); the call's own figures are those of the
+    changes written now."""
 
     @property
     def cursors(self) -> list[str]:
@@ -254,17 +258,25 @@ class PackedChanges:
 
     Packed once, by hand, because a writer of many changes would otherwise spend more CPU in
     redis-py's per-argument packing than Redis spends running the script. A resource's name and
-    keys go once per batch, not once per change."""
+    keys go once per batch, not once per change.
+
+    A call of several transactions (`pack_group`) holds `parts` of them: after the names, four
+    arguments per transaction (its key, digest, number of changes and resource numbers), then
+    their changes, each coded by its own transaction's resources."""
 
     resources: list[str]
     args: bytes
     count: int
     """How many changes."""
+    head: int = 0
+    """The bytes of `args` that name the resources (the changes follow)."""
+    parts: int = 0
+    """How many transactions a call of several holds (0: one, named by the call's key)."""
 
     @property
     def arg_count(self) -> int:
         """How many bulk strings `args` holds."""
-        return len(self.resources) + 4 * self.count
+        return len(self.resources) + 4 * self.count + 4 * self.parts
 
     def digest(self) -> str:
         """The digest of the changes: what their idempotency key is checked against."""
@@ -286,7 +298,25 @@ def pack_changes(changes: Sequence[Encoded]) -> PackedChanges:
             % (known[op], len(raw), raw, len(subs), subs, len(state), state)
         )
     names = b"".join(_bulk(resource.encode()) for resource in codes)
-    return PackedChanges(list(codes), names + b"".join(parts), len(changes))
+    return PackedChanges(list(codes), names + b"".join(parts), len(changes), len(names))
+
+
+def pack_group(parts: Sequence[tuple[PackedChanges, str]]) -> PackedChanges:
+    """Several transactions, each packed alone (`pack_changes`: so its digest is the one it has
+    committed alone) with its idempotency key ('' for none), as one commit.lua call that applies
+    each atomically under its key, in order (see `PackedChanges`)."""
+    numbers: dict[str, int] = {}
+    described: list[bytes] = []
+    for packed, key in parts:
+        own = b" ".join(b"%d" % numbers.setdefault(r, len(numbers) + 1) for r in packed.resources)
+        raw = key.encode()
+        digest = packed.digest().encode() if key else b""
+        described.append(b"$%d\r\n%s\r\n$%d\r\n%s\r\n%s$%d\r\n%s\r\n" % (
+            len(raw), raw, len(digest), digest, _bulk(b"%d" % packed.count), len(own), own))
+    names = b"".join(_bulk(resource.encode()) for resource in numbers)
+    args = b"".join([names, *described, *(packed.args[packed.head:] for packed, _ in parts)])
+    return PackedChanges(list(numbers), args, sum(packed.count for packed, _ in parts),
+                         len(names), len(parts))
 
 
 def pack_change_values(changes: Sequence[Change]) -> PackedChanges:
@@ -418,6 +448,7 @@ __all__ = [
     "object_state",
     "pack_change_values",
     "pack_changes",
+    "pack_group",
     "parse_entry",
     "state_refused",
     "unpack_bulk",

@@ -7,19 +7,26 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import psycopg2
+import pytest
 
+from changefeed.protocol import Resource
+from publisher.bucket import ChangeBucket, connect
 from publisher.capture.runner import STOP_GRACE, CaptureRunner
+from publisher.config.capture import parse_capture
 from publisher.config.settings import Config
 from tests.conftest import PublisherFactory
-from tests.publisher.capture.rig import prepare, section_of
+from tests.publisher.capture.rig import capture_section, prepare, section_of
 from tests.servers import RedisServer, eventually, scaled
 
+RESOURCES = [Resource("vm", ("nic", "alias", "state"), "/vms")]
 LOCK_BACKEND = """
 SELECT DISTINCT a.pid FROM pg_stat_activity a JOIN pg_locks l ON l.pid = a.pid
 WHERE a.application_name LIKE 'changefeed-capture %' AND a.backend_type = 'client backend'
@@ -80,3 +87,35 @@ async def test_the_capture_stops_while_its_backend_does_not_answer(
         finally:
             os.kill(pid, signal.SIGCONT)
         assert took < scaled(3 * STOP_GRACE), took
+
+
+async def test_a_stop_whose_caller_is_cancelled_lets_the_cancellation_through(
+    redis_server: RedisServer,
+) -> None:
+    """`stop` waits for the capture's task, whose cancellation it swallows; a cancellation of
+    its caller meanwhile is the caller's, and reaches it (a TaskGroup shutting down, a
+    timeout). The session hangs in its connect to a server that never answers."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen()
+    url = f"postgresql://changefeed@127.0.0.1:{silent.getsockname()[1]}/vmapi"
+    capture = parse_capture({"capture": capture_section(url)}, {"vm": ["nic", "alias", "state"]},
+                            "test", Path.cwd())
+    assert capture is not None
+    bucket = ChangeBucket(connect(redis_server.url), "test", RESOURCES)
+    runner = CaptureRunner(bucket, capture, {r.resource: r for r in RESOURCES}, url, "t")
+    try:
+        runner.start()
+        await eventually(lambda: in_function("changefeed-capture", "connect"),
+                         "the session connects")
+        caller = asyncio.create_task(runner.stop())
+        await asyncio.sleep(0.1)  # the stop waits for the session's grace
+        assert not caller.done()
+        caller.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await caller
+        assert caller.cancelled()
+        await runner.stop()  # a stop not cancelled ends quietly
+    finally:
+        await bucket.aclose()
+        silent.close()

@@ -10,7 +10,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from changefeed.cursor import ZERO
-from changefeed.errors import ChangeError
+from changefeed.errors import ChangeError, ChangefeedError
 from publisher.bucket import BATCH, Change, ChangeBucket, connect
 from publisher.config.settings import Config
 
@@ -94,3 +94,57 @@ async def test_at_most_the_bound_of_keys_is_remembered(
         assert await bucket.publish("vm", "v0", ["nic"], key="k0") != cursors[0]
     finally:
         await bucket.aclose()
+
+
+def txn(n: int, *resources: str) -> list[Change]:
+    subs = {"vm": ["nic"], "network": ["ips"]}
+    return [Change.put(r, f"{r}-{n}", subs[r], {"n": n}) for r in resources or ("vm",)]
+
+
+async def test_a_group_skips_its_transactions_applied_already_and_writes_the_others(
+    bucket: ChangeBucket,
+) -> None:
+    """Small transactions go as one script call, each under its key: one applied before (alone,
+    or in another group) is skipped, not refused, and keeps its first positions."""
+    txns = [txn(n, "vm", "network") if n % 2 else txn(n) for n in range(6)]
+    (alone,) = await bucket.log.commit_batches([(txns[1], "t1")])
+    earlier = await bucket.log.commit_batches([(txns[3], "t3"), (txns[4], "t4")])
+    done = await bucket.log.commit_batches([(t, f"t{n}") for n, t in enumerate(txns)])
+    assert [c.fresh for c in done] == [True, False, True, False, False, True]
+    assert done[1] == replace(alone, fresh=False)
+    assert done[3:5] == [replace(c, fresh=False) for c in earlier]
+    assert await ids_in_log(bucket) == [
+        "vm-1", "network-1", "vm-3", "network-3", "vm-4",
+        "vm-0", "vm-2", "vm-5", "network-5"]
+    fresh = [c for c in done if c.fresh]
+    assert [c.first for c in fresh] == [fresh[0].first, fresh[0].first + 1, fresh[0].first + 2]
+    again = await bucket.log.commit_batches([(t, f"t{n}") for n, t in enumerate(txns)])
+    assert [c.fresh for c in again] == [False] * 6
+    assert len(await ids_in_log(bucket)) == 9
+
+
+async def test_a_group_with_a_key_reused_for_other_changes_writes_nothing(
+    bucket: ChangeBucket,
+) -> None:
+    await bucket.log.commit_batches([(txn(1), "t1")])
+    with pytest.raises(ChangeError, match="idempotency key 't1' was first used for other"):
+        await bucket.log.commit_batches([(txn(0), "t0"), (txn(2), "t1"), (txn(3), "t3")])
+    assert await ids_in_log(bucket) == ["vm-1"]
+
+
+async def test_a_group_that_fails_part_way_leaves_each_transaction_before_whole(
+    bucket: ChangeBucket, plain: aioredis.Redis
+) -> None:
+    """The script fails in the group's third transaction (its resource's state key holds a
+    string): the two before are in and remembered, the third left no log item; once the key is
+    fixed, the same group sent again writes only what is missing."""
+    txns = [txn(0), txn(1), txn(2, "network"), txn(3)]
+    await plain.set(bucket.keys.state("network"), "not a hash")
+    with pytest.raises(ChangefeedError, match="WRONGTYPE"):
+        await bucket.log.commit_batches([(t, f"t{n}") for n, t in enumerate(txns)])
+    assert await ids_in_log(bucket) == ["vm-0", "vm-1"]
+    assert await bucket.get("vm", "vm-1") == b'{"n":1}'
+    await plain.delete(bucket.keys.state("network"))
+    done = await bucket.log.commit_batches([(t, f"t{n}") for n, t in enumerate(txns)])
+    assert [c.fresh for c in done] == [False, False, True, True]
+    assert await ids_in_log(bucket) == ["vm-0", "vm-1", "network-2", "vm-3"]

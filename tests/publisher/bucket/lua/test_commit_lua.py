@@ -113,3 +113,25 @@ def test_a_batch_is_packed_with_each_resource_once() -> None:
     again = pack_changes([encode_change(c) for c in changes])
     assert again.digest() == packed.digest()
     assert pack_changes([encode_change(c) for c in changes[::-1]]).digest() != packed.digest()
+
+
+@pytest.mark.parametrize("partitions", [1, 3])
+@pytest.mark.parametrize("case", [c for c in CASES if len(CASES[c]) < 100])
+async def test_a_call_of_several_transactions_leaves_what_they_one_by_one_leave(
+    redis_server: RedisServer, plain: aioredis.Redis, case: str, partitions: int
+) -> None:
+    """Each transaction of a group numbers its own resources; the call maps them to its own."""
+    changes = CASES[case]
+    txns = [changes[at : at + 1 + at % 3] for at in range(0, len(changes), 1)][::2]
+    grouped = ChangeBucket(connect(redis_server.url), "grouped", None, partitions)
+    single = ChangeBucket(connect(redis_server.url), "single", None, partitions)
+    try:
+        done = await grouped.log.commit_batches([(txn, f"k{n}") for n, txn in enumerate(txns)])
+        assert [c.count for c in done] == [len(txn) for txn in txns]
+        assert len({(c.ms, c.first) for c in done}) == len(txns)
+        for txn in txns:
+            await single.commit_many(txn)
+        assert await _snapshot(plain, grouped) == await _snapshot(plain, single)
+    finally:
+        await grouped.aclose()
+        await single.aclose()
