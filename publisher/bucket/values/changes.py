@@ -357,7 +357,7 @@ def pack_change_values(changes: Sequence[Change]) -> PackedChanges:
         else:
             append(join((known[op], id_head, raw, b"\r\n", subs_bulk, b"$0\r\n\r\n")))
     names = b"".join(_bulk(resource.encode()) for resource in codes)
-    return PackedChanges(list(codes), names + b"".join(parts), len(changes))
+    return PackedChanges(list(codes), names + b"".join(parts), len(changes), len(names))
 
 
 _HEADS_KNOWN = 4096
