@@ -40,14 +40,7 @@ from listener.consumer_options import (
 )
 from listener.consumer_state import ConsumeCore, ConsumeState, FetchCore
 from listener.durable import DurableConsumer
-from listener.options import (
-    Client,
-    ClientArgs,
-    ClientOptions,
-    ErrorHandler,
-    base_url,
-    options_of,
-)
+from listener.options import Client, ClientArgs, ClientOptions, ErrorHandler, base_url, options_of
 from listener.refusal import refusal
 
 log = get_logger(__name__)

@@ -50,14 +50,7 @@ from changefeed.logs import get_logger
 from changefeed.protocol import ChangeItem
 from changefeed.retry import Retrier
 from listener.consumer_options import DEFAULT_EXPIRES, MIN_EXPIRES, event_filter
-from listener.options import (
-    Client,
-    ClientArgs,
-    ClientOptions,
-    ErrorHandler,
-    base_url,
-    options_of,
-)
+from listener.options import Client, ClientArgs, ClientOptions, ErrorHandler, base_url, options_of
 from listener.refusal import refusal
 
 log = get_logger(__name__)

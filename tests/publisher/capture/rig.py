@@ -72,17 +72,18 @@ def capture_section(url: str, **extra: Any) -> dict[str, Any]:
     return section
 
 
-def prepare(url: str, *statements: str, tables: dict[str, Any] | None = None) -> Capture:
+def prepare(url: str, *statements: str, tables: dict[str, Any] | None = None,
+            resources: dict[str, list[str]] | None = None) -> Capture:
     """The vms table (and `statements`), and the publication `changefeed capture install`
     makes; returns the capture's config (slot named after the database; `tables` instead of
-    the vms table's mapping)."""
+    the vms table's mapping, for `resources` instead of the vm resource)."""
     sql(url, VMS, *statements)
     name = url.rsplit("/", 1)[1]
     section = capture_section(url, slot=f"s_{name}", publication=f"p_{name}")
     if tables is not None:
         section["tables"] = tables
-    capture = parse_capture({"capture": section}, {"vm": ["nic", "alias", "state"]}, "test",
-                            Path.cwd())
+    known = resources if resources is not None else {"vm": ["nic", "alias", "state"]}
+    capture = parse_capture({"capture": section}, known, "test", Path.cwd())
     assert capture is not None
     conn = database.connect(url)
     try:

@@ -7,7 +7,6 @@ transaction is in the log once, in commit order."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import psycopg2
 import pytest
@@ -15,13 +14,11 @@ import pytest
 from changefeed.protocol import Resource
 from publisher.bucket import ChangeBucket, connect
 from publisher.bucket.stores.capture_marks import CaptureMarks, Mark
-from publisher.capture import database as pg
 from publisher.capture import pgoutput as po
 from publisher.capture.assemble import Assembler, Transaction
-from publisher.capture.install import install
 from publisher.capture.runner import CaptureRunner
-from publisher.config.capture import Capture, parse_capture
-from tests.publisher.capture.rig import MAPPING, VMS, capture_section, sql, stream_entries
+from publisher.config.capture import Capture
+from tests.publisher.capture.rig import MAPPING, prepare, sql, stream_entries
 from tests.publisher.outbox.rig import until
 from tests.servers import RedisServer
 
@@ -41,18 +38,8 @@ async def bucket(redis_server: RedisServer) -> AsyncIterator[ChangeBucket]:
 
 
 def prepared(url: str) -> Capture:
-    sql(url, VMS, NETS)
-    name = url.rsplit("/", 1)[1]
-    section = capture_section(url, slot=f"s_{name}", publication=f"p_{name}", tables=TABLES)
-    capture = parse_capture({"capture": section}, {r.resource: list(r.sub_resources)
-                                                   for r in RESOURCES}, "test", Path.cwd())
-    assert capture is not None
-    conn = pg.connect(url)
-    try:
-        install(conn, capture)
-    finally:
-        conn.close()
-    return capture
+    return prepare(url, NETS, tables=TABLES,
+                   resources={r.resource: list(r.sub_resources) for r in RESOURCES})
 
 
 def runner_of(bucket: ChangeBucket, capture: Capture, url: str) -> CaptureRunner:
