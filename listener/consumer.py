@@ -40,7 +40,15 @@ from listener.consumer_options import (
 )
 from listener.consumer_state import ConsumeCore, ConsumeState, FetchCore
 from listener.durable import DurableConsumer
-from listener.options import Client, ClientArgs, ClientOptions, ErrorHandler, base_url, options_of
+from listener.options import (
+    Client,
+    ClientArgs,
+    ClientOptions,
+    ErrorHandler,
+    base_url,
+    options_of,
+    report_retry,
+)
 from listener.refusal import refusal
 
 log = get_logger(__name__)
@@ -240,11 +248,8 @@ class PullConsumer(Client, metaclass=_ConsumerFactory):
         except ChangefeedError as error:
             delay = core.failed(error, time())
             if delay is not None:
-                self._log.warning("pull failed; backing off", error=str(error),
-                                  error_type=type(error).__name__, delay=round(delay, 3),
-                                  failures=core.retrier.failures)
-                if self.on_error is not None:
-                    self.on_error(error)
+                report_retry(self._log, "pull failed; backing off", error, delay,
+                             core.retrier.failures, self.on_error)
                 await asyncio.sleep(delay)
             return
         if core.retrier.failures:

@@ -50,7 +50,15 @@ from changefeed.logs import get_logger
 from changefeed.protocol import ChangeItem
 from changefeed.retry import Retrier
 from listener.consumer_options import DEFAULT_EXPIRES, MIN_EXPIRES, event_filter
-from listener.options import Client, ClientArgs, ClientOptions, ErrorHandler, base_url, options_of
+from listener.options import (
+    Client,
+    ClientArgs,
+    ClientOptions,
+    ErrorHandler,
+    base_url,
+    options_of,
+    report_retry,
+)
 from listener.refusal import refusal
 
 log = get_logger(__name__)
@@ -360,11 +368,8 @@ class DurableConsumer(Client):
                 await asyncio.sleep(delay)
 
     def _report(self, error: ChangefeedError, delay: float, retrier: Retrier) -> None:
-        self._log.warning("durable consumer request failed; backing off", error=str(error),
-                          error_type=type(error).__name__, delay=round(delay, 3),
-                          failures=retrier.failures)
-        if self.on_error is not None:
-            self.on_error(error)
+        report_retry(self._log, "durable consumer request failed; backing off", error, delay,
+                     retrier.failures, self.on_error)
 
     def _durable_headers(self) -> dict[str, str]:
         return self._headers(self.base_url, self.url)

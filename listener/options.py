@@ -26,11 +26,12 @@ import aiohttp
 from changefeed.backoff import Backoff
 from changefeed.credentials import NONE, Credentials
 from changefeed.errors import ChangefeedError, InvalidOption
+from changefeed.logs import Log
 from listener.credentials import load_credentials
 from listener.state import publisher_urls
 
 ErrorHandler = Callable[[ChangefeedError], None]
-"""A pull client's `on_error`: called with each failure it retries after."""
+"""A pull consumer's `on_error`: told each failure the consumer retries after; must not block."""
 
 
 class ClientArgs(TypedDict, total=False):
@@ -80,6 +81,18 @@ def client_options(
         raise InvalidOption("http_timeout", http_timeout, "a number of seconds > 0, or None")
     credentials = load_credentials(token, token_file, ssl, cafile)
     return ClientOptions(credentials, backoff, http_timeout, session)
+
+
+def report_retry(
+    log: Log, what: str, error: ChangefeedError, delay: float, failures: int,
+    on_error: ErrorHandler | None,
+) -> None:
+    """Report a failure a pull consumer retries after `delay` seconds: a warning (`what`),
+    then `on_error`, if any."""
+    log.warning(what, error=str(error), error_type=type(error).__name__, delay=round(delay, 3),
+                failures=failures)
+    if on_error is not None:
+        on_error(error)
 
 
 def options_of(options: ClientOptions | None, args: ClientArgs) -> ClientOptions:
@@ -139,4 +152,7 @@ class Client:
         return self.options.credentials.headers_for(url, base)
 
 
-__all__ = ["Client", "ClientArgs", "ClientOptions", "base_url", "client_options", "options_of"]
+__all__ = [
+    "Client", "ClientArgs", "ClientOptions", "ErrorHandler", "base_url", "client_options",
+    "options_of", "report_retry",
+]

@@ -5,16 +5,19 @@ given is shared and left open, one of the client's own is closed with it."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
 from changefeed.backoff import Backoff
-from changefeed.errors import InvalidOption, RetriesExhausted
+from changefeed.errors import ChangefeedError, InvalidOption, PullFailed, RetriesExhausted
+from changefeed.logs import get_logger
 from listener import BootstrapDone, DurableConsumer, Listener, ListenerConfig, PullConsumer
-from listener.options import base_url, client_options, options_of
+from listener.options import base_url, client_options, options_of, report_retry
 from publisher.server.service import Service
+from tests.records import logged
 from tests.servers import free_port, scaled
 
 
@@ -95,3 +98,26 @@ async def test_the_backoff_argument_of_a_listener_wins_over_its_config() -> None
         with pytest.raises(RetriesExhausted):
             async for _ in feed:
                 pass
+
+
+def test_both_pull_consumers_report_a_retried_failure_through_the_one_helper() -> None:
+    """`ErrorHandler` and the report of a retried failure are written once (listener/options.py),
+    and `PullConsumer` and `DurableConsumer` take them from there."""
+    import listener.consumer
+    import listener.durable
+    import listener.options
+
+    for module in (listener.consumer, listener.durable):
+        assert module.ErrorHandler is listener.options.ErrorHandler
+        assert module.report_retry is listener.options.report_retry
+        assert "ErrorHandler = " not in Path(module.__file__ or "").read_text()
+    seen: list[ChangefeedError] = []
+    error = PullFailed("http://p/events", "ConnectionResetError")
+    with logged("listener.test") as records:
+        report_retry(get_logger("listener.test"), "pull failed; backing off", error, 0.12345, 2,
+                     seen.append)
+        report_retry(get_logger("listener.test"), "again", error, 1.0, 3, None)
+    assert seen == [error]
+    assert [(r["event"], r["delay"], r["failures"], r["error_type"]) for r in records] == [
+        ("pull failed; backing off", 0.123, 2, "PullFailed"), ("again", 1.0, 3, "PullFailed"),
+    ]
