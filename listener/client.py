@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import inspect
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
@@ -37,6 +38,21 @@ log = get_logger(__name__)
 Handler = Callable[[Any], Awaitable[None] | None]
 
 
+def _with_defaults(options: ClientOptions, config: ListenerConfig) -> ClientOptions:
+    """`options` with each backoff and timeout it leaves to the client taken from `config`
+    (its pings 0 when `config` disables them): what the listener uses."""
+    return dataclasses.replace(
+        options,
+        backoff=options.backoff or config.backoff,
+        http_timeout=options.http_timeout or config.http_timeout,
+        open_timeout=options.open_timeout or config.open_timeout,
+        ping_interval=(options.ping_interval if options.ping_interval is not None
+                       else config.ping_interval or 0.0),
+        ping_timeout=(options.ping_timeout if options.ping_timeout is not None
+                      else config.ping_timeout or 0.0),
+    )
+
+
 class Listener(Client):
     """A change-feed listener for the publisher(s) at `url`.
 
@@ -47,10 +63,11 @@ class Listener(Client):
     `since` is a cursor the application stored: the listener resumes after it when the publisher
     still can, else it delivers a `Resync` and bootstraps. With `bootstrap=False` it never
     bootstraps: only changes (and Resync when some may have been missed) are delivered.
-    The credentials (`token`, `token_file`, `ssl`, `cafile`), `backoff` (default:
-    `config.backoff`), `http_timeout` (default: `config.http_timeout`) and `session` are every
-    client's keyword arguments (`listener.options.client_options`), or one `options=` value. A
-    401 or 403 raises AccessDenied.
+    The credentials (`token`, `token_file`, `ssl`, `cafile`), `backoff`, the timeouts
+    (`http_timeout`, `open_timeout`, `ping_interval`, `ping_timeout`; each defaults to
+    `config`'s) and `session` are every client's keyword arguments
+    (`listener.options.client_options`), or one `options=` value. A 401 or 403 raises
+    AccessDenied.
     `coalesce=True` asks the publisher, when this listener falls too far behind, to send one
     coalesced item per changed id instead of closing it with 4008 (ChangeEvent.coalesced). See
     docs/listener.md.
@@ -75,7 +92,9 @@ class Listener(Client):
     ) -> None:
         self.config = config or ListenerConfig()
         chosen = options_of(options, client)
-        super().__init__(chosen, chosen.http_timeout or self.config.http_timeout)
+        self._settings = _with_defaults(chosen, self.config)
+        """`options` with what it leaves to the client taken from `config`."""
+        super().__init__(chosen, self._settings.http_timeout, self._settings.open_timeout)
         self._core = ListenerCore(
             url,
             instance=instance,
@@ -83,7 +102,7 @@ class Listener(Client):
             resources=resources,
             watches=watches,
             since=since,
-            backoff=chosen.backoff or self.config.backoff,
+            backoff=self._settings.backoff or self.config.backoff,
             healthy_after=self.config.healthy_after,
             buffer_size=self.config.buffer.size,
             bootstrap=bootstrap,
@@ -235,7 +254,7 @@ class Listener(Client):
             attempt_log.info("connecting", since=attempt.registration.since)
             try:
                 async with Connection.open(
-                    attempt, core, self._buffer, self.config, self.options.credentials
+                    attempt, core, self._buffer, self.config, self._settings
                 ) as connection:
                     plan = core.reply(connection.reply, time.monotonic())
                     attempt_log.info("registered", resumed=plan.resumed, cursor=plan.cursor,

@@ -19,7 +19,6 @@ import orjson
 import websockets
 from websockets.asyncio.client import ClientConnection, connect
 
-from changefeed.credentials import Credentials
 from changefeed.errors import (
     AccessDenied,
     BootstrapFailed,
@@ -31,6 +30,7 @@ from changefeed.logs import get_logger
 from changefeed.protocol import HEARTBEAT, ChangeItem, CloseCode
 from listener.buffer import Buffer
 from listener.config import ListenerConfig
+from listener.options import ClientOptions
 from listener.pager import Page, Pager
 from listener.state import Attempt, ListenerCore
 
@@ -103,26 +103,29 @@ class Connection:
     @contextlib.asynccontextmanager
     async def open(
         cls, attempt: Attempt, core: ListenerCore, buffer: Buffer, config: ListenerConfig,
-        credentials: Credentials,
+        options: ClientOptions,
     ) -> AsyncIterator[Connection]:
-        """Connect, register and read the reply; the reader runs until the block exits."""
+        """Connect, register and read the reply within `options.open_timeout`, pinging as
+        `options` says (its timeouts resolved: none None); the reader runs until the block
+        exits."""
+        credentials = options.credentials
         headers = {**attempt.headers, **credentials.headers_for(attempt.ws_url, attempt.url)}
         secure = attempt.ws_url.startswith("wss:")
         async with translate_errors(attempt.url, "websocket"):
-            async with asyncio.timeout(config.open_timeout):
+            async with asyncio.timeout(options.open_timeout):
                 ws = await connect(
                     attempt.ws_url,
                     additional_headers=headers,
                     ssl=(credentials.ssl or True) if secure else None,
-                    ping_interval=config.ping_interval,
-                    ping_timeout=config.ping_timeout,
+                    ping_interval=options.ping_interval or None,
+                    ping_timeout=options.ping_timeout or None,
                     open_timeout=None,
                     close_timeout=2,
                 )
         try:
             async with translate_errors(attempt.url, "websocket"):
                 await ws.send(attempt.frame)
-                async with asyncio.timeout(config.open_timeout):
+                async with asyncio.timeout(options.open_timeout):
                     reply = await ws.recv()
             connection = cls(attempt, ws, reply, core, buffer, config)
             connection._tasks.append(asyncio.create_task(connection._read()))

@@ -7,8 +7,9 @@
 
 `Listener`, `PullConsumer`, `DurableConsumer` and `changefeed snoop` take the same keyword
 arguments for the credentials (`token`, `token_file`, `ssl`, `cafile`), the retries
-(`backoff`), the time a plain request may take (`http_timeout`) and the aiohttp session
-(`session`), or one `ClientOptions` built from them (`options=`). Each is a `Client`: `async
+(`backoff`), the timeouts (`http_timeout` for a plain request, `open_timeout` to connect, and
+for a websocket `ping_interval` and `ping_timeout`) and the aiohttp session (`session`), or one
+`ClientOptions` built from them (`options=`). Each is a `Client`: `async
 with` closes it, and it closes the session it made itself, never one it was given.
 """
 
@@ -43,19 +44,29 @@ class ClientArgs(TypedDict, total=False):
     cafile: str | Path | None
     backoff: Backoff | None
     http_timeout: float | None
+    open_timeout: float | None
+    ping_interval: float | None
+    ping_timeout: float | None
     session: aiohttp.ClientSession | None
 
 
 @dataclass(frozen=True, slots=True)
 class ClientOptions:
-    """How a client talks to its publisher: its credentials, its backoff (None: the client's
-    default), the seconds a request other than a long poll may take (None: the client's
-    default) and the aiohttp session to send with (None: one of its own)."""
+    """How a client talks to its publisher: its credentials, its backoff, its timeouts and the
+    aiohttp session to send with (None: one of its own). A backoff or timeout of None is the
+    client's default (a listener's: its `ListenerConfig`'s)."""
 
     credentials: Credentials = NONE
     backoff: Backoff | None = None
     http_timeout: float | None = None
+    """Seconds a request other than a long poll may take."""
     session: aiohttp.ClientSession | None = None
+    open_timeout: float | None = None
+    """Seconds to connect (a listener's websocket: and to get the registration reply)."""
+    ping_interval: float | None = None
+    """Seconds between a websocket's pings; 0: no pings (no dead-peer detection)."""
+    ping_timeout: float | None = None
+    """Seconds a websocket waits for a pong; 0: for ever."""
 
 
 def client_options(
@@ -67,6 +78,9 @@ def client_options(
     backoff: Backoff | None = None,
     http_timeout: float | None = None,
     session: aiohttp.ClientSession | None = None,
+    open_timeout: float | None = None,
+    ping_interval: float | None = None,
+    ping_timeout: float | None = None,
 ) -> ClientOptions:
     """The options of a client. `token` (else the content of `token_file`, else the environment
     variable CHANGEFEED_TOKEN) is sent as `Authorization: Bearer` to the publisher's own origin;
@@ -74,13 +88,27 @@ def client_options(
     showing a token) on a conflict, an unreadable file or a bad value."""
     if backoff is not None and not isinstance(backoff, Backoff):
         raise InvalidOption("backoff", backoff, "a changefeed.backoff.Backoff")
-    if http_timeout is not None and (
-        isinstance(http_timeout, bool) or not isinstance(http_timeout, int | float)
-        or not http_timeout > 0
-    ):
-        raise InvalidOption("http_timeout", http_timeout, "a number of seconds > 0, or None")
+    _check_seconds("http_timeout", http_timeout)
+    _check_seconds("open_timeout", open_timeout)
+    _check_seconds("ping_interval", ping_interval, zero="no pings")
+    _check_seconds("ping_timeout", ping_timeout, zero="for ever")
     credentials = load_credentials(token, token_file, ssl, cafile)
-    return ClientOptions(credentials, backoff, http_timeout, session)
+    return ClientOptions(credentials, backoff, http_timeout, session, open_timeout,
+                         ping_interval, ping_timeout)
+
+
+def _check_seconds(name: str, value: object, zero: str | None = None) -> None:
+    """InvalidOption unless `value` is None or a number of seconds > 0 (>= 0 with `zero`, what
+    0 means)."""
+    if value is None:
+        return
+    if not isinstance(value, bool) and isinstance(value, int | float) and (
+        value > 0 or (zero is not None and value == 0)
+    ):
+        return
+    expected = ("a number of seconds > 0, or None" if zero is None
+                else f"a number of seconds >= 0 (0: {zero}), or None")
+    raise InvalidOption(name, value, expected)
 
 
 def report_retry(
@@ -114,12 +142,17 @@ def base_url(url: str) -> str:
 
 class Client:
     """The plumbing of every client: its options, `async with`, and its HTTP session (made on
-    first use, with `session_timeout` seconds for every request (None: aiohttp's default), unless
+    first use, with `session_timeout` seconds for every request (None: aiohttp's default) and
+    `open_timeout` (else `options.open_timeout`) to connect (None: aiohttp's default), unless
     one was given)."""
 
-    def __init__(self, options: ClientOptions, session_timeout: float | None = None) -> None:
+    def __init__(
+        self, options: ClientOptions, session_timeout: float | None = None,
+        open_timeout: float | None = None,
+    ) -> None:
         self.options = options
         self._session_timeout = session_timeout
+        self._open_timeout = open_timeout or options.open_timeout
         self._session = options.session
 
     async def __aenter__(self) -> Self:
@@ -140,11 +173,14 @@ class Client:
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None:
             connector = aiohttp.TCPConnector(ssl=self.options.credentials.ssl or True)
-            if self._session_timeout is None:  # aiohttp's default
-                self._session = aiohttp.ClientSession(connector=connector)
-            else:
-                timeout = aiohttp.ClientTimeout(total=self._session_timeout)
-                self._session = aiohttp.ClientSession(timeout=timeout, connector=connector)
+            default = aiohttp.client.DEFAULT_TIMEOUT
+            timeout = aiohttp.ClientTimeout(
+                total=default.total if self._session_timeout is None else self._session_timeout,
+                connect=default.connect, sock_read=default.sock_read,
+                sock_connect=self._open_timeout or default.sock_connect,
+                ceil_threshold=default.ceil_threshold,
+            )
+            self._session = aiohttp.ClientSession(timeout=timeout, connector=connector)
         return self._session
 
     def _headers(self, url: str, base: str) -> dict[str, str]:

@@ -121,3 +121,60 @@ def test_both_pull_consumers_report_a_retried_failure_through_the_one_helper() -
     assert [(r["event"], r["delay"], r["failures"], r["error_type"]) for r in records] == [
         ("pull failed; backing off", 0.123, 2, "PullFailed"), ("again", 1.0, 3, "PullFailed"),
     ]
+
+
+def test_the_timeouts_are_every_clients_options() -> None:
+    for name in ("http_timeout", "open_timeout", "ping_interval", "ping_timeout"):
+        for wrong in (-1, True, "5"):
+            with pytest.raises(InvalidOption, match=name):
+                client_options(**{name: wrong})  # type: ignore[arg-type]
+    with pytest.raises(InvalidOption, match="open_timeout"):
+        client_options(open_timeout=0)
+    options = client_options(open_timeout=3, ping_interval=0, ping_timeout=0)
+    assert (options.open_timeout, options.ping_interval, options.ping_timeout) == (3, 0, 0)
+
+
+async def test_a_clients_open_timeout_bounds_its_connect() -> None:
+    url = "http://127.0.0.1:1"
+    config = ListenerConfig(open_timeout=4, http_timeout=9)
+    clients: list[Any] = [
+        Listener(url, instance="i", service="s", resources={"vm": ["nic"]}, open_timeout=3,
+                 config=config),
+        PullConsumer(url, open_timeout=3),
+        DurableConsumer(url, "billing", options=client_options(open_timeout=3)),
+    ]
+    for client in clients:
+        async with client:
+            assert client._http().timeout.sock_connect == 3, type(client).__name__
+    async with Listener(url, instance="i", service="s", resources={"vm": ["nic"]},
+                        config=config) as feed:  # the config's, as before
+        assert (feed._http().timeout.sock_connect, feed._http().timeout.total) == (4, 9)
+    async with PullConsumer(url) as consumer:  # aiohttp's default, as before
+        assert consumer._http().timeout == aiohttp.client.DEFAULT_TIMEOUT
+
+
+async def test_the_open_timeout_argument_of_a_listener_wins_over_its_config() -> None:
+    """A publisher that accepts the connection and never answers the upgrade: the listener's
+    `open_timeout=` gives up on it long before its config's 60 s."""
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()  # until the listener gives up and closes
+        writer.close()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    config = ListenerConfig(open_timeout=60)
+    errors: list[ChangefeedError] = []
+    async with server:
+        feed = Listener(f"http://127.0.0.1:{port}", instance="i-1", service="tcns",
+                        resources={"vm": ["nic"]}, config=config, open_timeout=0.2,
+                        backoff=Backoff(initial=0.01, maximum=0.01, retries=1))
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        async with feed, asyncio.timeout(scaled(10)):
+            with pytest.raises(RetriesExhausted):
+                await feed.run(on_error=errors.append)
+        assert loop.time() - started < scaled(5)
+    assert [(type(e).__name__, "TimeoutError" in str(e)) for e in errors] == [
+        ("ConnectionLost", True)
+    ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import signal
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -23,6 +24,7 @@ from listener import (
     ListenerConfig,
     RetriesExhausted,
 )
+from listener.options import client_options
 from publisher.config.settings import Config, load_config
 from tests.conftest import PublisherFactory
 from tests.listener.app import View, bucket_of, publisher_process, store_objects, vm
@@ -135,13 +137,21 @@ async def test_moves_to_the_second_publisher_when_the_first_stops(
         ]
 
 
+@pytest.mark.parametrize("pings", ["config", "arguments"])
 async def test_a_silent_publisher_is_detected_by_ping_timeout(
-    redis_server: RedisServer, tmp_path: Path, start_publisher: PublisherFactory
+    redis_server: RedisServer, tmp_path: Path, start_publisher: PublisherFactory, pings: str
 ) -> None:
+    """The pings of `FAST`, or the same as every client's options over a config that does not
+    ping."""
     path = write_config(tmp_path / "config.js", redis_server.url)
+    config, arguments = FAST, client_options()
+    if pings == "arguments":
+        config = dataclasses.replace(FAST, ping_interval=None, ping_timeout=None)
+        arguments = client_options(ping_interval=FAST.ping_interval,
+                                   ping_timeout=FAST.ping_timeout)
     async with publisher_process(path) as frozen, start_publisher(load_config(path)) as live:
         feed = Listener([frozen.url, live.url], instance="i-1", service="tcns",
-                        resources={"vm": ["nic"]}, config=FAST)
+                        resources={"vm": ["nic"]}, config=config, options=arguments)
         view = View(feed)
         errors: list[BaseException] = []
         assert frozen.process is not None
