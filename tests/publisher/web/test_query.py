@@ -12,11 +12,13 @@ from typing import Any
 import aiohttp
 import pytest
 
+from changefeed import feed, longpoll
 from changefeed.cursor import new_epoch
 from changefeed.errors import BucketBusy, ConsumerExists, CursorGone, NoSuchConsumer
 from publisher.config.settings import Config
 from publisher.server.service import Service
-from publisher.web.query import Takes, problem
+from publisher.web import poll_routes
+from publisher.web.query import Takes, problem, takes_of
 from publisher.web.registrations import Why, refusal_of, refused
 from tests.conftest import PublisherFactory
 from tests.servers import RedisServer, scaled
@@ -99,6 +101,27 @@ async def test_every_route_refuses_an_unknown_parameter_naming_it(service: Servi
         assert status == 400, (path, body)
         assert body["code"] == code, (path, body)
         assert "unknown parameter(s) 'foo' (known: " in body["message"], (path, body)
+
+
+def test_the_pull_routes_take_what_their_parsers_read() -> None:
+    """The one check of the events and feed queries is their route's `takes`
+    (`longpoll.from_query` and `feed.parse_request` check no names): it knows the parsers'
+    parameters, no more and no fewer."""
+    events, fed = takes_of(poll_routes.events_get), takes_of(poll_routes.feed_get)
+    assert events.single | events.repeated == set(longpoll.QUERY_PARAMETERS)
+    assert events.repeated == {"sub", "id", "prefix"}
+    assert (fed.single, fed.repeated, fed.numbered) == (
+        frozenset(feed.PARAMETERS), frozenset(), frozenset({"cursor"})
+    )
+
+
+async def test_the_pull_routes_refuse_a_repeated_parameter(service: Service) -> None:
+    for path, name in (("/changefeeds/feed/v1?n=1&n=1&cursor0=_first", "n"),
+                       ("/changefeeds/feed/v1?n=1&cursor0=_first&cursor0=_last", "cursor0"),
+                       ("/changefeeds/events?after=x&after=y", "after")):
+        status, body, _ = await _call(service, "GET", path)
+        assert (status, body["code"]) == (400, "InvalidParameter"), (path, body)
+        assert body["message"] == f"parameter(s) {name!r} may be given only once", body
 
 
 async def test_json_rpc_refuses_a_query_as_a_json_rpc_error(service: Service) -> None:
