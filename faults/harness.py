@@ -27,7 +27,8 @@ from changefeed_testing.servers import (
     scaled,
     write_config,
 )
-from faults.oracle import Attempt, History, ListenerLog, Verdict
+from faults.oracle import History, Verdict
+from faults.records import Attempt, ListenerLog
 from listener import (
     Backoff,
     BootstrapDone,

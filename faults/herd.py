@@ -20,7 +20,7 @@ from websockets.exceptions import ConnectionClosed
 
 from changefeed_testing.servers import scaled
 from faults.harness import RESOURCE, Rig, Row, Size
-from faults.oracle import Attempt, ListenerLog
+from faults.records import Attempt, ListenerLog
 
 BEFORE = 60
 SINCE = 10

@@ -25,7 +25,7 @@ import asyncpg
 from changefeed_testing.postgres import PostgresServer
 from changefeed_testing.servers import PublisherProcess, RedisServer, scaled
 from faults.harness import Rig, Row, Size, Step
-from faults.oracle import Attempt, Outcome
+from faults.records import Attempt, Outcome
 from publisher.outbox.status import read_status
 from tests.publisher.outbox.rig import PgWriter, drained, fresh_database, outbox_section, until
 

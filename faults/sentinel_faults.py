@@ -30,7 +30,7 @@ from faults.harness import (
     exercise,
     outcome_unknown,
 )
-from faults.oracle import Attempt
+from faults.records import Attempt
 
 MASTER = "mymaster"
 RETRY_FOR = 20.0

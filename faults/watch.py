@@ -20,10 +20,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from faults.oracle import Attempt, ListenerLog
+from faults.records import Attempt, ListenerLog
 
 
 def _epoch(cursor: str) -> str:

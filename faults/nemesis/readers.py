@@ -21,7 +21,7 @@ import orjson
 
 from changefeed_testing.servers import scaled
 from faults.harness import RESOURCE
-from faults.oracle import Attempt, ListenerLog
+from faults.records import Attempt, ListenerLog
 from listener import ConsumerRecreated, ItemsMissed, ListenerError, PullConsumer
 from listener.durable import DurableConsumer
 

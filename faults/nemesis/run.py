@@ -40,7 +40,8 @@ from faults.nemesis.writers import (
     OutboxWriter,
     Writer,
 )
-from faults.oracle import Attempt, History
+from faults.oracle import History
+from faults.records import Attempt
 from listener import Listener, ListenerConfig
 from publisher import ChangeBucket, connect, load_config
 

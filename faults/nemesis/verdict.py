@@ -34,18 +34,8 @@ from dataclasses import dataclass, field
 
 from faults.nemesis.schedule import Fault
 from faults.nemesis.system import Injected
-from faults.oracle import (
-    Attempt,
-    Delivered,
-    History,
-    ListenerLog,
-    Outcome,
-    Verdict,
-    classify,
-    epoch_of,
-    position_of,
-    strangers,
-)
+from faults.oracle import History, Verdict, classify, strangers
+from faults.records import Attempt, Delivered, ListenerLog, Outcome, epoch_of, position_of
 from publisher.outbox.status import Status
 
 GRACE = 30.0

@@ -36,7 +36,8 @@ import orjson
 from changefeed.errors import BucketUnavailable, OutboxRowDead, OutboxWaitTimeout
 from changefeed_testing.servers import scaled
 from faults.harness import RESOURCE, SUBS, outcome_unknown
-from faults.oracle import Attempt, History
+from faults.oracle import History
+from faults.records import Attempt
 from publisher import Change, ChangeBucket, outbox
 from publisher.outbox.database import ERRORS as POSTGRES_ERRORS
 

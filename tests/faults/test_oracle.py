@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from faults.oracle import History, ListenerLog, Tally
+from faults.oracle import History, Tally
+from faults.records import ListenerLog
 
 
 def run(steps: list[tuple[Any, ...]], resumes_after: int = 0) -> Tally:

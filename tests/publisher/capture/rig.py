@@ -16,7 +16,8 @@ import asyncpg
 import psycopg2
 
 from changefeed.cursor import Position, StreamId
-from faults.oracle import Attempt, History, Outcome
+from faults.oracle import History
+from faults.records import Attempt, Outcome
 from publisher.bucket import ChangeBucket, LogEntry
 from publisher.capture import database
 from publisher.capture import pgoutput as po

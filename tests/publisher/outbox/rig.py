@@ -15,7 +15,8 @@ from typing import Any
 import asyncpg
 
 from faults.harness import FAST, Recorder
-from faults.oracle import Attempt, History, Outcome
+from faults.oracle import History
+from faults.records import Attempt, Outcome
 from listener import Listener
 from publisher import outbox
 from publisher.outbox.database import ERRORS

@@ -193,7 +193,8 @@ async def test_the_nemesis_stream_writer_publishes_once_across_a_failed_micro_ba
     again from its checkpoint, the micro-batch runs again under its batch id, and its change is
     published once and acknowledged at its cursor."""
     from faults.nemesis.spark_writer import StreamWriter
-    from faults.oracle import History, Outcome
+    from faults.oracle import History
+    from faults.records import Outcome
 
     master = RedisServer(tmp_path / "master", tcp=True).start()
     replica = RedisServer(tmp_path / "replica", tcp=True, replica_of=master).start()
