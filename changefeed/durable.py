@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -382,10 +382,6 @@ def _int(reply: Mapping[str, Any], key: str) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
-def cursors_of(messages: Sequence[Message]) -> list[str]:
-    return [message.item.cursor for message in messages]
-
-
 __all__ = [
     "CONFIG_KEYS",
     "DEFAULT_ACK_WAIT",
@@ -408,7 +404,6 @@ __all__ = [
     "SettleReply",
     "SettleRequest",
     "Settled",
-    "cursors_of",
     "filter_to_wire",
     "parse_config",
     "parse_fetch",
