@@ -47,17 +47,14 @@ _CONVERTERS: dict[int, Callable[[bytes], Any]] = {
     **dict.fromkeys(_INTEGERS, int), **dict.fromkeys(_FLOATS, _float),
     _BOOL: lambda data: data == b"t", _JSON: orjson.loads, _JSONB: orjson.loads,
 }
-"""How a column's bytes become its JSON value, by type (`value_of`; text by default)."""
+"""How a column's bytes become its JSON value, by type (`converter`; text by default)."""
 
 
 def converter(type_oid: int) -> Callable[[bytes], Any]:
+    """How the text of a column of type `type_oid` becomes its JSON value: integers, floats and
+    booleans as such, json and jsonb parsed, every other type (numeric, timestamps, arrays,
+    enums...) as its text."""
     return _CONVERTERS.get(type_oid, bytes.decode)
-
-
-def value_of(type_oid: int, text: str | None) -> Any:
-    """The JSON value of a column's text: integers, floats and booleans as such, json and jsonb
-    parsed, every other type (numeric, timestamps, arrays, enums...) as its text."""
-    return None if text is None else converter(type_oid)(text.encode())
 
 
 def type_name(oid: int) -> str:
@@ -96,7 +93,7 @@ class Shape:
     id_at: int = -1
     """The id column's place among the relation's columns (-1: it has none)."""
     converters: tuple[tuple[str, Callable[[bytes], Any]], ...] = ()
-    """Each column's name and how its bytes become its JSON value (`value_of`)."""
+    """Each column's name and how its bytes become its JSON value (`converter`)."""
 
     @classmethod
     def of(cls, table: Table, relation: po.Relation, types: dict[str, int]) -> Shape:

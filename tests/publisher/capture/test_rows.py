@@ -7,7 +7,7 @@ import pytest
 from publisher.bucket import Change
 from publisher.capture import pgoutput as po
 from publisher.capture.assemble import Assembler, ProtocolViolation
-from publisher.capture.rows import RowChange, plan, value_of
+from publisher.capture.rows import RowChange, converter, plan
 from publisher.config.capture import Capture, Table
 
 VMS = Table("public", "vms", "vm", "uuid", (("nic", ("nics",)), ("alias", ("alias",))))
@@ -18,9 +18,12 @@ INT4, TEXT, JSONB = 23, 25, 3802
 
 
 def test_values_by_type() -> None:
-    assert [value_of(INT4, "7"), value_of(701, "1.5"), value_of(701, "NaN"), value_of(16, "t"),
-            value_of(JSONB, '{"a": [1]}'), value_of(1700, "1.10"), value_of(TEXT, None)] == [
-        7, 1.5, "NaN", True, {"a": [1]}, "1.10", None]
+    """Integers, floats and booleans as such, json and jsonb parsed, every other type (numeric,
+    timestamps, arrays, enums...) as its text."""
+    values = [(INT4, b"7"), (701, b"1.5"), (701, b"NaN"), (16, b"t"), (16, b"f"),
+              (JSONB, b'{"a": [1]}'), (1700, b"1.10"), (TEXT, b"x")]
+    assert [converter(oid)(data) for oid, data in values] == [
+        7, 1.5, "NaN", True, False, {"a": [1]}, "1.10", "x"]
 
 
 def test_inserts_updates_and_deletes_announce_against_the_stored_state() -> None:
