@@ -2,8 +2,9 @@
 
 One self-contained HTML file (`dashboard.html` beside this module, inline CSS and script, no
 build step, nothing loaded from elsewhere) that polls `/changefeeds/stats?scope=fleet` every two
-seconds and shows the publishers, the listeners per change kind, and deliveries per second and
-tail lag over the last minutes.
+seconds and shows the publishers, what each reads from PostgreSQL (the capture's lag in bytes
+and seconds, the outbox's backlog and oldest row), the listeners per change kind, and
+deliveries per second and tail lag over the last minutes.
 """
 
 from __future__ import annotations

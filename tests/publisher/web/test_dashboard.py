@@ -98,5 +98,6 @@ async def test_chromium_renders_live_fleet_data(
     assert a.id in dom and b.id in dom
     assert re.search(r"<td>vm</td><td>nic, alias</td><td[^>]*>2</td>", dom)
     assert re.search(r"<td>network</td><td>ips</td><td[^>]*>1</td>", dom)
+    assert ">no publisher reads PostgreSQL</td>" in dom  # neither has a capture or an outbox
     png = await asyncio.to_thread(shot.read_bytes)
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
