@@ -1,7 +1,10 @@
-"""The PostgreSQL outbox, side by side in one run (docs/postgres.md#sizing):
+"""The PostgreSQL paths into the bucket, side by side in one run (docs/postgres.md#sizing,
+docs/capture.md#measured):
 
     outbox   PostgreSQL COMMIT of a transaction calling changefeed.put -> listener receive
              (the relay woken by LISTEN commits it to the bucket; the publisher fans it out)
+    capture  PostgreSQL COMMIT of a plain INSERT into a captured table -> listener receive
+             (the same publisher's capture reads it from the slot and commits it)
     direct   ChangeBucket.commit -> listener receive, same publisher, same listeners
     notify   a bare INSERT + NOTIFY -> LISTEN round trip (one LISTEN session, in this process)
 
@@ -13,7 +16,8 @@ first COMMIT until the outbox is empty.
     python -m bench.studies.outbox                             # 200/s, 100 listeners, 20 s each
     python -m bench.studies.outbox --rate 50 --duration 3 --rows 20000  # a small run
 
-Every server is private and started here: redis-server, PostgreSQL (initdb), one publisher.
+Every server is private and started here: redis-server, PostgreSQL (initdb, `wal_level =
+logical`), one publisher with both the outbox and the capture of one table.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import asyncpg
 
 from bench import items
@@ -36,8 +41,16 @@ from bench.scenario import LAZY, listeners
 from changefeed_testing.postgres import PostgresServer
 from changefeed_testing.servers import PublisherProcess, RedisServer, write_config
 from publisher.bucket import ChangeBucket, connect
+from publisher.capture import database
+from publisher.capture import install as capture_install
+from publisher.config.capture import parse_capture
 from publisher.config.settings import load_config
 from publisher.outbox.schema import install
+
+CAPTURED = "CREATE TABLE vms (uuid text PRIMARY KEY, nics jsonb NOT NULL)"
+CAPTURE = {"tables": {"public.vms": {"resource": "vm", "id": "uuid",
+                                     "subResources": {"nic": ["nics"]}}}}
+"""The captured table: an insert is a put of `vm` announcing `nic`, the listeners' change kind."""
 
 STATE = '{"uuid": "bench"}'
 
@@ -107,9 +120,39 @@ async def throughput(url: str, rows: int) -> dict[str, float]:
             "insert_seconds": round(written, 3)}
 
 
+def install_capture(url: str, directory: Path) -> dict[str, Any]:
+    """The captured table and its publication; config.js's `capture` section."""
+    section = {"postgres": url, "slot": "bench", "publication": "bench", **CAPTURE}
+    capture = parse_capture({"capture": section}, {"vm": ["nic"]}, "changefeed", directory)
+    assert capture is not None
+    conn = database.connect(url)
+    try:
+        database.query(conn, CAPTURED)
+        capture_install.install(conn, capture)
+    finally:
+        conn.close()
+    return section
+
+
+async def streaming(url: str, bucket: ChangeBucket) -> None:
+    """Until the publisher's capture streams, its first copy done, and its tail has read the
+    epoch that copy began (a listener registered before would be told to start again)."""
+    async with aiohttp.ClientSession() as http:
+        for _ in range(600):
+            async with http.get(url + "/changefeeds/stats") as reply:
+                stats = await reply.json()
+            position = stats["tail"]["position"] or ""
+            capture = stats.get("capture", {})
+            if (capture.get("streaming") and capture.get("copies")
+                    and position.startswith(f"{await bucket.log.current_epoch()}.")):
+                return
+            await asyncio.sleep(0.05)
+    raise TimeoutError("the capture did not start streaming")
+
+
 async def run(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
     redis = RedisServer(directory / "redis", persist=False).start()
-    postgres = PostgresServer().start()
+    postgres = PostgresServer({"wal_level": "logical"}).start()
     publisher: PublisherProcess | None = None
     try:
         admin = await asyncpg.connect(postgres.url())
@@ -118,13 +161,16 @@ async def run(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
         url = postgres.url("bench")
         conn = await asyncpg.connect(url)
         await install(conn)
+        capture = install_capture(url, directory)
         config_path = write_config(directory / "config.js", redis.url,
-                                   outbox={"postgres": url, "batch": 1000},
+                                   outbox={"postgres": url, "batch": 1000}, capture=capture,
                                    server={"host": "127.0.0.1", "port": 0,
                                            "maxConnectionsPerClient": 10000})
         publisher = PublisherProcess(config_path).start()
-        port = int(publisher.url.rsplit(":", 1)[1])
         config = load_config(config_path)
+        bucket = ChangeBucket(connect(redis.url), config.bucket.name, config.resources)
+        await streaming(publisher.url, bucket)
+        port = int(publisher.url.rsplit(":", 1)[1])
         regs = listeners(args.listeners)
         probes = max(1, args.listeners // 10)
         args.origin = time.monotonic_ns()
@@ -133,7 +179,6 @@ async def run(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
         if args.listeners > probes:
             specs.append(WorkerSpec("ws", "127.0.0.1", port, tuple(regs[probes:]),
                                     interval=LAZY))
-        bucket = ChangeBucket(connect(redis.url), config.bucket.name, config.resources)
         results: dict[str, Any] = {"rate": args.rate, "listeners": args.listeners,
                                    "duration": args.duration}
         with ClientPool(specs) as pool:
@@ -144,10 +189,14 @@ async def run(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
                     await conn.execute(
                         "SELECT changefeed.put('vm', $1, '{nic}', $2::jsonb)", stamp, STATE)
 
+            async def via_capture(stamp: str) -> None:
+                await conn.execute("INSERT INTO vms VALUES ($1, '[]')", stamp)
+
             async def direct(stamp: str) -> None:
                 await bucket.commit("vm", stamp, ["nic"], {"uuid": "bench"})
 
             results["outbox"] = await timed(pool, via_outbox, args)
+            results["capture"] = await timed(pool, via_capture, args)
             results["direct"] = await timed(pool, direct, args)
         results["notify"] = await notify_round_trip(url, args)
         results["throughput"] = await throughput(url, args.rows)
@@ -166,6 +215,7 @@ def table(results: dict[str, Any]) -> str:
              f"{results['duration']:g} s each", "",
              "| path | p50 ms | p99 ms | max ms | samples |", "|---|---:|---:|---:|---:|"]
     for key, what in (("outbox", "PostgreSQL COMMIT -> listener (outbox)"),
+                      ("capture", "PostgreSQL COMMIT -> listener (capture)"),
                       ("direct", "ChangeBucket.commit -> listener"),
                       ("notify", "INSERT + NOTIFY -> LISTEN")):
         r = results[key]
