@@ -8,6 +8,8 @@
                                                  # the runs docs/reliability.md shows
     python -m faults.nemesis --seed 12 --duration 1800 --soak --docs   # and its soak
     python -m faults.nemesis --seed 7 --duration 120 --spark  # with Spark writers too
+    python -m faults.nemesis --seed 12 --duration 1800 --soak --busy 2 --docs
+                                                 # its soak on a machine kept busy
 
 The schedule is printed first: the same seed replays the same faults at the same times.
 Exit status 1 when the oracle finds a problem (the seed, the fault in progress and the first
@@ -30,6 +32,7 @@ from pathlib import Path
 import structlog
 
 from faults.__main__ import ROOT, commit, machine
+from faults.busy import busy
 from faults.nemesis.report import render, splice
 from faults.nemesis.run import Result, nemesis
 from faults.nemesis.schedule import make_schedule
@@ -68,26 +71,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spark", action="store_true",
                         help="Spark writers too (a batch job per change, and a streaming query "
                              "of a micro-batch per change; replicas=1; costs a core)")
+    parser.add_argument("--busy", type=int, default=0, metavar="N",
+                        help="keep N cores busy (a spinning process on each) while it runs: "
+                             "the system under test waits for a core, its windows widen")
     parser.add_argument("--keep", type=Path, default=None,
                         help="keep the servers' files and logs in this directory")
     args = parser.parse_args(argv)
     seeds = args.seed or [1]
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL))
-    if args.keep is not None:
-        args.keep.mkdir(parents=True, exist_ok=True)
-        results = asyncio.run(runs(seeds, args.duration, args.soak, args.keep,
+    with busy(args.busy), tempfile.TemporaryDirectory(prefix="nemesis-") as scratch:
+        directory = scratch if args.keep is None else args.keep
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        results = asyncio.run(runs(seeds, args.duration, args.soak, Path(directory),
                                    calm=args.calm, spark=args.spark))
-    else:
-        with tempfile.TemporaryDirectory(prefix="nemesis-") as directory:
-            results = asyncio.run(runs(seeds, args.duration, args.soak, Path(directory),
-                                       calm=args.calm, spark=args.spark))
     if args.docs:
         path = ROOT / "docs" / "reliability.md"
         command = "python -m faults.nemesis " + " ".join(sys.argv[1:])
         document = path.read_text()
         section = render(results, command=command.strip(), machine=machine(), commit=commit(),
                          date=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-                         document=document)
+                         document=document, busy=args.busy)
         path.write_text(splice(document, section))
         print(f"wrote the nemesis section of {path}")
     return 1 if any(r.judgement.problems() for r in results) else 0

@@ -241,26 +241,37 @@ HEADER = (
 
 RUNS = ("<!-- nemesis runs: begin -->", "<!-- nemesis runs: end -->")
 SOAKS = ("<!-- nemesis soaks: begin -->", "<!-- nemesis soaks: end -->")
-"""The markers of the section's two parts: the nemesis runs and the soaks. A run writes the
-part of its kind and keeps the other as the document has it, so a 30-minute soak and a set of
-seeded runs, made by two commands, both stay in the section."""
+BUSY_SOAKS = ("<!-- nemesis busy soaks: begin -->", "<!-- nemesis busy soaks: end -->")
+"""The markers of the section's three parts: the nemesis runs, the soaks, and the soaks on a
+machine kept busy (`--busy`). A run writes the part of its kind and keeps the others as the
+document has them, so a 30-minute soak, one on a busy machine and a set of seeded runs, made by
+three commands, all stay in the section."""
 
 
 def render(results: Sequence[Result], *, command: str, machine: str, date: str,
-           commit: str, document: str = "") -> str:
-    """The nemesis section for `results` (one command's), keeping from `document` the part
-    (runs or soaks) that `results` do not renew."""
+           commit: str, document: str = "", busy: int = 0) -> str:
+    """The nemesis section for `results` (one command's, with `busy` cores kept busy), keeping
+    from `document` the parts (runs, soaks, busy soaks) that `results` do not renew."""
     produced = f"Produced by `{command}` on {machine}, {date}, at commit `{commit}`."
-    runs = [r for r in results if r.samples is None]
-    soaks = [r for r in results if r.samples is not None]
+    if busy:
+        produced += f" {busy} other processes spun on the machine's cores throughout (`--busy`)."
+    runs, soaks, busy_soaks = kinds(results, busy)
     lines = [BEGIN, "## Nemesis: many faults at once", "",
              "The test suite runs a 60-second nemesis and a 2-minute soak "
              f"(tests/faults/test_nemesis.py, seed {SEED}: a seed whose 60-second schedule "
              "draws every kind).", ""]
     lines += _part(RUNS, runs, produced, document, _runs)
     lines += _part(SOAKS, soaks, produced, document, _soaks)
+    lines += _part(BUSY_SOAKS, busy_soaks, produced, document, _soaks)
     lines += [PROSE, END, ""]
     return "\n".join(lines)
+
+
+def kinds(results: Sequence[Result], busy: int) -> tuple[list[Result], list[Result], list[Result]]:
+    """`results` as the parts they renew: runs, soaks, and soaks on a busy machine."""
+    runs = [r for r in results if r.samples is None]
+    soaks = [r for r in results if r.samples is not None]
+    return runs, ([] if busy else soaks), (soaks if busy else [])
 
 
 def _part(markers: tuple[str, str], results: Sequence[Result], produced: str, document: str,
@@ -314,4 +325,5 @@ def kept(document: str) -> str:
     return BEGIN + document.partition(BEGIN)[2].partition(END)[0] + END + "\n"
 
 
-__all__ = ["BEGIN", "END", "RUNS", "SOAKS", "kept", "render", "row", "splice"]
+__all__ = ["BEGIN", "BUSY_SOAKS", "END", "RUNS", "SOAKS", "kept", "kinds", "render", "row",
+           "splice"]

@@ -12,11 +12,23 @@ from __future__ import annotations
 import json
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 from faults.nemesis.evidence import FILE, write
-from faults.nemesis.report import BEGIN, END, RUNS, SOAKS, _part, kept, splice
+from faults.nemesis.report import (
+    BEGIN,
+    BUSY_SOAKS,
+    END,
+    RUNS,
+    SOAKS,
+    _part,
+    kept,
+    kinds,
+    splice,
+)
 from faults.nemesis.run import nemesis
 from faults.nemesis.schedule import (
     KINDS,
@@ -231,6 +243,20 @@ def test_a_run_keeps_the_part_of_the_other_kind() -> None:
     fresh = _part(RUNS, [object()], "Produced by `runs`.", document,  # type: ignore[list-item]
                   lambda results: [f"{len(results)} run"])
     assert fresh == [RUNS[0], "Produced by `runs`.", "", "1 run", RUNS[1], ""]
+
+
+def test_a_busy_soak_has_its_own_part_and_keeps_the_quiet_one() -> None:
+    """`--busy` soaks write the busy part; the quiet soak's part stays as it was."""
+    quiet = f"{SOAKS[0]}\nProduced by `a quiet soak`.\n\n| its row |\n{SOAKS[1]}"
+    document = f"# Reliability\n\n{BEGIN}\n{quiet}\n\n{END}\n"
+    assert _part(SOAKS, [], "Produced by `busy`.", document, lambda _: []) == [quiet, ""]
+    assert _part(BUSY_SOAKS, [], "Produced by `busy`.", document, lambda _: []) == []
+    assert SOAKS[0] not in BUSY_SOAKS[0] and BUSY_SOAKS[0] not in document
+    run: Any = SimpleNamespace(samples=None)
+    soak: Any = SimpleNamespace(samples=object())
+    results: Any = [run, soak]
+    assert kinds(results, busy=0) == ([run], [soak], [])
+    assert kinds(results, busy=2) == ([run], [], [soak])
 
 
 def test_the_docs_section_is_spliced_in_and_kept() -> None:
