@@ -46,6 +46,10 @@ and a delivery trace of 500 items), so it is full before the judged half: with t
 default of 10,000 items, publishers gained 0.5 MiB a minute for the ten minutes it took to fill
 (a 600-second soak without faults), which is no leak but would hide one.
 
+`--busy N` keeps N cores busy for the whole run (faults/busy.py: a spinning process on each), so
+that the system under test waits for a core and the windows between its reads widen; its soaks
+go to a part of their own above, beside the quiet machine's.
+
 The faults (faults/nemesis/schedule.py `KINDS`): SIGKILL and SIGSTOP of a publisher
 (killed ones start again on their port), SIGKILL and SIGSTOP of the Redis master (whichever node
 the sentinels name then; a killed node comes back with its append-only file), `SENTINEL
